@@ -1,0 +1,314 @@
+// Package backend defines the contract between Sovereign's elector and the
+// stores that hold its leases: an in-memory store (package memorybackend),
+// Redis (package redisbackend) and etcd (package etcdbackend).
+//
+// Application code should use package sovereign. This package is for people
+// who write or test a backend.
+//
+// # The contract
+//
+// A Backend holds leases on arbitrary string keys, so one Backend value serves
+// many elections (and locks) at once. Every method takes a context first and
+// performs one short operation against the store; it never retries, sleeps or
+// runs timers on the caller's behalf. Retries, jitter, timers and events
+// belong to the elector.
+//
+// A lease is acquired atomically and only when its key is free (or, for a
+// takeover, only when the key is held by exactly the lease being replaced).
+// Each acquisition carries:
+//
+//   - a fencing term, strictly greater than every term ever handed out for that
+//     key by the store, across release, expiry and re-acquisition;
+//   - a random token, fresh for each acquisition, so that two processes
+//     configured with the same holder ID can never renew or release each
+//     other's lease.
+//
+// Renew and Release are owner-checked: they act only on the exact lease
+// (key, holder ID, token) passed in, and report ErrLeaseLost otherwise.
+//
+// Heartbeats are liveness records, one per instance and key, each with its
+// own TTL, independent of the lease. A record's age is measured by the store's
+// clock, never by comparing wall clocks of different machines.
+//
+// The package backend/backendtest holds the conformance suite that every
+// implementation must pass.
+package backend
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Implementations return these (possibly wrapped, with %w)
+// so callers can test for them with errors.Is.
+var (
+	// ErrHeld is returned by Acquire when the key is held by another lease.
+	// The returned error is a *HeldError carrying the holder's record.
+	ErrHeld = errors.New("backend: lease held by another holder")
+
+	// ErrNotHeld is returned by Get when the key has no holder.
+	ErrNotHeld = errors.New("backend: no holder")
+
+	// ErrLeaseLost is returned by Renew and Release when the lease passed in
+	// is no longer the one stored under its key: it expired, was released, or
+	// was replaced by another acquisition (even one with the same holder ID).
+	ErrLeaseLost = errors.New("backend: lease lost")
+
+	// ErrClosed is returned by every method called after Close.
+	ErrClosed = errors.New("backend: closed")
+
+	// ErrInvalid is returned (wrapped, with detail) for arguments a backend
+	// cannot accept: an empty key or holder ID, a TTL that is not positive, a
+	// lease with no token.
+	ErrInvalid = errors.New("backend: invalid argument")
+)
+
+// Record is the state of a key as read from the store: who holds it, since
+// when, under which term, and how recently the holder proved it is alive.
+type Record struct {
+	// Key is the key the record was read from.
+	Key string
+	// HolderID is the configured ID of the instance holding the lease.
+	HolderID string
+	// Token is the random per-acquisition token of the lease.
+	Token string
+	// Term is the fencing term of the lease.
+	Term uint64
+	// AcquiredAt is when the lease was acquired, by the store's clock where
+	// the store has one (otherwise the acquirer's). Informational: never use
+	// it to compute expiry.
+	AcquiredAt time.Time
+	// RenewedAt is when the lease was last acquired or renewed, with the same
+	// caveat as AcquiredAt.
+	RenewedAt time.Time
+	// TTL is the time the lease has left, as measured by the store when the
+	// record was read.
+	TTL time.Duration
+	// Metadata is whatever the holder attached when acquiring.
+	Metadata map[string]string
+	// HeartbeatAt is the wall-clock time of the holder's last heartbeat for
+	// this key, or the zero time if the holder has no live heartbeat record.
+	HeartbeatAt time.Time
+	// HeartbeatAge is how long ago the holder's last live heartbeat was
+	// recorded, measured by the store's clock. It is meaningful only when
+	// HeartbeatAt is not zero.
+	HeartbeatAge time.Duration
+}
+
+// HasHeartbeat reports whether the holder had a live heartbeat record when
+// the record was read.
+func (r Record) HasHeartbeat() bool { return !r.HeartbeatAt.IsZero() }
+
+// Lease is a lease held by the caller. It is a plain value: keep it and pass it
+// back to Renew and Release.
+type Lease struct {
+	// Key is the key the lease is held on.
+	Key string
+	// HolderID is the holder ID given to Acquire.
+	HolderID string
+	// Token is the random per-acquisition token. Implementations may encode a
+	// store-specific handle in it (an etcd lease ID, say); callers treat it
+	// as opaque.
+	Token string
+	// Term is the fencing term: strictly greater than every earlier term of
+	// the key.
+	Term uint64
+	// TTL is the time to live the store actually granted, which may be longer
+	// than the one requested (etcd rounds up to whole seconds). Renew extends
+	// the lease by this TTL.
+	TTL time.Duration
+}
+
+// AcquireRequest describes an acquisition.
+type AcquireRequest struct {
+	// Key is the key to acquire. Required.
+	Key string
+	// HolderID identifies the instance. Required.
+	HolderID string
+	// TTL is the requested time to live. Required, positive.
+	TTL time.Duration
+	// Metadata is stored with the lease and returned in Records.
+	Metadata map[string]string
+	// ReplaceTerm, when not zero, makes the acquisition a takeover: it
+	// succeeds only if the key is currently held by the lease with exactly
+	// this term, which it replaces atomically. A takeover never succeeds on a
+	// free key and never replaces any other lease. When zero, the acquisition
+	// succeeds only if the key is free.
+	ReplaceTerm uint64
+}
+
+// Member is the live heartbeat record of one instance for a key.
+type Member struct {
+	// ID is the instance's ID.
+	ID string
+	// HeartbeatAt is the wall-clock time the instance sent with its last
+	// heartbeat. Informational.
+	HeartbeatAt time.Time
+	// Age is how long ago the last heartbeat was recorded, by the store's
+	// clock.
+	Age time.Duration
+	// TTL is the time the record has left, by the store's clock.
+	TTL time.Duration
+}
+
+// Backend is a store of leases. Implementations must be safe for concurrent
+// use by multiple goroutines.
+type Backend interface {
+	// Acquire atomically creates a lease on req.Key if the key is free (or,
+	// with req.ReplaceTerm, replaces exactly that lease). When the key is held
+	// by another lease it returns a *HeldError (errors.Is(err, ErrHeld)) whose
+	// Holder is the current record, so a failed attempt doubles as a read.
+	Acquire(ctx context.Context, req AcquireRequest) (Lease, error)
+
+	// Renew extends the lease by lease.TTL if, and only if, the store still
+	// holds that exact lease (key, holder ID and token). Otherwise it returns
+	// ErrLeaseLost.
+	Renew(ctx context.Context, lease Lease) error
+
+	// Release deletes the lease if, and only if, the store still holds that
+	// exact lease; otherwise it returns ErrLeaseLost and changes nothing. The
+	// key's term counter survives the release.
+	Release(ctx context.Context, lease Lease) error
+
+	// Get returns the current record of key, or ErrNotHeld when the key has no
+	// holder.
+	Get(ctx context.Context, key string) (Record, error)
+
+	// Heartbeat records that instance id is alive, under its own record for
+	// key, which expires after ttl unless refreshed.
+	Heartbeat(ctx context.Context, key, id string, ttl time.Duration) error
+
+	// Members returns the live heartbeat records of key, sorted by ID.
+	Members(ctx context.Context, key string) ([]Member, error)
+
+	// RemoveMember deletes the heartbeat record of instance id for key. It is
+	// not an error if there is none.
+	RemoveMember(ctx context.Context, key, id string) error
+
+	// Close releases the backend's own resources (not the leases it handed
+	// out, and not a client the user passed in). Methods called after Close
+	// return ErrClosed. Close is idempotent.
+	Close() error
+}
+
+// EventType says what a watch event reports.
+type EventType int
+
+const (
+	// EventChanged reports that the key was acquired, renewed by a new
+	// holder, or otherwise changed.
+	EventChanged EventType = iota + 1
+	// EventReleased reports that the holder released the key.
+	EventReleased
+	// EventExpired reports that the key's lease expired.
+	EventExpired
+)
+
+// String returns the name of the event type.
+func (t EventType) String() string {
+	switch t {
+	case EventChanged:
+		return "changed"
+	case EventReleased:
+		return "released"
+	case EventExpired:
+		return "expired"
+	default:
+		return fmt.Sprintf("EventType(%d)", int(t))
+	}
+}
+
+// Event is a watch notification. Events are hints that something changed:
+// the receiver reads the current state with Get or Acquire.
+type Event struct {
+	Key  string
+	Type EventType
+}
+
+// Watcher is an optional capability of a Backend: a Backend that also
+// implements Watcher lets waiting candidates learn of a release (and, where the
+// store can tell, an expiry) without polling.
+type Watcher interface {
+	// Watch subscribes to changes of key. It returns only once the
+	// subscription is established, so any change made after Watch returns is
+	// delivered. Events are delivered on the returned channel without ever
+	// blocking the backend: when the receiver falls behind, events may be
+	// coalesced, never lost entirely (at least one event follows any change).
+	// The channel is closed when ctx ends, when the backend is closed, or
+	// when the subscription breaks; the caller then watches again.
+	Watch(ctx context.Context, key string) (<-chan Event, error)
+}
+
+// HeldError is returned by Acquire when the key is held by another lease.
+// errors.Is(err, ErrHeld) reports true for it.
+type HeldError struct {
+	// Holder is the record of the current holder.
+	Holder Record
+}
+
+// Error returns a message naming the holder, its term and since when it holds.
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("backend: %q held by %q (term %d) since %s",
+		e.Holder.Key, e.Holder.HolderID, e.Holder.Term, e.Holder.AcquiredAt.Format(time.RFC3339Nano))
+}
+
+// Is reports whether target is ErrHeld.
+func (e *HeldError) Is(target error) bool { return target == ErrHeld }
+
+// Validate checks the fields every backend requires of an AcquireRequest and
+// returns an error wrapping ErrInvalid when one is missing or out of range.
+func (r AcquireRequest) Validate() error {
+	switch {
+	case r.Key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalid)
+	case r.HolderID == "":
+		return fmt.Errorf("%w: empty holder ID", ErrInvalid)
+	case r.TTL <= 0:
+		return fmt.Errorf("%w: TTL %v is not positive", ErrInvalid, r.TTL)
+	}
+	return nil
+}
+
+// Validate checks the fields every backend requires of a Lease passed to Renew
+// or Release and returns an error wrapping ErrInvalid when one is missing.
+func (l Lease) Validate() error {
+	switch {
+	case l.Key == "":
+		return fmt.Errorf("%w: lease has an empty key", ErrInvalid)
+	case l.HolderID == "":
+		return fmt.Errorf("%w: lease has an empty holder ID", ErrInvalid)
+	case l.Token == "":
+		return fmt.Errorf("%w: lease has no token", ErrInvalid)
+	case l.TTL <= 0:
+		return fmt.Errorf("%w: lease TTL %v is not positive", ErrInvalid, l.TTL)
+	}
+	return nil
+}
+
+// NewToken returns a fresh random token of 128 bits, hex-encoded, for use as a
+// Lease token. It panics only if the operating system's random source fails.
+func NewToken() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("backend: crypto/rand failed: " + err.Error())
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// ValidateHeartbeat checks the arguments of Heartbeat and returns an error
+// wrapping ErrInvalid when one is missing or out of range.
+func ValidateHeartbeat(key, id string, ttl time.Duration) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalid)
+	case id == "":
+		return fmt.Errorf("%w: empty instance ID", ErrInvalid)
+	case ttl <= 0:
+		return fmt.Errorf("%w: heartbeat TTL %v is not positive", ErrInvalid, ttl)
+	}
+	return nil
+}
