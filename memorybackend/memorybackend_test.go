@@ -1,0 +1,337 @@
+package memorybackend_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/memorybackend"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func acquire(t *testing.T, b backend.Backend, key, id string, ttl time.Duration) backend.Lease {
+	t.Helper()
+	l, err := b.Acquire(t.Context(), backend.AcquireRequest{Key: key, HolderID: id, TTL: ttl})
+	if err != nil {
+		t.Fatalf("Acquire(%q, %q): got error %v, want nil", key, id, err)
+	}
+	return l
+}
+
+// pending returns the events buffered on ch without blocking.
+func pending(ch <-chan backend.Event) []backend.EventType {
+	var got []backend.EventType
+	for {
+		select {
+		case e, ok := <-ch:
+			if !ok {
+				return got
+			}
+			got = append(got, e.Type)
+		default:
+			return got
+		}
+	}
+}
+
+func TestExpiryInVirtualTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		a, w := store.Client(), store.Client()
+		defer a.Close()
+		defer w.Close()
+		ctx := t.Context()
+		events, err := w.Watch(ctx, "k")
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		l := acquire(t, a, "k", "a", time.Second)
+		synctest.Wait()
+		if got := pending(events); len(got) != 1 || got[0] != backend.EventChanged {
+			t.Fatalf("events after acquire: got %v, want [changed]", got)
+		}
+
+		time.Sleep(999 * time.Millisecond)
+		rec, err := w.Get(ctx, "k")
+		if err != nil {
+			t.Fatalf("Get before expiry: got %v, want nil", err)
+		}
+		if rec.TTL != time.Millisecond {
+			t.Fatalf("TTL before expiry: got %v, want 1ms", rec.TTL)
+		}
+
+		// The expiry timer delivers the event without anybody touching the key.
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if got := pending(events); len(got) != 1 || got[0] != backend.EventExpired {
+			t.Fatalf("events at expiry: got %v, want [expired]", got)
+		}
+		if _, err := w.Get(ctx, "k"); !errors.Is(err, backend.ErrNotHeld) {
+			t.Fatalf("Get after expiry: got %v, want ErrNotHeld", err)
+		}
+		if err := a.Renew(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Fatalf("Renew after expiry: got %v, want ErrLeaseLost", err)
+		}
+		l2 := acquire(t, w, "k", "w", time.Second)
+		if l2.Term <= l.Term {
+			t.Fatalf("term after expiry: got %d, want > %d", l2.Term, l.Term)
+		}
+	})
+}
+
+func TestRenewMovesExpiryTimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := memorybackend.New()
+		defer b.Close()
+		ctx := t.Context()
+		events, err := b.Watch(ctx, "k")
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		l := acquire(t, b, "k", "a", time.Second)
+		time.Sleep(800 * time.Millisecond)
+		if err := b.Renew(ctx, l); err != nil {
+			t.Fatalf("Renew: %v", err)
+		}
+		time.Sleep(900 * time.Millisecond) // 1.7 s after acquire, 0.9 s after renew
+		synctest.Wait()
+		if got := pending(events); len(got) != 1 || got[0] != backend.EventChanged {
+			t.Fatalf("events before renewed expiry: got %v, want [changed]", got)
+		}
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		if got := pending(events); len(got) != 1 || got[0] != backend.EventExpired {
+			t.Fatalf("events at renewed expiry: got %v, want [expired]", got)
+		}
+
+		// A renewal with a shorter TTL brings the expiry forward.
+		l = acquire(t, b, "k", "a", time.Hour)
+		l.TTL = time.Second
+		if err := b.Renew(ctx, l); err != nil {
+			t.Fatalf("Renew: %v", err)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := pending(events); len(got) != 2 || got[1] != backend.EventExpired {
+			t.Fatalf("events after shortened renew: got %v, want [changed expired]", got)
+		}
+	})
+}
+
+func TestPartition(t *testing.T) {
+	store := memorybackend.NewStore()
+	a, b := store.Client(), store.Client()
+	defer a.Close()
+	defer b.Close()
+	ctx := t.Context()
+	events, err := a.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+
+	a.Partition()
+	calls := map[string]func() error{
+		"Acquire": func() error {
+			_, err := a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Second})
+			return err
+		},
+		"Get":       func() error { _, err := a.Get(ctx, "k"); return err },
+		"Heartbeat": func() error { return a.Heartbeat(ctx, "k", "a", time.Second) },
+		"Watch":     func() error { _, err := a.Watch(ctx, "k"); return err },
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, memorybackend.ErrPartitioned) {
+			t.Errorf("%s while partitioned: got %v, want ErrPartitioned", name, err)
+		}
+	}
+
+	// The other client works, and the partitioned one hears nothing of it.
+	lb := acquire(t, b, "k", "b", time.Minute)
+	if err := b.Release(ctx, lb); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if got := pending(events); len(got) != 0 {
+		t.Fatalf("events while partitioned: got %v, want none", got)
+	}
+
+	a.Heal()
+	if got := pending(events); len(got) != 1 || got[0] != backend.EventChanged {
+		t.Fatalf("events after Heal: got %v, want [changed]", got)
+	}
+	acquire(t, a, "k", "a", time.Minute)
+	if got := pending(events); len(got) != 1 || got[0] != backend.EventChanged {
+		t.Fatalf("events after healed acquire: got %v, want [changed]", got)
+	}
+}
+
+func TestHang(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := memorybackend.New()
+		defer a.Close()
+		a.Hang()
+
+		// A hung call returns when its context ends, and not before.
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, err := a.Get(ctx, "k")
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("hung Get: got %v, want DeadlineExceeded", err)
+		}
+		if d := time.Since(start); d != 3*time.Second {
+			t.Fatalf("hung Get returned after %v, want 3s", d)
+		}
+
+		// Heal lets a hung call proceed; Close makes it fail with ErrClosed.
+		results := make(chan error, 1)
+		go func() {
+			_, err := a.Acquire(t.Context(), backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Second})
+			results <- err
+		}()
+		synctest.Wait()
+		select {
+		case err := <-results:
+			t.Fatalf("hung Acquire returned %v before Heal", err)
+		default:
+		}
+		a.Heal()
+		if err := <-results; err != nil {
+			t.Fatalf("Acquire after Heal: got %v, want nil", err)
+		}
+
+		a.Hang()
+		go func() {
+			_, err := a.Members(t.Context(), "k")
+			results <- err
+		}()
+		synctest.Wait()
+		a.Close()
+		if err := <-results; !errors.Is(err, backend.ErrClosed) {
+			t.Fatalf("hung Members after Close: got %v, want ErrClosed", err)
+		}
+	})
+}
+
+func TestHangWithholdsEvents(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		a, b := store.Client(), store.Client()
+		defer a.Close()
+		defer b.Close()
+		events, err := a.Watch(t.Context(), "k")
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		a.Hang()
+		acquire(t, b, "k", "b", time.Second)
+		time.Sleep(2 * time.Second) // the lease expires
+		synctest.Wait()
+		if got := pending(events); len(got) != 0 {
+			t.Fatalf("events while hung: got %v, want none", got)
+		}
+		a.Heal()
+		if got := pending(events); len(got) != 1 || got[0] != backend.EventChanged {
+			t.Fatalf("events after Heal: got %v, want [changed]", got)
+		}
+	})
+}
+
+func TestLatency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		a, b := store.Client(), store.Client()
+		defer a.Close()
+		defer b.Close()
+		a.SetLatency(100 * time.Millisecond)
+
+		start := time.Now()
+		l := acquire(t, a, "k", "a", time.Second)
+		if d := time.Since(start); d != 100*time.Millisecond {
+			t.Fatalf("Acquire with latency took %v, want 100ms", d)
+		}
+		// The operation happens after the latency: the lease has its full TTL.
+		rec, err := b.Get(t.Context(), "k")
+		if err != nil || rec.TTL != time.Second {
+			t.Fatalf("Get: got TTL %v, error %v; want 1s, nil", rec.TTL, err)
+		}
+
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer cancel()
+		if err := a.Renew(ctx, l); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Renew with deadline below latency: got %v, want DeadlineExceeded", err)
+		}
+
+		a.Heal()
+		start = time.Now()
+		if err := a.Renew(t.Context(), l); err != nil {
+			t.Fatalf("Renew after Heal: %v", err)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("Renew after Heal took %v, want 0", d)
+		}
+	})
+}
+
+func TestCalls(t *testing.T) {
+	store := memorybackend.NewStore()
+	a, b := store.Client(), store.Client()
+	defer a.Close()
+	defer b.Close()
+	ctx := t.Context()
+	l := acquire(t, a, "k", "a", time.Minute)
+	for range 3 {
+		if err := a.Renew(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.Get(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	a.Partition()
+	_ = a.Release(ctx, l) // counted although it fails
+	got := a.Calls()
+	want := map[string]int64{"Acquire": 1, "Renew": 3, "Release": 1}
+	if len(got) != len(want) {
+		t.Fatalf("Calls: got %v, want %v", got, want)
+	}
+	for op, n := range want {
+		if got[op] != n {
+			t.Errorf("Calls()[%q]: got %d, want %d", op, got[op], n)
+		}
+	}
+	if got := b.Calls()["Get"]; got != 1 {
+		t.Errorf(`b.Calls()["Get"]: got %d, want 1`, got)
+	}
+	a.ResetCalls()
+	if got := a.Calls(); len(got) != 0 {
+		t.Errorf("Calls after ResetCalls: got %v, want empty", got)
+	}
+}
+
+func TestCloseClosesWatches(t *testing.T) {
+	b := memorybackend.New()
+	events, err := b.Watch(context.Background(), "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("second Close: got %v, want nil", err)
+	}
+	if _, ok := <-events; ok {
+		t.Fatal("watch channel open after Close")
+	}
+	if _, err := b.Watch(context.Background(), "k"); !errors.Is(err, backend.ErrClosed) {
+		t.Fatalf("Watch after Close: got %v, want ErrClosed", err)
+	}
+}
