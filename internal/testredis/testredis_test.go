@@ -1,0 +1,59 @@
+package testredis_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sovereign-go/sovereign/internal/testredis"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestStartRestart(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		persistent bool
+		wantAfter  string
+	}{
+		{name: "volatile", persistent: false, wantAfter: ""},
+		{name: "persistent", persistent: true, wantAfter: "v"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testredis.StartConfig(t, testredis.Config{Persistent: tc.persistent})
+			c := s.NewClient(t, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+				t.Fatalf("SET: got %v, want nil", err)
+			}
+			s.Restart(t)
+			got, err := c.Get(ctx, "k").Result()
+			if tc.wantAfter == "" {
+				if err == nil {
+					t.Fatalf("GET after restart: got %q, want redis.Nil", got)
+				}
+				return
+			}
+			if err != nil || got != tc.wantAfter {
+				t.Fatalf("GET after restart: got %q, %v; want %q", got, err, tc.wantAfter)
+			}
+		})
+	}
+}
+
+func TestStopThenUnreachable(t *testing.T) {
+	s := testredis.Start(t)
+	c := s.NewClient(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING: got %v, want nil", err)
+	}
+	s.Stop()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING after Stop: got nil, want an error")
+	}
+}
