@@ -1,0 +1,764 @@
+package backendtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+const key = "sovereign-test/election"
+
+// testAcquireAtomic: of 50 contenders on separate clients, exactly one wins
+// and the others learn who.
+func testAcquireAtomic(t *testing.T, h *harness) {
+	const contenders = 50
+	clients := make([]backend.Backend, contenders)
+	for i := range clients {
+		clients[i] = h.open()
+	}
+	type result struct {
+		id    string
+		lease backend.Lease
+		err   error
+	}
+	results := make(chan result, contenders)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, b := range clients {
+		id := fmt.Sprintf("contender-%02d", i)
+		wg.Go(func() {
+			<-start
+			l, err := b.Acquire(h.ctx, backend.AcquireRequest{Key: key, HolderID: id, TTL: longTTL})
+			results <- result{id, l, err}
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(results)
+
+	var winners []result
+	var losers []result
+	for r := range results {
+		if r.err == nil {
+			winners = append(winners, r)
+		} else {
+			losers = append(losers, r)
+		}
+	}
+	if len(winners) != 1 {
+		t.Fatalf("winners: got %d, want exactly 1 (%+v)", len(winners), winners)
+	}
+	win := winners[0]
+	if win.lease.HolderID != win.id || win.lease.Term == 0 || win.lease.Token == "" {
+		t.Fatalf("winning lease: got %+v, want holder %q, a term and a token", win.lease, win.id)
+	}
+	for _, r := range losers {
+		if !errors.Is(r.err, backend.ErrHeld) {
+			t.Errorf("%s: got error %v, want ErrHeld", r.id, r.err)
+			continue
+		}
+		var held *backend.HeldError
+		if !errors.As(r.err, &held) {
+			t.Errorf("%s: errors.As(%v, *HeldError) failed", r.id, r.err)
+			continue
+		}
+		if !sameLease(held.Holder, win.lease) {
+			t.Errorf("%s: HeldError holder: got %q term %d, want %q term %d",
+				r.id, held.Holder.HolderID, held.Holder.Term, win.id, win.lease.Term)
+		}
+	}
+	h.mustHold(clients[0], win.lease)
+}
+
+// testHeldError: a failed Acquire doubles as a read of the holder's record.
+func testHeldError(t *testing.T, h *harness) {
+	a, b := h.open(), h.open()
+	meta := map[string]string{"addr": "10.0.0.1:8080"}
+	la := h.acquire(a, backend.AcquireRequest{Key: key, HolderID: "a", TTL: longTTL, Metadata: meta})
+	_, err := b.Acquire(h.ctx, backend.AcquireRequest{Key: key, HolderID: "b", TTL: longTTL})
+	var held *backend.HeldError
+	if !errors.As(err, &held) || !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Acquire of a held key: got %v, want a *HeldError that is ErrHeld", err)
+	}
+	rec := held.Holder
+	if !sameLease(rec, la) {
+		t.Fatalf("HeldError holder: got %+v, want the lease %+v", rec, la)
+	}
+	if rec.Metadata["addr"] != meta["addr"] {
+		t.Errorf("HeldError metadata: got %v, want %v", rec.Metadata, meta)
+	}
+	if rec.AcquiredAt.IsZero() || rec.TTL <= 0 || rec.TTL > la.TTL {
+		t.Errorf("HeldError record: got AcquiredAt %v, TTL %v; want non-zero and 0 < TTL <= %v",
+			rec.AcquiredAt, rec.TTL, la.TTL)
+	}
+	if held.Error() == "" {
+		t.Error("HeldError.Error() is empty")
+	}
+	// The failed attempt changed nothing.
+	h.mustHold(b, la)
+}
+
+// testWrongLease: Renew and Release act only on the exact lease held; a failed
+// Release changes nothing.
+func testWrongLease(t *testing.T, h *harness) {
+	a, b := h.open(), h.open()
+	l := h.acquireKey(a, key, "a", longTTL)
+	other := h.acquireKey(a, key+"-other", "a", longTTL)
+	wrong := map[string]backend.Lease{
+		"random token":            {Key: l.Key, HolderID: l.HolderID, Token: backend.NewToken(), Term: l.Term, TTL: l.TTL},
+		"token of another lease":  {Key: l.Key, HolderID: l.HolderID, Token: other.Token, Term: l.Term, TTL: l.TTL},
+		"wrong holder":            {Key: l.Key, HolderID: "b", Token: l.Token, Term: l.Term, TTL: l.TTL},
+		"wrong key":               {Key: key + "-free", HolderID: l.HolderID, Token: l.Token, Term: l.Term, TTL: l.TTL},
+		"another key's own lease": {Key: l.Key, HolderID: other.HolderID, Token: other.Token, Term: other.Term, TTL: other.TTL},
+	}
+	for name, w := range wrong {
+		if err := b.Renew(h.ctx, w); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("Renew with %s: got %v, want ErrLeaseLost", name, err)
+		}
+		if err := b.Release(h.ctx, w); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("Release with %s: got %v, want ErrLeaseLost", name, err)
+		}
+		h.mustHold(b, l) // a failed Release changes nothing
+	}
+	h.mustBeFree(b, key+"-free")
+	if err := a.Renew(h.ctx, l); err != nil {
+		t.Fatalf("Renew of the real lease: got %v, want nil", err)
+	}
+	if err := a.Release(h.ctx, l); err != nil {
+		t.Fatalf("Release of the real lease: got %v, want nil", err)
+	}
+	h.mustBeFree(b, key)
+}
+
+// testLostAfterRelease: a released lease can no longer be renewed or released.
+func testLostAfterRelease(t *testing.T, h *harness) {
+	a, b := h.open(), h.open()
+	l := h.acquireKey(a, key, "a", longTTL)
+	if err := a.Release(h.ctx, l); err != nil {
+		t.Fatalf("Release: got %v, want nil", err)
+	}
+	if err := a.Renew(h.ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew after Release: got %v, want ErrLeaseLost", err)
+	}
+	if err := a.Release(h.ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("second Release: got %v, want ErrLeaseLost", err)
+	}
+	h.mustBeFree(a, key)
+	lb := h.acquireKey(b, key, "b", longTTL)
+	if err := a.Renew(h.ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of a released lease after re-acquisition: got %v, want ErrLeaseLost", err)
+	}
+	if err := a.Release(h.ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Release of a released lease after re-acquisition: got %v, want ErrLeaseLost", err)
+	}
+	h.mustHold(a, lb)
+}
+
+// testLostAfterExpiry: an expired lease can no longer be renewed or released.
+func testLostAfterExpiry(t *testing.T, h *harness) {
+	a, b := h.open(), h.open()
+	l := h.acquireKey(a, key, "a", h.env.ShortTTL)
+	h.eventually("lease expiry", l.TTL, h.freeCond(b, key))
+	if err := a.Renew(h.ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew after expiry: got %v, want ErrLeaseLost", err)
+	}
+	h.mustBeFree(b, key) // a failed Renew does not resurrect the lease
+	lb := h.acquireKey(b, key, "b", longTTL)
+	if err := a.Renew(h.ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of an expired lease after re-acquisition: got %v, want ErrLeaseLost", err)
+	}
+	if err := a.Release(h.ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Release of an expired lease after re-acquisition: got %v, want ErrLeaseLost", err)
+	}
+	h.mustHold(b, lb)
+}
+
+// testSameHolderID: two processes configured with the same ID never both hold
+// the key, and neither can renew or release the other's lease.
+func testSameHolderID(t *testing.T, h *harness) {
+	p1, p2 := h.open(), h.open()
+	l1 := h.acquireKey(p1, key, "same", longTTL)
+	if _, err := p2.Acquire(h.ctx, backend.AcquireRequest{Key: key, HolderID: "same", TTL: longTTL}); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Acquire by a second process with the same ID: got %v, want ErrHeld", err)
+	}
+	if err := p1.Release(h.ctx, l1); err != nil {
+		t.Fatalf("Release: got %v, want nil", err)
+	}
+	l2 := h.acquireKey(p2, key, "same", longTTL)
+	if l2.Token == l1.Token {
+		t.Fatalf("token of the second acquisition: got %q again, want a fresh token", l2.Token)
+	}
+	if err := p1.Renew(h.ctx, l1); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew with the same ID and the old token: got %v, want ErrLeaseLost", err)
+	}
+	if err := p1.Release(h.ctx, l1); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Release with the same ID and the old token: got %v, want ErrLeaseLost", err)
+	}
+	h.mustHold(p1, l2)
+	if err := p2.Renew(h.ctx, l2); err != nil {
+		t.Errorf("Renew of the current lease: got %v, want nil", err)
+	}
+}
+
+// testTerms: terms strictly increase across release, expiry, re-acquisition
+// and takeover; renewal keeps the term.
+func testTerms(t *testing.T, h *harness) {
+	a, b := h.open(), h.open()
+	var terms []uint64
+	check := func(step string, l backend.Lease) {
+		t.Helper()
+		if n := len(terms); n > 0 && l.Term <= terms[n-1] {
+			t.Fatalf("term after %s: got %d, want > %d (terms so far %v)", step, l.Term, terms[n-1], terms)
+		}
+		terms = append(terms, l.Term)
+		if rec := h.get(b, key); rec.Term != l.Term {
+			t.Fatalf("Get term after %s: got %d, want %d", step, rec.Term, l.Term)
+		}
+	}
+
+	l := h.acquireKey(a, key, "a", longTTL)
+	check("first acquire", l)
+	if err := a.Renew(h.ctx, l); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	if rec := h.get(b, key); rec.Term != l.Term {
+		t.Fatalf("term after Renew: got %d, want unchanged %d", rec.Term, l.Term)
+	}
+	if err := a.Release(h.ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	l = h.acquireKey(a, key, "a", longTTL) // the same holder again
+	check("release and re-acquire by the same holder", l)
+	if err := a.Release(h.ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	l = h.acquireKey(b, key, "b", h.env.ShortTTL)
+	check("release and acquire by another holder", l)
+	h.eventually("lease expiry", l.TTL, h.freeCond(a, key))
+	l = h.acquireKey(a, key, "a", longTTL)
+	check("expiry and re-acquire", l)
+	l = h.acquire(b, backend.AcquireRequest{Key: key, HolderID: "b", TTL: longTTL, ReplaceTerm: l.Term})
+	check("takeover", l)
+	t.Logf("terms: %v", terms)
+}
+
+// testTakeover: ReplaceTerm replaces exactly the lease with that term, never
+// a free key and never another lease.
+func testTakeover(t *testing.T, h *harness) {
+	a, b, c := h.open(), h.open(), h.open()
+	la := h.acquireKey(a, key, "a", longTTL)
+
+	_, err := b.Acquire(h.ctx, backend.AcquireRequest{Key: key, HolderID: "b", TTL: longTTL, ReplaceTerm: la.Term + 1})
+	var held *backend.HeldError
+	if !errors.As(err, &held) || !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("takeover with a different term: got %v, want a *HeldError", err)
+	}
+	if !sameLease(held.Holder, la) {
+		t.Errorf("HeldError holder: got %q term %d, want %q term %d", held.Holder.HolderID, held.Holder.Term, "a", la.Term)
+	}
+	h.mustHold(b, la)
+
+	meta := map[string]string{"by": "b"}
+	lb := h.acquire(b, backend.AcquireRequest{Key: key, HolderID: "b", TTL: longTTL, ReplaceTerm: la.Term, Metadata: meta})
+	if lb.Term <= la.Term {
+		t.Fatalf("takeover term: got %d, want > %d", lb.Term, la.Term)
+	}
+	h.mustHold(a, lb)
+	if rec := h.get(a, key); rec.Metadata["by"] != "b" {
+		t.Errorf("metadata after takeover: got %v, want %v", rec.Metadata, meta)
+	}
+	if err := a.Renew(h.ctx, la); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of the replaced lease: got %v, want ErrLeaseLost", err)
+	}
+	if err := a.Release(h.ctx, la); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Release of the replaced lease: got %v, want ErrLeaseLost", err)
+	}
+	h.mustHold(a, lb)
+
+	// A second takeover of the same stale term must not replace the new lease.
+	if _, err := c.Acquire(h.ctx, backend.AcquireRequest{Key: key, HolderID: "c", TTL: longTTL, ReplaceTerm: la.Term}); !errors.Is(err, backend.ErrHeld) {
+		t.Errorf("takeover of an already replaced term: got %v, want ErrHeld", err)
+	}
+	h.mustHold(c, lb)
+
+	// Never on a free key, whatever the term.
+	if err := b.Release(h.ctx, lb); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	for _, term := range []uint64{lb.Term, la.Term, lb.Term + 1} {
+		_, err := c.Acquire(h.ctx, backend.AcquireRequest{Key: key, HolderID: "c", TTL: longTTL, ReplaceTerm: term})
+		if err == nil {
+			t.Fatalf("takeover of term %d on a free key: got nil error, want failure", term)
+		}
+		if errors.Is(err, backend.ErrInvalid) {
+			t.Errorf("takeover of term %d on a free key: got %v, want a non-ErrInvalid failure", term, err)
+		}
+		t.Logf("takeover on a free key: %v", err)
+		h.mustBeFree(c, key)
+	}
+	if _, err := c.Acquire(h.ctx, backend.AcquireRequest{Key: key + "-never-used", HolderID: "c", TTL: longTTL, ReplaceTerm: 1}); err == nil {
+		t.Fatal("takeover on a never used key: got nil error, want failure")
+	}
+	h.mustBeFree(c, key+"-never-used")
+}
+
+// testExpiry: an unrenewed lease expires after its TTL, not before, and the
+// key can then be acquired.
+func testExpiry(t *testing.T, h *harness) {
+	a, b := h.open(), h.open()
+	start := time.Now()
+	l := h.acquireKey(a, key, "a", h.env.ShortTTL)
+	if h.env.Advance != nil {
+		h.env.Advance(l.TTL / 2)
+		rec := h.get(b, key)
+		if !sameLease(rec, l) {
+			t.Fatalf("holder halfway through the TTL: got %q term %d, want %q term %d", rec.HolderID, rec.Term, l.HolderID, l.Term)
+		}
+		if rec.TTL <= 0 || rec.TTL > l.TTL-l.TTL/2 {
+			t.Errorf("remaining TTL halfway: got %v, want in (0, %v]", rec.TTL, l.TTL-l.TTL/2)
+		}
+		h.eventually("lease expiry", l.TTL-l.TTL/2, h.freeCond(b, key))
+	} else {
+		h.eventually("lease expiry", l.TTL, h.freeCond(b, key))
+		elapsed := time.Since(start)
+		if elapsed < l.TTL*9/10 {
+			t.Errorf("lease expired after %v, want not before its TTL %v", elapsed, l.TTL)
+		}
+		t.Logf("lease with TTL %v seen expired after %v", l.TTL, elapsed)
+	}
+	lb := h.acquireKey(b, key, "b", longTTL)
+	if lb.Term <= l.Term {
+		t.Errorf("term after expiry: got %d, want > %d", lb.Term, l.Term)
+	}
+	h.mustHold(a, lb)
+}
+
+// testRenewExtends: a lease renewed every third of its TTL stays held across
+// several TTLs.
+func testRenewExtends(t *testing.T, h *harness) {
+	a, b := h.open(), h.open()
+	l := h.acquireKey(a, key, "a", h.env.ShortTTL)
+	step := l.TTL / 3
+	const steps = 7 // 2⅓ TTLs
+	for i := range steps {
+		h.elapse(step)
+		if err := a.Renew(h.ctx, l); err != nil {
+			t.Fatalf("Renew %d after %v: got %v, want nil", i+1, time.Duration(i+1)*step, err)
+		}
+		rec := h.get(b, key)
+		if !sameLease(rec, l) {
+			t.Fatalf("holder after renew %d: got %q term %d, want %q term %d", i+1, rec.HolderID, rec.Term, l.HolderID, l.Term)
+		}
+		if rec.TTL <= step || rec.TTL > l.TTL {
+			t.Fatalf("remaining TTL just after renew %d: got %v, want in (%v, %v]", i+1, rec.TTL, step, l.TTL)
+		}
+	}
+}
+
+// testRecord: Get returns every field of the record, including the holder's
+// heartbeat.
+func testRecord(t *testing.T, h *harness) {
+	a, b := h.open(), h.open()
+	if err := a.Heartbeat(h.ctx, key, "a", longTTL); err != nil {
+		t.Fatalf("Heartbeat: %v", err)
+	}
+	if err := a.Heartbeat(h.ctx, key, "not-the-holder", longTTL); err != nil {
+		t.Fatalf("Heartbeat: %v", err)
+	}
+	meta := map[string]string{"addr": "10.0.0.1:8080", "version": "1.2.3", "empty": ""}
+	req := backend.AcquireRequest{Key: key, HolderID: "a", TTL: longTTL, Metadata: maps.Clone(meta)}
+	l := h.acquire(a, req)
+	req.Metadata["addr"] = "changed after Acquire"
+
+	rec := h.get(b, key)
+	if !sameLease(rec, l) {
+		t.Fatalf("record: got key %q holder %q term %d token %q, want %q %q %d %q",
+			rec.Key, rec.HolderID, rec.Term, rec.Token, l.Key, l.HolderID, l.Term, l.Token)
+	}
+	if !maps.Equal(rec.Metadata, meta) {
+		t.Errorf("metadata: got %v, want %v", rec.Metadata, meta)
+	}
+	if rec.AcquiredAt.IsZero() || rec.RenewedAt.IsZero() {
+		t.Errorf("AcquiredAt, RenewedAt: got %v, %v; want non-zero", rec.AcquiredAt, rec.RenewedAt)
+	}
+	if rec.RenewedAt.Before(rec.AcquiredAt) {
+		t.Errorf("RenewedAt %v before AcquiredAt %v", rec.RenewedAt, rec.AcquiredAt)
+	}
+	if rec.TTL <= 0 || rec.TTL > l.TTL {
+		t.Errorf("TTL: got %v, want in (0, %v]", rec.TTL, l.TTL)
+	}
+	if !rec.HasHeartbeat() || rec.HeartbeatAge < 0 || rec.HeartbeatAge > longTTL {
+		t.Errorf("heartbeat of the holder: got HeartbeatAt %v, age %v; want the live record", rec.HeartbeatAt, rec.HeartbeatAge)
+	}
+
+	// The record in a HeldError carries the same fields.
+	_, err := b.Acquire(h.ctx, backend.AcquireRequest{Key: key, HolderID: "b", TTL: longTTL})
+	var held *backend.HeldError
+	if !errors.As(err, &held) {
+		t.Fatalf("Acquire of a held key: got %v, want *HeldError", err)
+	}
+	if hr := held.Holder; !sameLease(hr, l) || !maps.Equal(hr.Metadata, meta) || !hr.HasHeartbeat() || hr.AcquiredAt.IsZero() {
+		t.Errorf("HeldError record: got %+v, want the holder's full record with its heartbeat", hr)
+	}
+
+	// A renewal moves RenewedAt, not AcquiredAt.
+	h.elapse(10 * time.Millisecond)
+	if err := a.Renew(h.ctx, l); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	rec2 := h.get(b, key)
+	if !rec2.AcquiredAt.Equal(rec.AcquiredAt) {
+		t.Errorf("AcquiredAt after Renew: got %v, want unchanged %v", rec2.AcquiredAt, rec.AcquiredAt)
+	}
+	if rec2.RenewedAt.Before(rec.RenewedAt) {
+		t.Errorf("RenewedAt after Renew: got %v, want >= %v", rec2.RenewedAt, rec.RenewedAt)
+	}
+
+	// A holder without a heartbeat record has none in its record.
+	l2 := h.acquireKey(a, key+"-2", "no-heartbeat", longTTL)
+	if rec := h.get(b, l2.Key); rec.HasHeartbeat() {
+		t.Errorf("record of a holder without heartbeat: got HeartbeatAt %v, want zero", rec.HeartbeatAt)
+	}
+}
+
+// testHeartbeats: heartbeat records expire after their own TTL; Members lists
+// the live ones sorted by ID; RemoveMember deletes one.
+func testHeartbeats(t *testing.T, h *harness) {
+	a, b := h.open(), h.open()
+	short, long := h.env.ShortTTL, 4*h.env.ShortTTL
+	l := h.acquireKey(a, key, "b", longTTL)
+	for _, hb := range []struct {
+		id  string
+		ttl time.Duration
+	}{{"c", long}, {"b", short}, {"a", long}} {
+		if err := a.Heartbeat(h.ctx, key, hb.id, hb.ttl); err != nil {
+			t.Fatalf("Heartbeat(%q): %v", hb.id, err)
+		}
+	}
+	members := func() []backend.Member {
+		t.Helper()
+		ms, err := b.Members(h.ctx, key)
+		if err != nil {
+			t.Fatalf("Members: %v", err)
+		}
+		return ms
+	}
+	ids := func(ms []backend.Member) []string {
+		var s []string
+		for _, m := range ms {
+			s = append(s, m.ID)
+		}
+		return s
+	}
+	ms := members()
+	if got := fmt.Sprint(ids(ms)); got != "[a b c]" {
+		t.Fatalf("Members: got %v, want [a b c]", got)
+	}
+	for _, m := range ms {
+		if m.HeartbeatAt.IsZero() || m.Age < 0 || m.TTL <= 0 {
+			t.Errorf("member %q: got HeartbeatAt %v, age %v, TTL %v; want non-zero time, age >= 0, TTL > 0",
+				m.ID, m.HeartbeatAt, m.Age, m.TTL)
+		}
+	}
+	if !h.get(b, key).HasHeartbeat() {
+		t.Fatal("record of holder b: no heartbeat, want b's live heartbeat")
+	}
+
+	h.eventually("expiry of b's heartbeat", short, func() (bool, string) {
+		ms := members()
+		got := fmt.Sprint(ids(ms))
+		return got == "[a c]", got
+	})
+	if rec := h.get(b, key); rec.HasHeartbeat() || !sameLease(rec, l) {
+		t.Errorf("record after the holder's heartbeat expired: got holder %q, HeartbeatAt %v; want %q with no heartbeat",
+			rec.HolderID, rec.HeartbeatAt, l.HolderID)
+	}
+
+	// A heartbeat refreshes the record.
+	before := members()[0]
+	h.elapse(10 * time.Millisecond)
+	if err := a.Heartbeat(h.ctx, key, "a", long); err != nil {
+		t.Fatalf("Heartbeat: %v", err)
+	}
+	if after := members()[0]; after.HeartbeatAt.Before(before.HeartbeatAt) {
+		t.Errorf("HeartbeatAt after a refresh: got %v, want >= %v", after.HeartbeatAt, before.HeartbeatAt)
+	}
+
+	if err := b.RemoveMember(h.ctx, key, "c"); err != nil {
+		t.Fatalf("RemoveMember: %v", err)
+	}
+	if got := fmt.Sprint(ids(members())); got != "[a]" {
+		t.Errorf("Members after RemoveMember(c): got %v, want [a]", got)
+	}
+	if err := b.RemoveMember(h.ctx, key, "nobody"); err != nil {
+		t.Errorf("RemoveMember of a missing record: got %v, want nil", err)
+	}
+	if ms, err := b.Members(h.ctx, key+"-other"); err != nil || len(ms) != 0 {
+		t.Errorf("Members of another key: got %v, %v; want none", ms, err)
+	}
+}
+
+// testGetFree: Get reports ErrNotHeld for a key that was never held and for a
+// released one.
+func testGetFree(t *testing.T, h *harness) {
+	a := h.open()
+	h.mustBeFree(a, key)
+	l := h.acquireKey(a, key, "a", longTTL)
+	if err := a.Release(h.ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	h.mustBeFree(a, key)
+}
+
+// testWatch: a Watcher delivers acquisitions and releases by other clients
+// promptly, and closes its channel when the context ends or the backend is
+// closed.
+func testWatch(t *testing.T, h *harness) {
+	w, ok := h.open().(backend.Watcher)
+	if !ok {
+		t.Skip("backend does not implement backend.Watcher")
+	}
+	a := h.open()
+
+	// next waits for an event accepted by want.
+	next := func(ch <-chan backend.Event, what string, want func(backend.Event) bool) {
+		t.Helper()
+		start := time.Now()
+		timer := time.NewTimer(bound)
+		defer timer.Stop()
+		for {
+			select {
+			case e, ok := <-ch:
+				if !ok {
+					t.Fatalf("%s: watch channel closed, want an event", what)
+				}
+				if e.Key != key {
+					t.Errorf("%s: got event for key %q, want %q", what, e.Key, key)
+				}
+				if want(e) {
+					t.Logf("%s delivered as %v after %v", what, e.Type, time.Since(start))
+					return
+				}
+			case <-timer.C:
+				t.Fatalf("%s: no event within %v", what, bound)
+			}
+		}
+	}
+
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel()
+	events, err := w.Watch(ctx, key)
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	l := h.acquireKey(a, key, "a", longTTL)
+	next(events, "acquire", func(e backend.Event) bool { return e.Type == backend.EventChanged })
+	if err := a.Release(h.ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	next(events, "release", func(e backend.Event) bool {
+		return e.Type == backend.EventReleased || e.Type == backend.EventExpired
+	})
+
+	cancel()
+	closed := func(ch <-chan backend.Event, what string) {
+		t.Helper()
+		timer := time.NewTimer(bound)
+		defer timer.Stop()
+		for {
+			select {
+			case _, ok := <-ch:
+				if !ok {
+					return
+				}
+			case <-timer.C:
+				t.Fatalf("watch channel still open %v after %s", bound, what)
+			}
+		}
+	}
+	closed(events, "the context was cancelled")
+
+	// Closing the backend closes its watch channels.
+	events, err = w.Watch(h.ctx, key)
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	if err := w.(backend.Backend).Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	closed(events, "the backend was closed")
+}
+
+// calls returns one closure per method of b, each making a call with valid
+// arguments on ctx. l is a lease to renew and release.
+func calls(b backend.Backend, ctx context.Context, l backend.Lease) map[string]func() error {
+	m := map[string]func() error{
+		"Acquire": func() error {
+			_, err := b.Acquire(ctx, backend.AcquireRequest{Key: key + "-new", HolderID: "x", TTL: longTTL})
+			return err
+		},
+		"Renew":        func() error { return b.Renew(ctx, l) },
+		"Release":      func() error { return b.Release(ctx, l) },
+		"Get":          func() error { _, err := b.Get(ctx, l.Key); return err },
+		"Heartbeat":    func() error { return b.Heartbeat(ctx, l.Key, "x", longTTL) },
+		"Members":      func() error { _, err := b.Members(ctx, l.Key); return err },
+		"RemoveMember": func() error { return b.RemoveMember(ctx, l.Key, "x") },
+	}
+	if w, ok := b.(backend.Watcher); ok {
+		m["Watch"] = func() error { _, err := w.Watch(ctx, l.Key); return err }
+	}
+	return m
+}
+
+// testCancelled: every method honours an already cancelled context.
+func testCancelled(t *testing.T, h *harness) {
+	b := h.open()
+	l := h.acquireKey(b, key, "a", longTTL)
+	ctx, cancel := context.WithCancel(h.ctx)
+	cancel()
+	for name, call := range calls(b, ctx, l) {
+		err := within(t, name+" with a cancelled context", call)
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("%s with a cancelled context: got %v, want an error that is context.Canceled", name, err)
+		}
+	}
+}
+
+// testClosed: every method of a closed backend returns ErrClosed; Close is
+// idempotent.
+func testClosed(t *testing.T, h *harness) {
+	b := h.open()
+	l := h.acquireKey(b, key, "a", longTTL)
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	for name, call := range calls(b, h.ctx, l) {
+		err := within(t, name+" after Close", call)
+		if !errors.Is(err, backend.ErrClosed) {
+			t.Errorf("%s after Close: got %v, want ErrClosed", name, err)
+		}
+	}
+	if err := b.Close(); err != nil {
+		t.Errorf("second Close: got %v, want nil", err)
+	}
+}
+
+// testInvalid: arguments a backend cannot accept are rejected with ErrInvalid.
+func testInvalid(t *testing.T, h *harness) {
+	b := h.open()
+	ttl := h.env.ShortTTL
+	good := backend.Lease{Key: key, HolderID: "a", Token: backend.NewToken(), Term: 1, TTL: ttl}
+	lease := func(f func(*backend.Lease)) backend.Lease { l := good; f(&l); return l }
+	acq := func(r backend.AcquireRequest) func() error {
+		return func() error { _, err := b.Acquire(h.ctx, r); return err }
+	}
+	cases := []struct {
+		name string
+		call func() error
+	}{
+		{"Acquire empty key", acq(backend.AcquireRequest{HolderID: "a", TTL: ttl})},
+		{"Acquire empty holder", acq(backend.AcquireRequest{Key: key, TTL: ttl})},
+		{"Acquire zero TTL", acq(backend.AcquireRequest{Key: key, HolderID: "a"})},
+		{"Acquire negative TTL", acq(backend.AcquireRequest{Key: key, HolderID: "a", TTL: -time.Second})},
+		{"Renew empty key", func() error { return b.Renew(h.ctx, lease(func(l *backend.Lease) { l.Key = "" })) }},
+		{"Renew empty holder", func() error { return b.Renew(h.ctx, lease(func(l *backend.Lease) { l.HolderID = "" })) }},
+		{"Renew empty token", func() error { return b.Renew(h.ctx, lease(func(l *backend.Lease) { l.Token = "" })) }},
+		{"Renew zero TTL", func() error { return b.Renew(h.ctx, lease(func(l *backend.Lease) { l.TTL = 0 })) }},
+		{"Release empty key", func() error { return b.Release(h.ctx, lease(func(l *backend.Lease) { l.Key = "" })) }},
+		{"Release empty holder", func() error { return b.Release(h.ctx, lease(func(l *backend.Lease) { l.HolderID = "" })) }},
+		{"Release empty token", func() error { return b.Release(h.ctx, lease(func(l *backend.Lease) { l.Token = "" })) }},
+		{"Get empty key", func() error { _, err := b.Get(h.ctx, ""); return err }},
+		{"Heartbeat empty key", func() error { return b.Heartbeat(h.ctx, "", "a", ttl) }},
+		{"Heartbeat empty ID", func() error { return b.Heartbeat(h.ctx, key, "", ttl) }},
+		{"Heartbeat zero TTL", func() error { return b.Heartbeat(h.ctx, key, "a", 0) }},
+		{"Members empty key", func() error { _, err := b.Members(h.ctx, ""); return err }},
+		{"RemoveMember empty key", func() error { return b.RemoveMember(h.ctx, "", "a") }},
+		{"RemoveMember empty ID", func() error { return b.RemoveMember(h.ctx, key, "") }},
+	}
+	if w, ok := b.(backend.Watcher); ok {
+		cases = append(cases, struct {
+			name string
+			call func() error
+		}{"Watch empty key", func() error { _, err := w.Watch(h.ctx, ""); return err }})
+	}
+	for _, c := range cases {
+		if err := c.call(); !errors.Is(err, backend.ErrInvalid) {
+			t.Errorf("%s: got %v, want ErrInvalid", c.name, err)
+		}
+	}
+	h.mustBeFree(b, key)
+}
+
+// testConcurrent: many goroutines on several clients renew, read, heartbeat
+// and contend at once (run it with -race); no lease is ever held twice.
+func testConcurrent(t *testing.T, h *harness) {
+	const (
+		clients    = 4
+		workers    = 8
+		iterations = 25
+	)
+	bs := make([]backend.Backend, clients)
+	for i := range bs {
+		bs[i] = h.open()
+	}
+	const shared = key + "-shared"
+	var wg sync.WaitGroup
+	for i := range workers {
+		b := bs[i%clients]
+		id := fmt.Sprintf("worker-%d", i)
+		wg.Go(func() {
+			own, err := b.Acquire(h.ctx, backend.AcquireRequest{Key: key + "-" + id, HolderID: id, TTL: longTTL})
+			if err != nil {
+				t.Errorf("%s: Acquire of its own key: %v", id, err)
+				return
+			}
+			for range iterations {
+				if err := b.Renew(h.ctx, own); err != nil {
+					t.Errorf("%s: Renew: %v", id, err)
+					return
+				}
+				if err := b.Heartbeat(h.ctx, shared, id, longTTL); err != nil {
+					t.Errorf("%s: Heartbeat: %v", id, err)
+					return
+				}
+				if _, err := b.Members(h.ctx, shared); err != nil {
+					t.Errorf("%s: Members: %v", id, err)
+					return
+				}
+				if _, err := b.Get(h.ctx, shared); err != nil && !errors.Is(err, backend.ErrNotHeld) {
+					t.Errorf("%s: Get: %v", id, err)
+					return
+				}
+				l, err := b.Acquire(h.ctx, backend.AcquireRequest{Key: shared, HolderID: id, TTL: longTTL})
+				if errors.Is(err, backend.ErrHeld) {
+					continue
+				}
+				if err != nil {
+					t.Errorf("%s: Acquire: %v", id, err)
+					return
+				}
+				rec, err := b.Get(h.ctx, shared)
+				if err != nil || !sameLease(rec, l) {
+					t.Errorf("%s: Get while holding term %d: got holder %q term %d, error %v; want itself",
+						id, l.Term, rec.HolderID, rec.Term, err)
+					return
+				}
+				if err := b.Release(h.ctx, l); err != nil {
+					t.Errorf("%s: Release of its own lease: %v", id, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	ms, err := bs[0].Members(h.ctx, shared)
+	if err != nil || len(ms) != workers {
+		t.Errorf("Members after the run: got %d members, error %v; want %d", len(ms), err, workers)
+	}
+}

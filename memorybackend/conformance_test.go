@@ -1,0 +1,20 @@
+package memorybackend_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/backend/backendtest"
+	"github.com/sovereign-go/sovereign/memorybackend"
+)
+
+func TestConformance(t *testing.T) {
+	backendtest.Run(t, func(t *testing.T) backendtest.Env {
+		store := memorybackend.NewStore()
+		return backendtest.Env{
+			Open:     func() backend.Backend { return store.Client() },
+			ShortTTL: 300 * time.Millisecond,
+		}
+	})
+}
