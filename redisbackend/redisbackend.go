@@ -1,0 +1,692 @@
+// Package redisbackend stores Sovereign leases in Redis, through a go-redis
+// v9 client: standalone, Sentinel (failover client), Cluster, or one pointed
+// at miniredis in tests.
+//
+// # Operations
+//
+// Every operation (Acquire, Renew, Release, Get, Heartbeat, Members,
+// RemoveMember) is one Lua script, sent with EVALSHA (EVAL once after a
+// NOSCRIPT reply): one round trip, atomic, owner-checked where the contract
+// says so. Timestamps and ages come from the Redis server's clock (TIME), so
+// the clocks of the candidates never matter.
+//
+// # Key layout
+//
+// With the default prefix "sovereign:" and the key "billing", the keys are,
+// all sharing the hash tag {billing} so that every script works on Cluster:
+//
+//	sovereign:{billing}                  hash: the lease, with the fields holder, token,
+//	                                     term, acquired_at and renewed_at (unix ms), ttl (ms)
+//	                                     and one field meta:<name> per metadata entry;
+//	                                     PEXPIRE ttl. Absent when nobody holds the key.
+//	sovereign:{billing}:term             string: the fencing term counter (INCR), no TTL;
+//	                                     survives release and expiry.
+//	sovereign:{billing}:heartbeat:<id>   hash: fields at (unix ms) and ttl (ms, as granted),
+//	                                     PEXPIRE ttl; the age is ttl - PTTL.
+//	sovereign:{billing}:members          set of the IDs that sent heartbeats (an index;
+//	                                     Members prunes IDs whose heartbeat has expired).
+//	sovereign:{billing}:events           pub/sub channel (not a key): "acquired:<term>"
+//	                                     and "released:<term>".
+//
+// Inspect them with redis-cli: HGETALL 'sovereign:{billing}', PTTL
+// 'sovereign:{billing}', GET 'sovereign:{billing}:term'. In a key, the
+// characters '%' and '}' are written as %25 and %7D so that every key maps
+// to its own hash tag.
+//
+// If a key at one of these paths holds something else (a string where the
+// lease hash belongs, say), the scripts leave it untouched and the call
+// returns an error wrapping ErrWrongType.
+//
+// # Watching
+//
+// Backend implements backend.Watcher. All watches of a Backend share one
+// pub/sub connection (one per shard on Cluster, where sharded pub/sub,
+// SSUBSCRIBE and SPUBLISH, is used by default). Acquire and Release publish on
+// the key's channel, so waiting candidates learn of a release within
+// milliseconds. The expiry of a crashed holder's lease is not published: the
+// elector schedules its next attempt from the TTL the record reports. If the
+// pub/sub connection breaks, every watch on it is closed and the caller
+// watches again.
+//
+// # Replication
+//
+// Redis replicates asynchronously. If the primary fails after acknowledging
+// an acquisition or renewal and before a replica has it, a replica promoted by
+// Sentinel or Cluster may not know the lease (nor the latest term): another
+// candidate can then acquire it while the old leader still believes it leads,
+// until the old leader's renew deadline passes, and a term can be handed out
+// twice. Options.WaitReplicas makes Acquire and Renew wait (WAIT) until that
+// many replicas have the write, which narrows the window but, as the Redis
+// documentation says, does not make Redis strongly consistent: a failover can
+// still pick a replica that missed the write. A restart of a server without
+// persistence loses every lease and term counter in the same way. When two
+// leaders for even a moment are unacceptable and the downstream store cannot
+// check fencing terms, use etcd (package etcdbackend).
+//
+// # Time limits
+//
+// Every call returns by its context's deadline. A client created with
+// ContextTimeoutEnabled: true applies the deadline to the socket itself (the
+// recommended setting); with other clients the call stops waiting at the
+// deadline and go-redis abandons the request after its own ReadTimeout.
+package redisbackend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// Sentinel errors of this package, in addition to those of package backend.
+var (
+	// ErrWrongType is returned when a key at one of the backend's paths holds
+	// data the backend did not write. The data is left untouched.
+	ErrWrongType = errors.New("redisbackend: key holds foreign data")
+
+	// ErrNotReplicated is returned by Acquire and Renew, with
+	// Options.WaitReplicas set, when fewer replicas than asked confirmed the
+	// write within Options.WaitTimeout.
+	ErrNotReplicated = errors.New("redisbackend: write not confirmed by enough replicas")
+)
+
+// Client is the part of a go-redis client the backend uses. *redis.Client,
+// *redis.ClusterClient, *redis.Ring and every redis.UniversalClient satisfy
+// it.
+type Client interface {
+	redis.Scripter
+	Pipeline() redis.Pipeliner
+	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+	SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
+}
+
+// PubSubMode selects the kind of pub/sub used for watch notifications.
+type PubSubMode int
+
+const (
+	// PubSubAuto uses sharded pub/sub on a *redis.ClusterClient and classic
+	// pub/sub otherwise.
+	PubSubAuto PubSubMode = iota
+	// PubSubClassic uses PUBLISH and SUBSCRIBE (needed on Cluster before
+	// Redis 7.0).
+	PubSubClassic
+	// PubSubSharded uses SPUBLISH and SSUBSCRIBE (Redis 7.0 or later).
+	PubSubSharded
+	// PubSubOff publishes nothing; Watch returns an error wrapping
+	// errors.ErrUnsupported. For stores without pub/sub.
+	PubSubOff
+)
+
+// Options tune a Backend. The zero value (or nil) means the defaults.
+type Options struct {
+	// Prefix is prepended to every key and channel name. It must not contain
+	// '{' or '}', which would change the hash tag. default: "sovereign:"
+	Prefix string
+
+	// WaitReplicas, when positive, makes Acquire and Renew send WAIT in the
+	// same round trip and fail with an error wrapping ErrNotReplicated unless
+	// at least that many replicas confirm the write. default: 0 (no WAIT)
+	WaitReplicas int
+
+	// WaitTimeout bounds WAIT. Used only with WaitReplicas; it must stay well
+	// below the elector's renew deadline. default: 500 milliseconds
+	WaitTimeout time.Duration
+
+	// PubSub selects the pub/sub flavour for watch notifications.
+	// default: PubSubAuto
+	PubSub PubSubMode
+
+	// HealthCheckInterval is how long the shared pub/sub connection may stay
+	// silent before it is pinged; a ping unanswered for another interval
+	// breaks it (its watches are closed). default: 15 seconds
+	HealthCheckInterval time.Duration
+
+	// WatchBuffer is the capacity of each watch channel; when it is full,
+	// further events are dropped (the buffered ones already tell the
+	// receiver to read the state). default: 4
+	WatchBuffer int
+}
+
+const (
+	defaultPrefix              = "sovereign:"
+	defaultWaitTimeout         = 500 * time.Millisecond
+	defaultHealthCheckInterval = 15 * time.Second
+	defaultWatchBuffer         = 4
+)
+
+// Backend is a backend.Backend and backend.Watcher on Redis. It is safe for
+// concurrent use. Create it with New.
+type Backend struct {
+	client      Client
+	cluster     *redis.ClusterClient // client, when it is a cluster client (for WAIT routing)
+	ctxAware    bool                 // client applies ctx deadlines to socket I/O
+	prefix      string
+	waitN       int
+	waitTimeout time.Duration
+	pubsub      PubSubMode // PubSubClassic, PubSubSharded or PubSubOff after New
+	publishCmd  string     // "PUBLISH", "SPUBLISH" or ""
+	healthCheck time.Duration
+	watchBuffer int
+
+	closed atomic.Bool
+	hubs   hubs
+}
+
+var (
+	_ backend.Backend = (*Backend)(nil)
+	_ backend.Watcher = (*Backend)(nil)
+)
+
+// New returns a Backend that uses client. The client stays the caller's:
+// Close does not close it. AUTH, TLS, ACL users and timeouts come from the
+// client's own options. opts may be nil.
+func New(client Client, opts *Options) (*Backend, error) {
+	if client == nil {
+		return nil, fmt.Errorf("redisbackend: %w: nil client", backend.ErrInvalid)
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Prefix == "" {
+		o.Prefix = defaultPrefix
+	}
+	if strings.ContainsAny(o.Prefix, "{}") {
+		return nil, fmt.Errorf("redisbackend: %w: prefix %q contains '{' or '}'", backend.ErrInvalid, o.Prefix)
+	}
+	if o.WaitReplicas < 0 {
+		return nil, fmt.Errorf("redisbackend: %w: WaitReplicas %d is negative", backend.ErrInvalid, o.WaitReplicas)
+	}
+	if o.WaitTimeout < 0 {
+		return nil, fmt.Errorf("redisbackend: %w: WaitTimeout %v is negative", backend.ErrInvalid, o.WaitTimeout)
+	}
+	if o.WaitTimeout == 0 {
+		o.WaitTimeout = defaultWaitTimeout
+	}
+	if o.WaitTimeout < time.Millisecond {
+		return nil, fmt.Errorf("redisbackend: %w: WaitTimeout %v is below 1ms", backend.ErrInvalid, o.WaitTimeout)
+	}
+	if o.HealthCheckInterval < 0 {
+		return nil, fmt.Errorf("redisbackend: %w: HealthCheckInterval %v is negative", backend.ErrInvalid, o.HealthCheckInterval)
+	}
+	if o.HealthCheckInterval == 0 {
+		o.HealthCheckInterval = defaultHealthCheckInterval
+	}
+	if o.WatchBuffer < 0 {
+		return nil, fmt.Errorf("redisbackend: %w: WatchBuffer %d is negative", backend.ErrInvalid, o.WatchBuffer)
+	}
+	if o.WatchBuffer == 0 {
+		o.WatchBuffer = defaultWatchBuffer
+	}
+	b := &Backend{
+		client:      client,
+		prefix:      o.Prefix,
+		waitN:       o.WaitReplicas,
+		waitTimeout: o.WaitTimeout,
+		healthCheck: o.HealthCheckInterval,
+		watchBuffer: o.WatchBuffer,
+	}
+	switch c := client.(type) {
+	case *redis.Client:
+		b.ctxAware = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		b.cluster = c
+		b.ctxAware = c.Options().ContextTimeoutEnabled
+	}
+	switch o.PubSub {
+	case PubSubAuto:
+		b.pubsub = PubSubClassic
+		if b.cluster != nil {
+			b.pubsub = PubSubSharded
+		}
+	case PubSubClassic, PubSubSharded, PubSubOff:
+		b.pubsub = o.PubSub
+	default:
+		return nil, fmt.Errorf("redisbackend: %w: unknown PubSub mode %d", backend.ErrInvalid, o.PubSub)
+	}
+	switch b.pubsub {
+	case PubSubClassic:
+		b.publishCmd = "PUBLISH"
+	case PubSubSharded:
+		b.publishCmd = "SPUBLISH"
+	}
+	b.hubs.init()
+	return b, nil
+}
+
+// keyBase returns "<prefix>{<escaped key>}", the lease hash's name and the
+// start of every other name of key.
+func (b *Backend) keyBase(key string) string {
+	var sb strings.Builder
+	sb.Grow(len(b.prefix) + len(key) + 2)
+	sb.WriteString(b.prefix)
+	sb.WriteByte('{')
+	for i := 0; i < len(key); i++ {
+		switch c := key[i]; c {
+		case '%':
+			sb.WriteString("%25")
+		case '}':
+			sb.WriteString("%7D")
+		default:
+			sb.WriteByte(c)
+		}
+	}
+	sb.WriteByte('}')
+	return sb.String()
+}
+
+func (b *Backend) leaseKeys(key string) (lease, term, hbBase string) {
+	base := b.keyBase(key)
+	return base, base + ":term", base + ":heartbeat:"
+}
+
+func (b *Backend) channel(key string) string { return b.keyBase(key) + ":events" }
+
+// ttlMillis rounds d up to whole milliseconds, Redis's resolution.
+func ttlMillis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+func millis(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// begin checks what every call checks first.
+func (b *Backend) begin(ctx context.Context) error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	return ctx.Err()
+}
+
+// bounded runs fn, returning by ctx's deadline even when the client does not
+// apply it to the socket: then fn keeps running in the background until
+// go-redis gives up, and its result is discarded.
+func (b *Backend) bounded(ctx context.Context, fn func(ctx context.Context) error) error {
+	if b.ctxAware || ctx.Done() == nil {
+		return fn(ctx)
+	}
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run evaluates s and returns its reply array. With wait, WAIT follows in
+// the same pipeline (one round trip) and its reply is returned as replicas.
+func (b *Backend) run(ctx context.Context, s *redis.Script, wait bool, keys []string, args ...any) (reply []any, replicas int64, err error) {
+	err = b.bounded(ctx, func(ctx context.Context) error {
+		var v any
+		var err error
+		if wait {
+			v, replicas, err = b.runWait(ctx, s, keys, args)
+		} else {
+			v, err = s.Run(ctx, b.client, keys, args...).Result()
+		}
+		if err != nil {
+			return err
+		}
+		arr, ok := v.([]any)
+		if !ok || len(arr) == 0 {
+			return fmt.Errorf("redisbackend: unexpected script reply %#v", v)
+		}
+		reply = arr
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return reply, replicas, nil
+}
+
+// runWait sends EVALSHA and WAIT in one pipeline on the connection that
+// serves the key (WAIT counts the replicas that have this connection's
+// writes), falling back to EVAL after NOSCRIPT.
+func (b *Backend) runWait(ctx context.Context, s *redis.Script, keys []string, args []any) (any, int64, error) {
+	var p redis.Pipeliner
+	if b.cluster != nil {
+		node, err := b.cluster.MasterForKey(ctx, keys[0])
+		if err != nil {
+			return nil, 0, err
+		}
+		p = node.Pipeline()
+	} else {
+		p = b.client.Pipeline()
+	}
+	for attempt := 0; ; attempt++ {
+		var ev *redis.Cmd
+		if attempt == 0 {
+			ev = s.EvalSha(ctx, p, keys, args...)
+		} else {
+			ev = s.Eval(ctx, p, keys, args...)
+		}
+		w := p.Do(ctx, "wait", b.waitN, b.waitTimeout.Milliseconds())
+		_, _ = p.Exec(ctx)
+		if attempt == 0 && redis.HasErrorPrefix(ev.Err(), "NOSCRIPT") {
+			continue
+		}
+		v, err := ev.Result()
+		if err != nil {
+			return nil, 0, err
+		}
+		n, err := w.Int64()
+		if err != nil {
+			return nil, 0, fmt.Errorf("WAIT: %w", err)
+		}
+		return v, n, nil
+	}
+}
+
+// checkStatus turns the error statuses every script may return into errors.
+func checkStatus(op, key string, reply []any) (string, error) {
+	status := str(reply[0])
+	if status == "WRONGTYPE" {
+		path, found := "", ""
+		if len(reply) >= 3 {
+			path, found = str(reply[1]), str(reply[2])
+		}
+		return status, fmt.Errorf("redisbackend: %s %q: %w: %q holds %s; left untouched",
+			op, key, ErrWrongType, path, found)
+	}
+	return status, nil
+}
+
+// Acquire implements backend.Backend. The lease's TTL is req.TTL rounded up
+// to whole milliseconds.
+func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+	if err := b.begin(ctx); err != nil {
+		return backend.Lease{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return backend.Lease{}, err
+	}
+	lease, term, hb := b.leaseKeys(req.Key)
+	token := backend.NewToken()
+	ttl := ttlMillis(req.TTL)
+	args := make([]any, 0, 6+2*len(req.Metadata))
+	args = append(args, req.HolderID, token, ttl, strconv.FormatUint(req.ReplaceTerm, 10), b.publishCmd, b.channel(req.Key))
+	for k, v := range req.Metadata {
+		args = append(args, k, v)
+	}
+	reply, replicas, err := b.run(ctx, acquireScript, b.waitN > 0, []string{lease, term, hb}, args...)
+	if err != nil {
+		return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
+	}
+	status, err := checkStatus("acquire", req.Key, reply)
+	if err != nil {
+		return backend.Lease{}, err
+	}
+	switch status {
+	case "OK":
+		if len(reply) < 2 {
+			break
+		}
+		l := backend.Lease{Key: req.Key, HolderID: req.HolderID, Token: token, Term: uint64(num(reply[1])), TTL: millis(ttl)}
+		if err := b.checkReplicas("acquire", req.Key, replicas); err != nil {
+			return backend.Lease{}, err
+		}
+		return l, nil
+	case "HELD":
+		rec, err := parseRecord(req.Key, reply)
+		if err != nil {
+			return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
+		}
+		return backend.Lease{}, &backend.HeldError{Holder: rec}
+	case "NOTHELD":
+		return backend.Lease{}, fmt.Errorf("redisbackend: takeover of term %d of %q: %w",
+			req.ReplaceTerm, req.Key, backend.ErrNotHeld)
+	}
+	return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: unexpected reply %#v", req.Key, reply)
+}
+
+func (b *Backend) checkReplicas(op, key string, replicas int64) error {
+	if b.waitN > 0 && replicas < int64(b.waitN) {
+		return fmt.Errorf("redisbackend: %s %q: %w: %d of %d replicas within %v",
+			op, key, ErrNotReplicated, replicas, b.waitN, b.waitTimeout)
+	}
+	return nil
+}
+
+// Renew implements backend.Backend.
+func (b *Backend) Renew(ctx context.Context, l backend.Lease) error {
+	if err := b.begin(ctx); err != nil {
+		return err
+	}
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	lease, _, _ := b.leaseKeys(l.Key)
+	reply, replicas, err := b.run(ctx, renewScript, b.waitN > 0, []string{lease}, l.HolderID, l.Token, ttlMillis(l.TTL))
+	if err != nil {
+		return fmt.Errorf("redisbackend: renew %q: %w", l.Key, err)
+	}
+	status, err := checkStatus("renew", l.Key, reply)
+	if err != nil {
+		return err
+	}
+	switch status {
+	case "OK":
+		return b.checkReplicas("renew", l.Key, replicas)
+	case "LOST":
+		return fmt.Errorf("redisbackend: renew %q (term %d): %w", l.Key, l.Term, backend.ErrLeaseLost)
+	}
+	return fmt.Errorf("redisbackend: renew %q: unexpected reply %#v", l.Key, reply)
+}
+
+// Release implements backend.Backend. It publishes a notification for
+// watchers in the same script.
+func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
+	if err := b.begin(ctx); err != nil {
+		return err
+	}
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	lease, _, _ := b.leaseKeys(l.Key)
+	reply, _, err := b.run(ctx, releaseScript, false, []string{lease}, l.HolderID, l.Token, b.publishCmd, b.channel(l.Key))
+	if err != nil {
+		return fmt.Errorf("redisbackend: release %q: %w", l.Key, err)
+	}
+	status, err := checkStatus("release", l.Key, reply)
+	if err != nil {
+		return err
+	}
+	switch status {
+	case "OK":
+		return nil
+	case "LOST":
+		return fmt.Errorf("redisbackend: release %q (term %d): %w", l.Key, l.Term, backend.ErrLeaseLost)
+	}
+	return fmt.Errorf("redisbackend: release %q: unexpected reply %#v", l.Key, reply)
+}
+
+func validateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty key", backend.ErrInvalid)
+	}
+	return nil
+}
+
+// Get implements backend.Backend.
+func (b *Backend) Get(ctx context.Context, key string) (backend.Record, error) {
+	if err := b.begin(ctx); err != nil {
+		return backend.Record{}, err
+	}
+	if err := validateKey(key); err != nil {
+		return backend.Record{}, err
+	}
+	lease, _, hb := b.leaseKeys(key)
+	reply, _, err := b.run(ctx, getScript, false, []string{lease, hb})
+	if err != nil {
+		return backend.Record{}, fmt.Errorf("redisbackend: get %q: %w", key, err)
+	}
+	status, err := checkStatus("get", key, reply)
+	if err != nil {
+		return backend.Record{}, err
+	}
+	switch status {
+	case "OK":
+		rec, err := parseRecord(key, reply)
+		if err != nil {
+			return backend.Record{}, fmt.Errorf("redisbackend: get %q: %w", key, err)
+		}
+		return rec, nil
+	case "NONE":
+		return backend.Record{}, fmt.Errorf("redisbackend: get %q: %w", key, backend.ErrNotHeld)
+	}
+	return backend.Record{}, fmt.Errorf("redisbackend: get %q: unexpected reply %#v", key, reply)
+}
+
+// Heartbeat implements backend.Backend. The TTL is rounded up to whole
+// milliseconds.
+func (b *Backend) Heartbeat(ctx context.Context, key, id string, ttl time.Duration) error {
+	if err := b.begin(ctx); err != nil {
+		return err
+	}
+	if err := backend.ValidateHeartbeat(key, id, ttl); err != nil {
+		return err
+	}
+	_, _, hb := b.leaseKeys(key)
+	reply, _, err := b.run(ctx, heartbeatScript, false, []string{hb + id, b.keyBase(key) + ":members"}, id, ttlMillis(ttl))
+	if err != nil {
+		return fmt.Errorf("redisbackend: heartbeat %q for %q: %w", id, key, err)
+	}
+	if _, err := checkStatus("heartbeat", key, reply); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Members implements backend.Backend. It also drops from the members index
+// the IDs whose heartbeat has expired.
+func (b *Backend) Members(ctx context.Context, key string) ([]backend.Member, error) {
+	if err := b.begin(ctx); err != nil {
+		return nil, err
+	}
+	if err := validateKey(key); err != nil {
+		return nil, err
+	}
+	_, _, hb := b.leaseKeys(key)
+	reply, _, err := b.run(ctx, membersScript, false, []string{b.keyBase(key) + ":members", hb})
+	if err != nil {
+		return nil, fmt.Errorf("redisbackend: members of %q: %w", key, err)
+	}
+	if _, err := checkStatus("members", key, reply); err != nil {
+		return nil, err
+	}
+	rest := reply[1:]
+	members := make([]backend.Member, 0, len(rest)/4)
+	for i := 0; i+3 < len(rest); i += 4 {
+		at, ttl, pttl := num(rest[i+1]), num(rest[i+2]), num(rest[i+3])
+		if pttl < 0 {
+			pttl = 0
+		}
+		members = append(members, backend.Member{
+			ID:          str(rest[i]),
+			HeartbeatAt: time.UnixMilli(at),
+			Age:         millis(max(0, ttl-pttl)),
+			TTL:         millis(pttl),
+		})
+	}
+	slices.SortFunc(members, func(a, b backend.Member) int { return strings.Compare(a.ID, b.ID) })
+	return members, nil
+}
+
+// RemoveMember implements backend.Backend.
+func (b *Backend) RemoveMember(ctx context.Context, key, id string) error {
+	if err := b.begin(ctx); err != nil {
+		return err
+	}
+	if err := validateKey(key); err != nil {
+		return err
+	}
+	if id == "" {
+		return fmt.Errorf("%w: empty instance ID", backend.ErrInvalid)
+	}
+	_, _, hb := b.leaseKeys(key)
+	reply, _, err := b.run(ctx, removeMemberScript, false, []string{hb + id, b.keyBase(key) + ":members"}, id)
+	if err != nil {
+		return fmt.Errorf("redisbackend: remove member %q of %q: %w", id, key, err)
+	}
+	if _, err := checkStatus("remove member", key, reply); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Close closes the backend's pub/sub connections, which closes every watch
+// channel, and waits for the goroutines it started. It does not close the
+// client passed to New. Later calls return backend.ErrClosed. Close is
+// idempotent and always returns nil.
+func (b *Backend) Close() error {
+	if b.closed.Swap(true) {
+		return nil
+	}
+	b.hubs.closeAll(b)
+	return nil
+}
+
+// parseRecord decodes a record reply (see scripts.go) of key.
+func parseRecord(key string, reply []any) (backend.Record, error) {
+	if len(reply) < 10 {
+		return backend.Record{}, fmt.Errorf("short record reply %#v", reply)
+	}
+	rec := backend.Record{
+		Key:        key,
+		HolderID:   str(reply[1]),
+		Token:      str(reply[2]),
+		Term:       uint64(num(reply[3])),
+		AcquiredAt: time.UnixMilli(num(reply[4])),
+		RenewedAt:  time.UnixMilli(num(reply[5])),
+		TTL:        millis(max(0, num(reply[6]))),
+	}
+	if at, ttl, pttl := num(reply[7]), num(reply[8]), num(reply[9]); at >= 0 && pttl >= 0 {
+		rec.HeartbeatAt = time.UnixMilli(at)
+		rec.HeartbeatAge = millis(max(0, ttl-pttl))
+	}
+	if meta := reply[10:]; len(meta) >= 2 {
+		rec.Metadata = make(map[string]string, len(meta)/2)
+		for i := 0; i+1 < len(meta); i += 2 {
+			rec.Metadata[str(meta[i])] = str(meta[i+1])
+		}
+	}
+	return rec, nil
+}
+
+func str(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case int64:
+		return strconv.FormatInt(v, 10)
+	case nil:
+		return ""
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+func num(v any) int64 {
+	switch v := v.(type) {
+	case int64:
+		return v
+	case string:
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return -1
+		}
+		return n
+	default:
+		return -1
+	}
+}

@@ -1,0 +1,212 @@
+package redisbackend
+
+import "github.com/redis/go-redis/v9"
+
+// Every operation is one of these scripts, sent with EVALSHA (and EVAL after
+// a NOSCRIPT reply, which go-redis's Script.Run does). Each script returns an
+// array whose first element is a status:
+//
+//	OK        success; the rest depends on the script
+//	HELD      Acquire only: the key is held; the rest is the record
+//	NOTHELD   Acquire only: a takeover found the key free
+//	NONE      Get only: the key is free
+//	LOST      Renew and Release: the lease is not the one stored
+//	WRONGTYPE a key at our path holds foreign data; the rest is the key name
+//	          and what was found there. Nothing was written.
+//
+// A record is, after the status: holder, token, term, acquired_at (unix ms),
+// renewed_at (unix ms), PTTL of the lease (ms), then the holder's heartbeat:
+// at (unix ms, -1 when none), granted ttl (ms), PTTL (ms); then metadata
+// name/value pairs.
+
+// luaPrelude holds the helpers every script shares.
+const luaPrelude = `
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function fmt(n) return string.format('%d', n) end
+local function ktype(k)
+  local t = redis.call('TYPE', k)
+  if type(t) == 'table' then t = t['ok'] end
+  return t
+end
+-- lease_state is 'none', 'ok', or a description of the foreign data at k.
+local function lease_state(k)
+  local t = ktype(k)
+  if t == 'none' then return 'none' end
+  if t ~= 'hash' then return 'a ' .. t end
+  local f = redis.call('HMGET', k, 'holder', 'token', 'term')
+  if not f[1] or not f[2] or not f[3] or not tonumber(f[3]) then
+    return 'a hash without the fields holder, token and term'
+  end
+  return 'ok'
+end
+-- hb_state is 'none', 'ok', or a description of the foreign data at k.
+local function hb_state(k)
+  local t = ktype(k)
+  if t == 'none' then return 'none' end
+  if t ~= 'hash' then return 'a ' .. t end
+  local f = redis.call('HMGET', k, 'at', 'ttl')
+  if not f[1] or not f[2] or not tonumber(f[1]) or not tonumber(f[2]) then
+    return 'a hash without the fields at and ttl'
+  end
+  return 'ok'
+end
+-- set_state is 'none', 'ok', or a description of the foreign data at k.
+local function set_state(k)
+  local t = ktype(k)
+  if t == 'none' then return 'none' end
+  if t ~= 'set' then return 'a ' .. t end
+  return 'ok'
+end
+-- term_state is 'none', 'ok', or a description of the foreign data at k.
+local function term_state(k)
+  local t = ktype(k)
+  if t == 'none' then return 'none' end
+  if t ~= 'string' then return 'a ' .. t end
+  if not tonumber(redis.call('GET', k)) then return 'a string that is not an integer' end
+  return 'ok'
+end
+-- record returns status followed by the record of the lease at lease.
+local function record(status, lease, hbbase)
+  local h = redis.call('HGETALL', lease)
+  local f = {}
+  for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+  local out = {status, f['holder'], f['token'], f['term'], f['acquired_at'] or '0',
+    f['renewed_at'] or '0', redis.call('PTTL', lease), -1, -1, -1}
+  local hbk = hbbase .. f['holder']
+  if hb_state(hbk) == 'ok' then
+    local v = redis.call('HMGET', hbk, 'at', 'ttl')
+    out[8] = v[1]
+    out[9] = v[2]
+    out[10] = redis.call('PTTL', hbk)
+  end
+  for i = 1, #h, 2 do
+    if string.sub(h[i], 1, 5) == 'meta:' then
+      out[#out + 1] = string.sub(h[i], 6)
+      out[#out + 1] = h[i + 1]
+    end
+  end
+  return out
+end
+`
+
+// acquireScript: KEYS lease, term, heartbeat base; ARGV holder, token,
+// ttl ms, replace term, publish command ('' for none), channel, then
+// metadata name/value pairs.
+var acquireScript = redis.NewScript(luaPrelude + `
+local ls = lease_state(KEYS[1])
+if ls ~= 'ok' and ls ~= 'none' then return {'WRONGTYPE', KEYS[1], ls} end
+local ts = term_state(KEYS[2])
+if ts ~= 'ok' and ts ~= 'none' then return {'WRONGTYPE', KEYS[2], ts} end
+local replace = tonumber(ARGV[4])
+local old = 0
+if ls == 'ok' then
+  local cur = tonumber(redis.call('HGET', KEYS[1], 'term'))
+  if replace == 0 or cur ~= replace then
+    return record('HELD', KEYS[1], KEYS[3])
+  end
+  old = cur
+  redis.call('DEL', KEYS[1])
+elseif replace ~= 0 then
+  return {'NOTHELD'}
+end
+local term = redis.call('INCR', KEYS[2])
+if term <= old then
+  term = old + 1
+  redis.call('SET', KEYS[2], fmt(term))
+end
+local now = fmt(now_ms())
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', ARGV[2], 'term', fmt(term),
+  'acquired_at', now, 'renewed_at', now, 'ttl', ARGV[3])
+for i = 7, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], 'meta:' .. ARGV[i], ARGV[i + 1])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if ARGV[5] ~= '' then redis.call(ARGV[5], ARGV[6], 'acquired:' .. fmt(term)) end
+return {'OK', term}
+`)
+
+// renewScript: KEYS lease; ARGV holder, token, ttl ms.
+var renewScript = redis.NewScript(luaPrelude + `
+local ls = lease_state(KEYS[1])
+if ls == 'none' then return {'LOST'} end
+if ls ~= 'ok' then return {'WRONGTYPE', KEYS[1], ls} end
+local f = redis.call('HMGET', KEYS[1], 'holder', 'token')
+if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'LOST'} end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('HSET', KEYS[1], 'renewed_at', fmt(now_ms()), 'ttl', ARGV[3])
+return {'OK'}
+`)
+
+// releaseScript: KEYS lease; ARGV holder, token, publish command ('' for
+// none), channel.
+var releaseScript = redis.NewScript(luaPrelude + `
+local ls = lease_state(KEYS[1])
+if ls == 'none' then return {'LOST'} end
+if ls ~= 'ok' then return {'WRONGTYPE', KEYS[1], ls} end
+local f = redis.call('HMGET', KEYS[1], 'holder', 'token', 'term')
+if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'LOST'} end
+redis.call('DEL', KEYS[1])
+if ARGV[3] ~= '' then redis.call(ARGV[3], ARGV[4], 'released:' .. f[3]) end
+return {'OK'}
+`)
+
+// getScript: KEYS lease, heartbeat base.
+var getScript = redis.NewScript(luaPrelude + `
+local ls = lease_state(KEYS[1])
+if ls == 'none' then return {'NONE'} end
+if ls ~= 'ok' then return {'WRONGTYPE', KEYS[1], ls} end
+return record('OK', KEYS[1], KEYS[2])
+`)
+
+// heartbeatScript: KEYS heartbeat key, members; ARGV id, ttl ms.
+var heartbeatScript = redis.NewScript(luaPrelude + `
+local hs = hb_state(KEYS[1])
+if hs ~= 'ok' and hs ~= 'none' then return {'WRONGTYPE', KEYS[1], hs} end
+local ms = set_state(KEYS[2])
+if ms ~= 'ok' and ms ~= 'none' then return {'WRONGTYPE', KEYS[2], ms} end
+redis.call('HSET', KEYS[1], 'at', fmt(now_ms()), 'ttl', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('SADD', KEYS[2], ARGV[1])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
+return {'OK'}
+`)
+
+// membersScript: KEYS members, heartbeat base. Returns OK followed by id,
+// at, ttl, pttl per live member; prunes IDs whose heartbeat key is gone and
+// skips (without touching) foreign data at a heartbeat path.
+var membersScript = redis.NewScript(luaPrelude + `
+local ms = set_state(KEYS[1])
+if ms == 'none' then return {'OK'} end
+if ms ~= 'ok' then return {'WRONGTYPE', KEYS[1], ms} end
+local out = {'OK'}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local k = KEYS[2] .. id
+  local s = hb_state(k)
+  if s == 'none' then
+    redis.call('SREM', KEYS[1], id)
+  elseif s == 'ok' then
+    local v = redis.call('HMGET', k, 'at', 'ttl')
+    out[#out + 1] = id
+    out[#out + 1] = v[1]
+    out[#out + 1] = v[2]
+    out[#out + 1] = redis.call('PTTL', k)
+  end
+end
+return out
+`)
+
+// removeMemberScript: KEYS heartbeat key, members; ARGV id.
+var removeMemberScript = redis.NewScript(luaPrelude + `
+local hs = hb_state(KEYS[1])
+if hs ~= 'ok' and hs ~= 'none' then return {'WRONGTYPE', KEYS[1], hs} end
+local ms = set_state(KEYS[2])
+if ms ~= 'ok' and ms ~= 'none' then return {'WRONGTYPE', KEYS[2], ms} end
+if hs == 'ok' then redis.call('DEL', KEYS[1]) end
+if ms == 'ok' then redis.call('SREM', KEYS[2], ARGV[1]) end
+return {'OK'}
+`)

@@ -1,0 +1,394 @@
+package redisbackend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// errBroken is wrapped by the errors of watches whose pub/sub connection
+// broke before the subscription was confirmed.
+var errBroken = errors.New("redisbackend: pub/sub connection broken")
+
+// unsubscribeTimeout bounds the write of an UNSUBSCRIBE after the last watch
+// of a channel ends.
+const unsubscribeTimeout = 5 * time.Second
+
+// hubs holds the shared pub/sub connections of a Backend: one, or one per
+// Cluster shard with sharded pub/sub.
+type hubs struct {
+	mu      sync.Mutex // guards closed, byShard, and every hub's subs, started and dead, every sub and every watch
+	closed  bool
+	byShard map[string]*hub
+	wg      sync.WaitGroup // one per running receive loop
+}
+
+func (hs *hubs) init() { hs.byShard = make(map[string]*hub) }
+
+// hub is one pub/sub connection and the subscriptions multiplexed on it.
+type hub struct {
+	shard   string // node address on Cluster with sharded pub/sub, "" otherwise
+	sharded bool
+	ps      *redis.PubSub
+
+	// wmu serialises each (un)subscribe decision with the write that carries
+	// it out, so the server sees them in the order they were decided.
+	wmu sync.Mutex
+
+	subs    map[string]*sub // by channel
+	started bool            // the receive loop runs
+	dead    bool            // broken or closed; never reused
+}
+
+// sub is one channel subscription and the watches it feeds.
+type sub struct {
+	confirmed bool
+	ready     chan struct{} // closed on confirmation or failure
+	err       error         // why it failed; set before ready is closed
+	watches   map[*watch]struct{}
+}
+
+// watch is one Watch call's channel.
+type watch struct {
+	key    string
+	ch     chan backend.Event
+	closed bool
+	stop   func() bool // stops the context.AfterFunc that ends the watch
+}
+
+// Watch implements backend.Watcher. It returns once the server has confirmed
+// the subscription, so any Acquire or Release that starts after Watch returns
+// is delivered (as EventChanged or EventReleased). Lease expiry is not
+// reported. The channel is closed when ctx ends, when the backend is closed,
+// or when the shared pub/sub connection breaks or stays silent past two
+// health-check intervals; the caller then reads the state and watches again.
+// Events never block the backend: a full channel drops new events while the
+// buffered ones are pending.
+func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
+	if err := b.begin(ctx); err != nil {
+		return nil, err
+	}
+	if err := validateKey(key); err != nil {
+		return nil, err
+	}
+	if b.pubsub == PubSubOff {
+		return nil, fmt.Errorf("redisbackend: watch %q: pub/sub is off: %w", key, errors.ErrUnsupported)
+	}
+	channel := b.channel(key)
+	shard := ""
+	if b.pubsub == PubSubSharded && b.cluster != nil {
+		node, err := b.cluster.MasterForKey(ctx, channel)
+		if err != nil {
+			return nil, fmt.Errorf("redisbackend: watch %q: %w", key, err)
+		}
+		shard = node.Options().Addr
+	}
+	h, err := b.hubFor(shard)
+	if err != nil {
+		return nil, fmt.Errorf("redisbackend: watch %q: %w", key, err)
+	}
+	w := &watch{key: key, ch: make(chan backend.Event, b.watchBuffer)}
+
+	h.wmu.Lock()
+	b.hubs.mu.Lock()
+	if h.dead {
+		b.hubs.mu.Unlock()
+		h.wmu.Unlock()
+		return nil, fmt.Errorf("redisbackend: watch %q: %w", key, b.deadErr())
+	}
+	s := h.subs[channel]
+	write := s == nil
+	if write {
+		s = &sub{ready: make(chan struct{}), watches: make(map[*watch]struct{})}
+		h.subs[channel] = s
+	}
+	s.watches[w] = struct{}{}
+	b.hubs.mu.Unlock()
+	var werr error
+	if write {
+		if h.sharded {
+			werr = h.ps.SSubscribe(ctx, channel)
+		} else {
+			werr = h.ps.Subscribe(ctx, channel)
+		}
+		if werr == nil {
+			b.hubs.mu.Lock()
+			if !h.started && !h.dead {
+				h.started = true
+				b.hubs.wg.Add(1)
+				go b.receive(h)
+			}
+			b.hubs.mu.Unlock()
+		}
+	}
+	h.wmu.Unlock()
+	if werr != nil {
+		b.breakHub(h, werr)
+		return nil, fmt.Errorf("redisbackend: watch %q: subscribe: %w", key, werr)
+	}
+
+	select {
+	case <-s.ready:
+		if s.err != nil {
+			b.removeWatch(h, channel, w)
+			return nil, fmt.Errorf("redisbackend: watch %q: %w", key, s.err)
+		}
+	case <-ctx.Done():
+		b.removeWatch(h, channel, w)
+		return nil, fmt.Errorf("redisbackend: watch %q: %w", key, ctx.Err())
+	}
+	stop := context.AfterFunc(ctx, func() { b.removeWatch(h, channel, w) })
+	b.hubs.mu.Lock()
+	if w.closed {
+		b.hubs.mu.Unlock()
+		stop()
+	} else {
+		w.stop = stop
+		b.hubs.mu.Unlock()
+	}
+	return w.ch, nil
+}
+
+func (b *Backend) deadErr() error {
+	if b.closed.Load() {
+		return backend.ErrClosed
+	}
+	return errBroken
+}
+
+// hubFor returns the live hub of shard, creating it (without connecting)
+// when there is none.
+func (b *Backend) hubFor(shard string) (*hub, error) {
+	b.hubs.mu.Lock()
+	defer b.hubs.mu.Unlock()
+	if b.hubs.closed {
+		return nil, backend.ErrClosed
+	}
+	if h := b.hubs.byShard[shard]; h != nil {
+		return h, nil
+	}
+	h := &hub{shard: shard, sharded: b.pubsub == PubSubSharded, subs: make(map[string]*sub)}
+	// Without channels, neither call connects: the first (S)SUBSCRIBE does,
+	// to the node that serves its channel.
+	if h.sharded {
+		h.ps = b.client.SSubscribe(context.Background())
+	} else {
+		h.ps = b.client.Subscribe(context.Background())
+	}
+	b.hubs.byShard[shard] = h
+	return h, nil
+}
+
+// removeWatch ends w: closes its channel and unsubscribes the channel when
+// it was the last watch on it.
+func (b *Backend) removeWatch(h *hub, channel string, w *watch) {
+	h.wmu.Lock()
+	defer h.wmu.Unlock()
+	b.hubs.mu.Lock()
+	closeWatch(w)
+	unsub := false
+	if s := h.subs[channel]; s != nil {
+		delete(s.watches, w)
+		if len(s.watches) == 0 && s.confirmed && !h.dead {
+			delete(h.subs, channel)
+			unsub = true
+		}
+	}
+	b.hubs.mu.Unlock()
+	if unsub {
+		b.unsubscribe(h, channel)
+	}
+}
+
+// unsubscribe writes the UNSUBSCRIBE. The caller holds h.wmu. A failed write
+// breaks the connection, which the receive loop then notices.
+func (b *Backend) unsubscribe(h *hub, channel string) {
+	ctx, cancel := context.WithTimeout(context.Background(), unsubscribeTimeout)
+	defer cancel()
+	if h.sharded {
+		_ = h.ps.SUnsubscribe(ctx, channel)
+	} else {
+		_ = h.ps.Unsubscribe(ctx, channel)
+	}
+}
+
+func closeWatch(w *watch) {
+	if w.closed {
+		return
+	}
+	w.closed = true
+	close(w.ch)
+	if w.stop != nil {
+		w.stop()
+	}
+}
+
+// receive is the receive loop of h. It runs until the connection breaks or
+// the backend closes.
+func (b *Backend) receive(h *hub) {
+	defer b.hubs.wg.Done()
+	pinged := false
+	for {
+		msg, err := h.ps.ReceiveTimeout(context.Background(), b.healthCheck)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && !pinged {
+				ctx, cancel := context.WithTimeout(context.Background(), b.healthCheck)
+				err = h.ps.Ping(ctx)
+				cancel()
+				if err == nil {
+					pinged = true
+					continue
+				}
+			}
+			b.breakHub(h, err)
+			return
+		}
+		pinged = false
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			switch m.Kind {
+			case "subscribe", "ssubscribe":
+				b.confirm(h, m.Channel)
+			case "sunsubscribe":
+				b.serverUnsubscribed(h, m.Channel)
+			}
+		case *redis.Message:
+			b.dispatch(h, m.Channel, m.Payload)
+		}
+	}
+}
+
+// confirm marks the subscription of channel as established and wakes the
+// Watch calls waiting for it.
+func (b *Backend) confirm(h *hub, channel string) {
+	b.hubs.mu.Lock()
+	s := h.subs[channel]
+	if s == nil || s.confirmed {
+		b.hubs.mu.Unlock()
+		return
+	}
+	s.confirmed = true
+	close(s.ready)
+	empty := len(s.watches) == 0
+	b.hubs.mu.Unlock()
+	if !empty {
+		return
+	}
+	// Every watch gave up while the subscription was pending.
+	h.wmu.Lock()
+	defer h.wmu.Unlock()
+	b.hubs.mu.Lock()
+	unsub := false
+	if s2 := h.subs[channel]; s2 == s && len(s.watches) == 0 && !h.dead {
+		delete(h.subs, channel)
+		unsub = true
+	}
+	b.hubs.mu.Unlock()
+	if unsub {
+		b.unsubscribe(h, channel)
+	}
+}
+
+// serverUnsubscribed handles an SUNSUBSCRIBE the server sent on its own
+// (its slot moved to another node): the watches on channel are closed, so
+// their callers watch again on the right node. Replies to our own
+// unsubscriptions find no confirmed subscription and are ignored.
+func (b *Backend) serverUnsubscribed(h *hub, channel string) {
+	b.hubs.mu.Lock()
+	defer b.hubs.mu.Unlock()
+	s := h.subs[channel]
+	if s == nil || !s.confirmed {
+		return
+	}
+	delete(h.subs, channel)
+	for w := range s.watches {
+		closeWatch(w)
+	}
+}
+
+// dispatch delivers a notification to every watch of channel without
+// blocking.
+func (b *Backend) dispatch(h *hub, channel, payload string) {
+	typ := backend.EventChanged
+	switch {
+	case strings.HasPrefix(payload, "released:"):
+		typ = backend.EventReleased
+	case strings.HasPrefix(payload, "expired:"):
+		typ = backend.EventExpired
+	}
+	b.hubs.mu.Lock()
+	defer b.hubs.mu.Unlock()
+	s := h.subs[channel]
+	if s == nil {
+		return
+	}
+	for w := range s.watches {
+		if w.closed {
+			continue
+		}
+		select {
+		case w.ch <- backend.Event{Key: w.key, Type: typ}:
+		default: // full: the pending events already tell the receiver to look
+		}
+	}
+}
+
+// breakHub retires h after a connection failure: pending Watch calls fail,
+// every watch channel is closed, and the next Watch opens a new connection.
+func (b *Backend) breakHub(h *hub, cause error) {
+	b.hubs.mu.Lock()
+	if h.dead {
+		b.hubs.mu.Unlock()
+		return
+	}
+	b.retireLocked(h, fmt.Errorf("%w: %w", errBroken, cause))
+	b.hubs.mu.Unlock()
+	_ = h.ps.Close()
+}
+
+// retireLocked marks h dead, fails its pending subscriptions with err and
+// closes its watches. The caller holds b.hubs.mu and closes h.ps afterwards.
+func (b *Backend) retireLocked(h *hub, err error) {
+	h.dead = true
+	if b.hubs.byShard[h.shard] == h {
+		delete(b.hubs.byShard, h.shard)
+	}
+	for _, s := range h.subs {
+		if !s.confirmed {
+			s.err = err
+			close(s.ready)
+			s.confirmed = true
+		}
+		for w := range s.watches {
+			closeWatch(w)
+		}
+	}
+	h.subs = make(map[string]*sub)
+}
+
+// closeAll retires every hub and waits for their receive loops.
+func (hs *hubs) closeAll(b *Backend) {
+	hs.mu.Lock()
+	hs.closed = true
+	var all []*hub
+	for _, h := range hs.byShard {
+		all = append(all, h)
+	}
+	for _, h := range all {
+		b.retireLocked(h, backend.ErrClosed)
+	}
+	hs.mu.Unlock()
+	for _, h := range all {
+		_ = h.ps.Close()
+	}
+	hs.wg.Wait()
+}
