@@ -93,7 +93,7 @@ end
 `
 
 // acquireScript: KEYS lease, term, heartbeat base; ARGV holder, token,
-// ttl ms, replace term, publish command ('' for none), channel, then
+// ttl ms, replace term, publish command (empty for none), channel, then
 // metadata name/value pairs.
 var acquireScript = redis.NewScript(luaPrelude + `
 local ls = lease_state(KEYS[1])
@@ -140,7 +140,7 @@ redis.call('HSET', KEYS[1], 'renewed_at', fmt(now_ms()), 'ttl', ARGV[3])
 return {'OK'}
 `)
 
-// releaseScript: KEYS lease; ARGV holder, token, publish command ('' for
+// releaseScript: KEYS lease; ARGV holder, token, publish command (empty for
 // none), channel.
 var releaseScript = redis.NewScript(luaPrelude + `
 local ls = lease_state(KEYS[1])
