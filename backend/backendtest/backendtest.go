@@ -46,6 +46,8 @@ const (
 	// bound is how long the suite waits, beyond what the promise allows, for
 	// a state to be reached or a call to return before it fails.
 	bound = 15 * time.Second
+	// watchBound is how long the suite waits for a watch event.
+	watchBound = 5 * time.Second
 	// pollInterval is the pause between two reads while polling.
 	pollInterval = 10 * time.Millisecond
 )

@@ -530,7 +530,7 @@ func testWatch(t *testing.T, h *harness) {
 	next := func(ch <-chan backend.Event, what string, want func(backend.Event) bool) {
 		t.Helper()
 		start := time.Now()
-		timer := time.NewTimer(bound)
+		timer := time.NewTimer(watchBound)
 		defer timer.Stop()
 		for {
 			select {
@@ -546,7 +546,7 @@ func testWatch(t *testing.T, h *harness) {
 					return
 				}
 			case <-timer.C:
-				t.Fatalf("%s: no event within %v", what, bound)
+				t.Fatalf("%s: no event within %v", what, watchBound)
 			}
 		}
 	}
