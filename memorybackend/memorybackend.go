@@ -152,8 +152,9 @@ var (
 )
 
 // Partition makes every call of this client fail at once with an error
-// wrapping ErrPartitioned, including calls already waiting out a Hang or a
-// latency, and stops its watches from delivering events, until Heal.
+// wrapping ErrPartitioned, and stops its watches from delivering events, until
+// Heal. Calls blocked by Hang fail at once too; calls waiting out a latency
+// fail when it has passed.
 func (b *Backend) Partition() {
 	b.setFault(func() { b.partitioned = true })
 }
