@@ -17,7 +17,8 @@
 // # Time
 //
 // The store reads the time with time.Now and computes expiry lazily from it
-// on every access; it starts no goroutine of its own. Inside a
+// on every access; it runs no background goroutine (only the short callback
+// of a lease's expiry timer, see Watch). Inside a
 // testing/synctest bubble time is therefore virtual, and a test can let a
 // lease expire with time.Sleep at no cost. Create the store, its clients and
 // their watches inside the bubble that uses them: the store's expiry timers
@@ -40,7 +41,12 @@
 // watching client is partitioned or hung, its watches deliver nothing (a
 // partition cuts notifications too); when Heal clears the fault, each watch
 // that missed events receives one EventChanged so the receiver re-reads the
-// state. Latency does not delay events.
+// state. Latency does not delay events. Watch itself fails on a partitioned
+// client and blocks on a hung one, like every other call.
+//
+// A takeover (AcquireRequest.ReplaceTerm) of a free key fails with an error
+// wrapping backend.ErrNotHeld; of a key held under another term, with a
+// *backend.HeldError.
 package memorybackend
 
 import (
