@@ -1,6 +1,7 @@
 package redisbackend_test
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -16,7 +17,15 @@ import (
 	"github.com/sovereign-go/sovereign/redisbackend"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// go-redis logs every failed dial; the fault tests provoke many.
+	redis.SetLogger(quietLogger{})
+	goleak.VerifyTestMain(m)
+}
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // newBackend returns a Backend on client, closed at the end of the test.
 func newBackend(t testing.TB, client redisbackend.Client, opts *redisbackend.Options) *redisbackend.Backend {

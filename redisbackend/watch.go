@@ -39,9 +39,10 @@ type hub struct {
 	sharded bool
 	ps      *redis.PubSub
 
-	// wmu serialises each (un)subscribe decision with the write that carries
-	// it out, so the server sees them in the order they were decided.
-	wmu sync.Mutex
+	// wsem (capacity 1) serialises each (un)subscribe decision with the
+	// write that carries it out, so the server sees them in the order they
+	// were decided. It is a channel so that Watch can give up waiting.
+	wsem chan struct{}
 
 	subs    map[string]*sub // by channel
 	started bool            // the receive loop runs
@@ -97,11 +98,15 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 	}
 	w := &watch{key: key, ch: make(chan backend.Event, b.watchBuffer)}
 
-	h.wmu.Lock()
+	select {
+	case h.wsem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("redisbackend: watch %q: %w", key, ctx.Err())
+	}
 	b.hubs.mu.Lock()
 	if h.dead {
 		b.hubs.mu.Unlock()
-		h.wmu.Unlock()
+		<-h.wsem
 		return nil, fmt.Errorf("redisbackend: watch %q: %w", key, b.deadErr())
 	}
 	s := h.subs[channel]
@@ -112,27 +117,11 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 	}
 	s.watches[w] = struct{}{}
 	b.hubs.mu.Unlock()
-	var werr error
-	if write {
-		if h.sharded {
-			werr = h.ps.SSubscribe(ctx, channel)
-		} else {
-			werr = h.ps.Subscribe(ctx, channel)
-		}
-		if werr == nil {
-			b.hubs.mu.Lock()
-			if !h.started && !h.dead {
-				h.started = true
-				b.hubs.wg.Add(1)
-				go b.receive(h)
-			}
-			b.hubs.mu.Unlock()
-		}
-	}
-	h.wmu.Unlock()
-	if werr != nil {
-		b.breakHub(h, werr)
-		return nil, fmt.Errorf("redisbackend: watch %q: subscribe: %w", key, werr)
+	if !write {
+		<-h.wsem
+	} else if err := b.bounded(ctx, func(ctx context.Context) error { return b.subscribe(ctx, h, channel) }); err != nil {
+		b.removeWatch(h, channel, w)
+		return nil, fmt.Errorf("redisbackend: watch %q: subscribe: %w", key, err)
 	}
 
 	select {
@@ -175,7 +164,7 @@ func (b *Backend) hubFor(shard string) (*hub, error) {
 	if h := b.hubs.byShard[shard]; h != nil {
 		return h, nil
 	}
-	h := &hub{shard: shard, sharded: b.pubsub == PubSubSharded, subs: make(map[string]*sub)}
+	h := &hub{shard: shard, sharded: b.pubsub == PubSubSharded, subs: make(map[string]*sub), wsem: make(chan struct{}, 1)}
 	// Without channels, neither call connects: the first (S)SUBSCRIBE does,
 	// to the node that serves its channel.
 	if h.sharded {
@@ -187,32 +176,69 @@ func (b *Backend) hubFor(shard string) (*hub, error) {
 	return h, nil
 }
 
+// subscribe writes the (S)SUBSCRIBE of channel, which the caller has
+// decided holding h.wsem, and releases h.wsem. It starts the receive loop
+// after the first subscription, so that the connection is opened by a
+// subscription (on Cluster, to the node that serves the channel). A failed
+// write breaks the hub.
+func (b *Backend) subscribe(ctx context.Context, h *hub, channel string) error {
+	var err error
+	if h.sharded {
+		err = h.ps.SSubscribe(ctx, channel)
+	} else {
+		err = h.ps.Subscribe(ctx, channel)
+	}
+	if err == nil {
+		b.hubs.mu.Lock()
+		if !h.started && !h.dead {
+			h.started = true
+			b.hubs.wg.Add(1)
+			go b.receive(h)
+		}
+		b.hubs.mu.Unlock()
+	}
+	<-h.wsem
+	if err != nil {
+		b.breakHub(h, err)
+	}
+	return err
+}
+
 // removeWatch ends w: closes its channel and unsubscribes the channel when
-// it was the last watch on it.
+// it was the last watch on a confirmed subscription. (A pending one is
+// unsubscribed when its confirmation arrives.)
 func (b *Backend) removeWatch(h *hub, channel string, w *watch) {
-	h.wmu.Lock()
-	defer h.wmu.Unlock()
 	b.hubs.mu.Lock()
 	closeWatch(w)
-	unsub := false
-	if s := h.subs[channel]; s != nil {
+	s := h.subs[channel]
+	idle := false
+	if s != nil {
 		delete(s.watches, w)
-		if len(s.watches) == 0 && s.confirmed && !h.dead {
-			delete(h.subs, channel)
-			unsub = true
-		}
+		idle = len(s.watches) == 0 && s.confirmed && !h.dead
 	}
 	b.hubs.mu.Unlock()
-	if unsub {
-		b.unsubscribe(h, channel)
+	if idle {
+		b.unsubscribeIfIdle(h, channel, s)
 	}
 }
 
-// unsubscribe writes the UNSUBSCRIBE. The caller holds h.wmu. A failed write
-// breaks the connection, which the receive loop then notices.
-func (b *Backend) unsubscribe(h *hub, channel string) {
+// unsubscribeIfIdle unsubscribes channel if s is still its subscription and
+// still has no watches.
+func (b *Backend) unsubscribeIfIdle(h *hub, channel string, s *sub) {
+	h.wsem <- struct{}{}
+	defer func() { <-h.wsem }()
+	b.hubs.mu.Lock()
+	idle := h.subs[channel] == s && len(s.watches) == 0 && s.confirmed && !h.dead
+	if idle {
+		delete(h.subs, channel)
+	}
+	b.hubs.mu.Unlock()
+	if !idle {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), unsubscribeTimeout)
 	defer cancel()
+	// A failed write breaks the connection, which the receive loop notices.
 	if h.sharded {
 		_ = h.ps.SUnsubscribe(ctx, channel)
 	} else {
@@ -280,21 +306,8 @@ func (b *Backend) confirm(h *hub, channel string) {
 	close(s.ready)
 	empty := len(s.watches) == 0
 	b.hubs.mu.Unlock()
-	if !empty {
-		return
-	}
-	// Every watch gave up while the subscription was pending.
-	h.wmu.Lock()
-	defer h.wmu.Unlock()
-	b.hubs.mu.Lock()
-	unsub := false
-	if s2 := h.subs[channel]; s2 == s && len(s.watches) == 0 && !h.dead {
-		delete(h.subs, channel)
-		unsub = true
-	}
-	b.hubs.mu.Unlock()
-	if unsub {
-		b.unsubscribe(h, channel)
+	if empty { // every watch gave up while the subscription was pending
+		b.unsubscribeIfIdle(h, channel, s)
 	}
 }
 

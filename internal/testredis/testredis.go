@@ -4,7 +4,7 @@
 // a free 127.0.0.1 port with its working directory in t.TempDir(), without
 // persistence unless asked, and stops it when the test ends. When the
 // environment variable REDIS_ADDR is set, Start uses that server instead and
-// starts nothing; Restart and Kill then skip the test, since an external
+// starts nothing (REDIS_CLUSTER_ADDR likewise for Config.Cluster); Restart and Kill then skip the test, since an external
 // server cannot be restarted.
 //
 // When redis-server cannot be found, Start skips the test with a loud reason,
@@ -17,6 +17,7 @@ package testredis
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -42,6 +43,9 @@ type Config struct {
 	// that Restart keeps the data (term counters, leases and their absolute
 	// expiry times). default: false (--save "" --appendonly no).
 	Persistent bool
+	// Cluster starts the server in cluster mode as a one-node cluster that
+	// serves all 16384 slots, for *redis.ClusterClient tests. default: false
+	Cluster bool
 	// Args are extra redis-server arguments, e.g. "--notify-keyspace-events", "Kx".
 	Args []string
 }
@@ -72,7 +76,11 @@ func Start(t testing.TB) *Server {
 // StartConfig is Start with a Config. With REDIS_ADDR set, cfg is ignored.
 func StartConfig(t testing.TB, cfg Config) *Server {
 	t.Helper()
-	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
+	if cfg.Cluster {
+		if addr := os.Getenv("REDIS_CLUSTER_ADDR"); addr != "" {
+			return &Server{addr: addr, external: true}
+		}
+	} else if addr := os.Getenv("REDIS_ADDR"); addr != "" {
 		return &Server{addr: addr, external: true}
 	}
 	bin, err := findServer()
@@ -139,6 +147,9 @@ func (s *Server) launch() error {
 	} else {
 		args = append(args, "--save", "", "--appendonly", "no")
 	}
+	if s.cfg.Cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes-"+port+".conf")
+	}
 	args = append(args, s.cfg.Args...)
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout = s.log
@@ -162,6 +173,9 @@ func (s *Server) launch() error {
 		default:
 		}
 		if ping(s.addr) == nil {
+			if s.cfg.Cluster {
+				return s.assignSlots(deadline)
+			}
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -170,6 +184,49 @@ func (s *Server) launch() error {
 		}
 		time.Sleep(10 * time.Millisecond) // polling the server's readiness, not synchronising goroutines
 	}
+}
+
+// assignSlots makes a fresh cluster node serve every slot and waits until
+// it reports cluster_state:ok. A restarted node keeps its slots.
+func (s *Server) assignSlots(deadline time.Time) error {
+	c := redis.NewClient(&redis.Options{Addr: s.addr})
+	defer c.Close()
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	info, err := c.ClusterInfo(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("CLUSTER INFO: %w", err)
+	}
+	if !strings.Contains(info, "cluster_slots_assigned:16384") {
+		if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+			return fmt.Errorf("CLUSTER ADDSLOTSRANGE: %w", err)
+		}
+	}
+	for {
+		info, err := c.ClusterInfo(ctx).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cluster state not ok within %v: %v %q", startTimeout, err, info)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the server's cluster state
+	}
+}
+
+// NewClusterClient returns a cluster client for a server started with
+// Config.Cluster, closed at the end of the test. opts may be nil; its Addrs
+// are overwritten.
+func (s *Server) NewClusterClient(t testing.TB, opts *redis.ClusterOptions) *redis.ClusterClient {
+	t.Helper()
+	var o redis.ClusterOptions
+	if opts != nil {
+		o = *opts
+	}
+	o.Addrs = []string{s.addr}
+	c := redis.NewClusterClient(&o)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 // ping sends PING over a raw connection and expects +PONG.

@@ -57,3 +57,15 @@ func TestStopThenUnreachable(t *testing.T) {
 		t.Fatal("PING after Stop: got nil, want an error")
 	}
 }
+
+func TestCluster(t *testing.T) {
+	s := testredis.StartConfig(t, testredis.Config{Cluster: true})
+	c := s.NewClusterClient(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, k := range []string{"a", "b", "{x}1", "{x}2"} {
+		if err := c.Set(ctx, k, "v", 0).Err(); err != nil {
+			t.Fatalf("SET %s on a one-node cluster: got %v, want nil", k, err)
+		}
+	}
+}

@@ -1,0 +1,722 @@
+package redisbackend_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/backend/backendtest"
+	"github.com/sovereign-go/sovereign/internal/testredis"
+	"github.com/sovereign-go/sovereign/redisbackend"
+)
+
+// bound is how long the tests wait for an observable condition on a real
+// server before failing.
+const bound = 15 * time.Second
+
+func ctxBound(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually polls cond until it holds, failing after bound.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached within %v", what, bound)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a real server's state
+	}
+}
+
+func TestNewValidatesOptions(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer c.Close()
+	tests := []struct {
+		name   string
+		client redisbackend.Client
+		opts   *redisbackend.Options
+	}{
+		{"nil client", nil, nil},
+		{"prefix with {", c, &redisbackend.Options{Prefix: "a{b:"}},
+		{"prefix with }", c, &redisbackend.Options{Prefix: "a}b:"}},
+		{"negative WaitReplicas", c, &redisbackend.Options{WaitReplicas: -1}},
+		{"negative WaitTimeout", c, &redisbackend.Options{WaitTimeout: -time.Second}},
+		{"WaitTimeout below 1ms", c, &redisbackend.Options{WaitReplicas: 1, WaitTimeout: time.Microsecond}},
+		{"negative HealthCheckInterval", c, &redisbackend.Options{HealthCheckInterval: -time.Second}},
+		{"negative WatchBuffer", c, &redisbackend.Options{WatchBuffer: -1}},
+		{"unknown PubSub mode", c, &redisbackend.Options{PubSub: redisbackend.PubSubMode(42)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := redisbackend.New(tt.client, tt.opts)
+			if !errors.Is(err, backend.ErrInvalid) {
+				if b != nil {
+					_ = b.Close()
+				}
+				t.Fatalf("New: got error %v, want one wrapping backend.ErrInvalid", err)
+			}
+		})
+	}
+	b, err := redisbackend.New(c, nil)
+	if err != nil {
+		t.Fatalf("New(client, nil): got error %v, want nil", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: got %v, want nil", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("second Close: got %v, want nil", err)
+	}
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("the user's client after Close: got %v, want it still open", err)
+	}
+}
+
+// TestKeyLayout checks the documented key names and fields with plain
+// commands, as redis-cli would see them.
+func TestKeyLayout(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	tests := []struct {
+		name, prefix, key, wantBase string
+	}{
+		{"default prefix", "", "billing", "sovereign:{billing}"},
+		{"own prefix", "app:", "billing", "app:{billing}"},
+		{"escaped key", "esc:", "a}b%c{d", "esc:{a%7Db%25c{d}"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBackend(t, c, &redisbackend.Options{Prefix: tt.prefix})
+			l, err := b.Acquire(ctx, backend.AcquireRequest{Key: tt.key, HolderID: "node-1", TTL: 30 * time.Second,
+				Metadata: map[string]string{"addr": "10.0.0.1"}})
+			if err != nil {
+				t.Fatalf("Acquire: got %v, want nil", err)
+			}
+			if err := b.Heartbeat(ctx, tt.key, "node-1", 20*time.Second); err != nil {
+				t.Fatalf("Heartbeat: got %v, want nil", err)
+			}
+			h, err := c.HGetAll(ctx, tt.wantBase).Result()
+			if err != nil {
+				t.Fatalf("HGETALL %s: %v", tt.wantBase, err)
+			}
+			want := map[string]string{"holder": "node-1", "token": l.Token, "term": strconv.FormatUint(l.Term, 10),
+				"ttl": "30000", "meta:addr": "10.0.0.1"}
+			for k, v := range want {
+				if h[k] != v {
+					t.Errorf("HGETALL %s field %s: got %q, want %q", tt.wantBase, k, h[k], v)
+				}
+			}
+			for _, k := range []string{"acquired_at", "renewed_at"} {
+				ms, err := strconv.ParseInt(h[k], 10, 64)
+				if err != nil || time.Since(time.UnixMilli(ms)).Abs() > time.Minute {
+					t.Errorf("field %s: got %q, want a unix time in ms near now", k, h[k])
+				}
+			}
+			if pttl := c.PTTL(ctx, tt.wantBase).Val(); pttl <= 0 || pttl > 30*time.Second {
+				t.Errorf("PTTL %s: got %v, want in (0, 30s]", tt.wantBase, pttl)
+			}
+			if got := c.Get(ctx, tt.wantBase+":term").Val(); got != strconv.FormatUint(l.Term, 10) {
+				t.Errorf("GET %s:term: got %q, want %d", tt.wantBase, got, l.Term)
+			}
+			hb := c.HGetAll(ctx, tt.wantBase+":heartbeat:node-1").Val()
+			if hb["ttl"] != "20000" || hb["at"] == "" {
+				t.Errorf("HGETALL %s:heartbeat:node-1: got %v, want at and ttl=20000", tt.wantBase, hb)
+			}
+			if got := c.SMembers(ctx, tt.wantBase+":members").Val(); !slices.Equal(got, []string{"node-1"}) {
+				t.Errorf("SMEMBERS %s:members: got %v, want [node-1]", tt.wantBase, got)
+			}
+			if err := b.Release(ctx, l); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			if n := c.Exists(ctx, tt.wantBase).Val(); n != 0 {
+				t.Errorf("EXISTS %s after Release: got %d, want 0", tt.wantBase, n)
+			}
+			if got := c.Get(ctx, tt.wantBase+":term").Val(); got != strconv.FormatUint(l.Term, 10) {
+				t.Errorf("GET %s:term after Release: got %q, want %d (the counter survives)", tt.wantBase, got, l.Term)
+			}
+		})
+	}
+}
+
+// TestWrongType puts foreign data at each of our paths and checks that the
+// operations touching it fail with ErrWrongType and leave it as it was.
+func TestWrongType(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	const key = "k"
+	type op struct {
+		name string
+		call func(b *redisbackend.Backend) error
+	}
+	lease := backend.Lease{Key: key, HolderID: "a", Token: "t", Term: 1, TTL: time.Minute}
+	acquire := op{"Acquire", func(b *redisbackend.Backend) error {
+		_, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: time.Minute})
+		return err
+	}}
+	renew := op{"Renew", func(b *redisbackend.Backend) error { return b.Renew(ctx, lease) }}
+	release := op{"Release", func(b *redisbackend.Backend) error { return b.Release(ctx, lease) }}
+	get := op{"Get", func(b *redisbackend.Backend) error { _, err := b.Get(ctx, key); return err }}
+	heartbeat := op{"Heartbeat", func(b *redisbackend.Backend) error { return b.Heartbeat(ctx, key, "a", time.Minute) }}
+	members := op{"Members", func(b *redisbackend.Backend) error { _, err := b.Members(ctx, key); return err }}
+	remove := op{"RemoveMember", func(b *redisbackend.Backend) error { return b.RemoveMember(ctx, key, "a") }}
+
+	tests := []struct {
+		name   string
+		suffix string // after "<prefix>{k}"
+		put    func(k string) error
+		ops    []op
+	}{
+		{"string at lease", "", func(k string) error { return c.Set(ctx, k, "user data", 0).Err() },
+			[]op{acquire, renew, release, get}},
+		{"foreign hash at lease", "", func(k string) error { return c.HSet(ctx, k, "name", "user").Err() },
+			[]op{acquire, renew, release, get}},
+		{"list at term", ":term", func(k string) error { return c.RPush(ctx, k, "x").Err() }, []op{acquire}},
+		{"non-integer string at term", ":term", func(k string) error { return c.Set(ctx, k, "abc", 0).Err() }, []op{acquire}},
+		{"string at heartbeat", ":heartbeat:a", func(k string) error { return c.Set(ctx, k, "user data", 0).Err() },
+			[]op{heartbeat, remove}},
+		{"string at members", ":members", func(k string) error { return c.Set(ctx, k, "user data", 0).Err() },
+			[]op{heartbeat, members, remove}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			prefix := fmt.Sprintf("wt%d:", i)
+			path := prefix + "{" + key + "}" + tt.suffix
+			if err := tt.put(path); err != nil {
+				t.Fatalf("putting user data at %s: %v", path, err)
+			}
+			before, err := c.Dump(ctx, path).Result()
+			if err != nil {
+				t.Fatalf("DUMP %s: %v", path, err)
+			}
+			b := newBackend(t, c, &redisbackend.Options{Prefix: prefix})
+			for _, o := range tt.ops {
+				err := o.call(b)
+				if !errors.Is(err, redisbackend.ErrWrongType) {
+					t.Errorf("%s: got error %v, want one wrapping ErrWrongType", o.name, err)
+				} else if !strings.Contains(err.Error(), path) {
+					t.Errorf("%s: got message %q, want it to name %s", o.name, err, path)
+				}
+			}
+			after, err := c.Dump(ctx, path).Result()
+			if err != nil || after != before {
+				t.Fatalf("user data at %s after the calls: changed (err %v), want untouched", path, err)
+			}
+			if ttl := c.PTTL(ctx, path).Val(); ttl != -1*time.Nanosecond && ttl != -1*time.Millisecond {
+				t.Fatalf("PTTL %s: got %v, want no expiry (untouched)", path, ttl)
+			}
+		})
+	}
+}
+
+// closedPort returns a loopback address nobody listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// silentServer accepts connections and never answers, like a hung server.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return l.Addr().String()
+}
+
+// TestUnreachable checks that every call returns an error by its context's
+// deadline when the server is down or hangs, whether or not the client
+// applies context deadlines itself.
+func TestUnreachable(t *testing.T) {
+	const deadline = 300 * time.Millisecond
+	const slack = 700 * time.Millisecond
+	servers := []struct {
+		name string
+		addr func(t *testing.T) string
+	}{
+		{"closed port", closedPort},
+		{"silent server", silentServer},
+	}
+	for _, srv := range servers {
+		for _, ctxAware := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/ContextTimeoutEnabled=%v", srv.name, ctxAware), func(t *testing.T) {
+				c := redis.NewClient(&redis.Options{Addr: srv.addr(t), ContextTimeoutEnabled: ctxAware,
+					ReadTimeout: 2 * time.Second, DialTimeout: 2 * time.Second})
+				t.Cleanup(func() { _ = c.Close() })
+				b := newBackend(t, c, nil)
+				lease := backend.Lease{Key: "k", HolderID: "a", Token: "t", Term: 1, TTL: time.Second}
+				calls := map[string]func(ctx context.Context) error{
+					"Acquire": func(ctx context.Context) error {
+						_, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Second})
+						return err
+					},
+					"Renew":     func(ctx context.Context) error { return b.Renew(ctx, lease) },
+					"Release":   func(ctx context.Context) error { return b.Release(ctx, lease) },
+					"Get":       func(ctx context.Context) error { _, err := b.Get(ctx, "k"); return err },
+					"Heartbeat": func(ctx context.Context) error { return b.Heartbeat(ctx, "k", "a", time.Second) },
+					"Members":   func(ctx context.Context) error { _, err := b.Members(ctx, "k"); return err },
+					"Watch":     func(ctx context.Context) error { _, err := b.Watch(ctx, "k"); return err },
+				}
+				for name, call := range calls {
+					ctx, cancel := context.WithTimeout(context.Background(), deadline)
+					start := time.Now()
+					err := call(ctx)
+					took := time.Since(start)
+					cancel()
+					if err == nil {
+						t.Errorf("%s: got nil error, want one", name)
+					}
+					if took > deadline+slack {
+						t.Errorf("%s: returned after %v, want by the deadline %v (+%v)", name, took, deadline, slack)
+					}
+					if !strings.HasPrefix(err.Error(), "redisbackend: ") {
+						t.Errorf("%s: got error %q, want it wrapped with the package and operation", name, err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestWaitReplicas: WAIT for one replica fails clearly on a server without
+// replicas, and succeeds with one.
+func TestWaitReplicas(t *testing.T) {
+	// No delay before the diskless full sync of a new replica (Redis 7: 5 s).
+	primary := testredis.StartConfig(t, testredis.Config{Args: []string{"--repl-diskless-sync-delay", "0"}})
+	c := primary.NewClient(t, nil)
+	ctx := ctxBound(t)
+	const waitTimeout = 200 * time.Millisecond
+
+	t.Run("no replica", func(t *testing.T) {
+		b := newBackend(t, c, &redisbackend.Options{Prefix: "w0:", WaitReplicas: 1, WaitTimeout: waitTimeout})
+		start := time.Now()
+		_, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+		if took := time.Since(start); took > waitTimeout+2*time.Second {
+			t.Errorf("Acquire took %v, want about WaitTimeout %v", took, waitTimeout)
+		}
+		if !errors.Is(err, redisbackend.ErrNotReplicated) {
+			t.Fatalf("Acquire: got %v, want an error wrapping ErrNotReplicated", err)
+		}
+		if !strings.Contains(err.Error(), "0 of 1 replicas") {
+			t.Errorf("Acquire: got message %q, want it to say 0 of 1 replicas", err)
+		}
+		// Renew of a lease acquired without WAIT fails the same way.
+		plain := newBackend(t, c, &redisbackend.Options{Prefix: "w0:"})
+		l, err := plain.Acquire(ctx, backend.AcquireRequest{Key: "k2", HolderID: "a", TTL: time.Minute})
+		if err != nil {
+			t.Fatalf("Acquire without WAIT: %v", err)
+		}
+		if err := b.Renew(ctx, l); !errors.Is(err, redisbackend.ErrNotReplicated) {
+			t.Fatalf("Renew: got %v, want an error wrapping ErrNotReplicated", err)
+		}
+	})
+
+	t.Run("one replica", func(t *testing.T) {
+		if primary.External() {
+			t.Skip("REDIS_ADDR is set: cannot attach a replica")
+		}
+		host, port, _ := net.SplitHostPort(primary.Addr())
+		replica := testredis.StartConfig(t, testredis.Config{Args: []string{"--replicaof", host, port}})
+		rc := replica.NewClient(t, nil)
+		eventually(t, "replica link up", func() bool {
+			info, _ := rc.Info(ctx, "replication").Result()
+			return strings.Contains(info, "master_link_status:up")
+		})
+		b := newBackend(t, c, &redisbackend.Options{Prefix: "w1:", WaitReplicas: 1, WaitTimeout: 5 * time.Second})
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+		if err != nil {
+			t.Fatalf("Acquire with a replica: got %v, want nil", err)
+		}
+		if err := b.Renew(ctx, l); err != nil {
+			t.Fatalf("Renew with a replica: got %v, want nil", err)
+		}
+		// WAIT returned, so the replica has the lease already.
+		if got := rc.HGet(ctx, "w1:{k}", "token").Val(); got != l.Token {
+			t.Fatalf("token on the replica: got %q, want %q", got, l.Token)
+		}
+	})
+}
+
+// countHook counts the commands and pipelines a client sends.
+type countHook struct {
+	n atomic.Int64
+}
+
+func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// TestOneRoundTrip checks that each operation is one round trip once its
+// script is loaded, with and without WAIT.
+func TestOneRoundTrip(t *testing.T) {
+	srv := testredis.Start(t)
+	ctx := ctxBound(t)
+	for _, wait := range []int{0, 1} {
+		t.Run(fmt.Sprintf("WaitReplicas=%d", wait), func(t *testing.T) {
+			c := srv.NewClient(t, nil)
+			hook := &countHook{}
+			c.AddHook(hook)
+			if err := c.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			b := newBackend(t, c, &redisbackend.Options{Prefix: fmt.Sprintf("rt%d:", wait), WaitReplicas: wait,
+				WaitTimeout: time.Millisecond})
+			var l backend.Lease
+			ops := []struct {
+				name string
+				call func() error
+			}{
+				{"Acquire", func() (err error) {
+					l, err = b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+					return err
+				}},
+				{"Renew", func() error { return b.Renew(ctx, l) }},
+				{"Get", func() error { _, err := b.Get(ctx, "k"); return err }},
+				{"Heartbeat", func() error { return b.Heartbeat(ctx, "k", "a", time.Minute) }},
+				{"Members", func() error { _, err := b.Members(ctx, "k"); return err }},
+				{"RemoveMember", func() error { return b.RemoveMember(ctx, "k", "a") }},
+				{"Release", func() error { return b.Release(ctx, l) }},
+			}
+			for round := range 2 { // round 0 loads the scripts (NOSCRIPT, then EVAL)
+				for _, op := range ops {
+					hook.n.Store(0)
+					err := op.call()
+					if err != nil && !errors.Is(err, redisbackend.ErrNotReplicated) {
+						t.Fatalf("round %d %s: %v", round, op.name, err)
+					}
+					if round == 1 {
+						if got := hook.n.Load(); got != 1 {
+							t.Errorf("%s: got %d round trips, want 1", op.name, got)
+						}
+					}
+					if op.name == "Acquire" && err != nil { // WAIT failed: take the lease to go on
+						rec, gerr := b.Get(ctx, "k")
+						if gerr != nil {
+							t.Fatal(gerr)
+						}
+						l = backend.Lease{Key: "k", HolderID: "a", Token: rec.Token, Term: rec.Term, TTL: time.Minute}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestWatchAcrossClients: a release by one client reaches a watcher on
+// another, and all watches of a Backend share one pub/sub connection.
+func TestWatchAcrossClients(t *testing.T) {
+	srv := testredis.Start(t)
+	ctx := ctxBound(t)
+	admin := srv.NewClient(t, nil)
+	watcher := newBackend(t, srv.NewClient(t, nil), &redisbackend.Options{Prefix: "wx:"})
+	actor := newBackend(t, srv.NewClient(t, nil), &redisbackend.Options{Prefix: "wx:"})
+
+	const keys = 20
+	chans := make([]<-chan backend.Event, keys)
+	for i := range keys {
+		ch, err := watcher.Watch(ctx, fmt.Sprintf("key-%d", i))
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		chans[i] = ch
+	}
+	if n := pubsubClients(t, ctx, admin); n != 1 {
+		t.Fatalf("pub/sub connections after %d watches: got %d, want 1", keys, n)
+	}
+	l, err := actor.Acquire(ctx, backend.AcquireRequest{Key: "key-7", HolderID: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := next(t, chans[7]); got.Type != backend.EventChanged || got.Key != "key-7" {
+		t.Fatalf("event after Acquire: got %+v, want changed on key-7", got)
+	}
+	if err := actor.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(t, chans[7]); got.Type != backend.EventReleased || got.Key != "key-7" {
+		t.Fatalf("event after Release: got %+v, want released on key-7", got)
+	}
+	for i, ch := range chans {
+		if i == 7 {
+			continue
+		}
+		select {
+		case e := <-ch:
+			t.Fatalf("watch of key-%d: got %+v, want nothing", i, e)
+		default:
+		}
+	}
+}
+
+func pubsubClients(t *testing.T, ctx context.Context, c *redis.Client) int {
+	t.Helper()
+	list, err := c.Do(ctx, "CLIENT", "LIST", "TYPE", "pubsub").Text()
+	if err != nil {
+		t.Fatalf("CLIENT LIST TYPE pubsub: %v", err)
+	}
+	return strings.Count(list, "\n")
+}
+
+// next returns the next event on ch, failing after bound or when ch closes.
+func next(t *testing.T, ch <-chan backend.Event) backend.Event {
+	t.Helper()
+	select {
+	case e, ok := <-ch:
+		if !ok {
+			t.Fatal("watch channel closed, want an event")
+		}
+		return e
+	case <-time.After(bound):
+		t.Fatalf("no event within %v", bound)
+	}
+	return backend.Event{}
+}
+
+// closedWithin fails unless ch is closed within bound (events may come first).
+func closedWithin(t *testing.T, ch <-chan backend.Event) {
+	t.Helper()
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		case <-timer.C:
+			t.Fatalf("watch channel not closed within %v", bound)
+		}
+	}
+}
+
+// TestWatchConnectionLoss: when the shared pub/sub connection breaks, every
+// watch channel closes, and a new Watch works again.
+func TestWatchConnectionLoss(t *testing.T) {
+	tests := []struct {
+		name   string
+		break_ func(t *testing.T, srv *testredis.Server, admin *redis.Client)
+	}{
+		{"CLIENT KILL TYPE pubsub", func(t *testing.T, _ *testredis.Server, admin *redis.Client) {
+			if err := admin.Do(context.Background(), "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
+				t.Fatalf("CLIENT KILL: %v", err)
+			}
+		}},
+		{"server restart", func(t *testing.T, srv *testredis.Server, _ *redis.Client) { srv.Restart(t) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := testredis.Start(t)
+			ctx := ctxBound(t)
+			admin := srv.NewClient(t, nil)
+			b := newBackend(t, srv.NewClient(t, nil), nil)
+			a, err := b.Watch(ctx, "a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			bb, err := b.Watch(ctx, "b")
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.break_(t, srv, admin)
+			closedWithin(t, a)
+			closedWithin(t, bb)
+
+			again, err := b.Watch(ctx, "a")
+			if err != nil {
+				t.Fatalf("Watch after the break: got %v, want nil", err)
+			}
+			if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: "a", HolderID: "x", TTL: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+			if got := next(t, again); got.Type != backend.EventChanged {
+				t.Fatalf("event on the new watch: got %+v, want changed", got)
+			}
+		})
+	}
+}
+
+// TestWatchEndsWithContext: cancelling a watch's context closes its channel
+// and, for the last watch of a key, unsubscribes; the other watches go on.
+func TestWatchEndsWithContext(t *testing.T) {
+	srv := testredis.Start(t)
+	ctx := ctxBound(t)
+	admin := srv.NewClient(t, nil)
+	b := newBackend(t, srv.NewClient(t, nil), nil)
+	wctx1, cancel1 := context.WithCancel(ctx)
+	wctx2, cancel2 := context.WithCancel(ctx)
+	defer cancel2()
+	w1, err := b.Watch(wctx1, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2, err := b.Watch(wctx2, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	numsub := func() int64 {
+		m, err := admin.PubSubNumSub(ctx, "sovereign:{k}:events").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m["sovereign:{k}:events"]
+	}
+	if n := numsub(); n != 1 {
+		t.Fatalf("subscribers of the channel with two watches: got %d, want 1 (shared)", n)
+	}
+	cancel1()
+	closedWithin(t, w1)
+	if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "x", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(t, w2); got.Type != backend.EventChanged {
+		t.Fatalf("event on the remaining watch: got %+v, want changed", got)
+	}
+	cancel2()
+	closedWithin(t, w2)
+	eventually(t, "unsubscribed after the last watch", func() bool { return numsub() == 0 })
+}
+
+// TestWatchNeverBlocks: a watcher that never reads does not stall the
+// others; its channel holds the first events.
+func TestWatchNeverBlocks(t *testing.T) {
+	srv := testredis.Start(t)
+	ctx := ctxBound(t)
+	b := newBackend(t, srv.NewClient(t, nil), &redisbackend.Options{WatchBuffer: 2})
+	stuck, err := b.Watch(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := b.Watch(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "x", TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := next(t, live); got.Type != backend.EventChanged {
+			t.Fatalf("round %d: got %+v, want changed", i, got)
+		}
+		if err := b.Release(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		if got := next(t, live); got.Type != backend.EventReleased {
+			t.Fatalf("round %d: got %+v, want released", i, got)
+		}
+	}
+	if got := len(stuck); got != 2 {
+		t.Fatalf("buffered events of the unread watch: got %d, want 2 (its buffer)", got)
+	}
+}
+
+// TestCluster runs the conformance suite on a one-node Redis Cluster through
+// a ClusterClient: every script's keys share one hash slot, and watches use
+// sharded pub/sub.
+func TestCluster(t *testing.T) {
+	srv := testredis.StartConfig(t, testredis.Config{Cluster: true})
+	var n atomic.Int64
+	backendtest.Run(t, func(t *testing.T) backendtest.Env {
+		prefix := fmt.Sprintf("cluster:%d:%d:", time.Now().UnixNano(), n.Add(1))
+		return backendtest.Env{
+			Open: func() backend.Backend {
+				c := srv.NewClusterClient(t, &redis.ClusterOptions{ContextTimeoutEnabled: true})
+				b, err := redisbackend.New(c, &redisbackend.Options{Prefix: prefix})
+				if err != nil {
+					t.Fatalf("New: %v", err)
+				}
+				return b
+			},
+		}
+	})
+	t.Run("sharded pub/sub", func(t *testing.T) {
+		ctx := ctxBound(t)
+		c := srv.NewClusterClient(t, nil)
+		b := newBackend(t, c, &redisbackend.Options{Prefix: "sh:"})
+		ch, err := b.Watch(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		admin := srv.NewClient(t, nil)
+		m, err := admin.Do(ctx, "PUBSUB", "SHARDNUMSUB", "sh:{k}:events").Slice()
+		if err != nil || len(m) != 2 || m[1] != int64(1) {
+			t.Fatalf("PUBSUB SHARDNUMSUB: got %v, %v; want one sharded subscriber", m, err)
+		}
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "x", TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := next(t, ch); got.Type != backend.EventChanged {
+			t.Fatalf("got %+v, want changed", got)
+		}
+		if err := b.Release(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		if got := next(t, ch); got.Type != backend.EventReleased {
+			t.Fatalf("got %+v, want released", got)
+		}
+	})
+}
