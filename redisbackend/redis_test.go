@@ -692,6 +692,15 @@ func TestCluster(t *testing.T) {
 			},
 		}
 	})
+	t.Run("WAIT routed to the key's node", func(t *testing.T) {
+		ctx := ctxBound(t)
+		b := newBackend(t, srv.NewClusterClient(t, nil),
+			&redisbackend.Options{Prefix: "cw:", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
+		_, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "x", TTL: time.Minute})
+		if !errors.Is(err, redisbackend.ErrNotReplicated) {
+			t.Fatalf("Acquire: got %v, want an error wrapping ErrNotReplicated", err)
+		}
+	})
 	t.Run("sharded pub/sub", func(t *testing.T) {
 		ctx := ctxBound(t)
 		c := srv.NewClusterClient(t, nil)
@@ -719,4 +728,48 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("got %+v, want released", got)
 		}
 	})
+}
+
+// TestWatchHealthCheck: an idle watch survives many health-check pings, and
+// a server that stops answering (SIGSTOP) breaks the watch within two
+// intervals.
+func TestWatchHealthCheck(t *testing.T) {
+	srv := testredis.Start(t)
+	ctx := ctxBound(t)
+	const interval = 50 * time.Millisecond
+	b := newBackend(t, srv.NewClient(t, nil), &redisbackend.Options{HealthCheckInterval: interval})
+	ch, err := b.Watch(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := srv.NewClient(t, nil)
+	// Let several intervals pass, counted on the server: the idle watch
+	// connection is pinged once per quiet interval.
+	eventually(t, "five pings from the watch connection", func() bool {
+		info := admin.Info(ctx, "commandstats").Val()
+		i := strings.Index(info, "cmdstat_ping:calls=")
+		if i < 0 {
+			return false
+		}
+		n, _ := strconv.Atoi(strings.SplitN(info[i+len("cmdstat_ping:calls="):], ",", 2)[0])
+		return n >= 5
+	})
+	select {
+	case e, ok := <-ch:
+		t.Fatalf("watch while idle: got %+v (open %v), want nothing", e, ok)
+	default:
+	}
+	if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "x", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(t, ch); got.Type != backend.EventChanged {
+		t.Fatalf("event after pings: got %+v, want changed", got)
+	}
+	srv.Pause(t)
+	defer srv.Resume(t)
+	start := time.Now()
+	closedWithin(t, ch)
+	if took := time.Since(start); took > 10*interval+time.Second {
+		t.Errorf("watch closed %v after the server froze, want about 2 intervals (%v)", took, 2*interval)
+	}
 }

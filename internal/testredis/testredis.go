@@ -304,12 +304,44 @@ func (s *Server) stop(sig syscall.Signal) {
 	if cmd == nil {
 		return
 	}
+	_ = cmd.Process.Signal(syscall.SIGCONT) // a paused server cannot handle SIGTERM
 	_ = cmd.Process.Signal(sig)
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		_ = cmd.Process.Kill()
 		<-done
+	}
+}
+
+// Pause freezes the server with SIGSTOP: connections stay open but nothing
+// is answered, like a hung server or a network partition. Resume undoes it;
+// so does Stop at the end of the test. It skips the test for an external
+// server.
+func (s *Server) Pause(t testing.TB) {
+	t.Helper()
+	s.signal(t, syscall.SIGSTOP)
+}
+
+// Resume continues a server frozen by Pause.
+func (s *Server) Resume(t testing.TB) {
+	t.Helper()
+	s.signal(t, syscall.SIGCONT)
+}
+
+func (s *Server) signal(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	if s.external {
+		t.Skip("testredis: cannot signal an external server (REDIS_ADDR is set)")
+	}
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd == nil {
+		t.Fatalf("testredis: %v to a stopped server", sig)
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("testredis: %v: %v", sig, err)
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sovereign-go/sovereign/internal/testredis"
 )
 
@@ -68,4 +70,22 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("SET %s on a one-node cluster: got %v, want nil", k, err)
 		}
 	}
+}
+
+func TestPauseResume(t *testing.T) {
+	s := testredis.Start(t)
+	c := s.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
+	s.Pause(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING to a paused server: got nil, want a timeout")
+	}
+	s.Resume(t)
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	if err := c.Ping(ctx2).Err(); err != nil {
+		t.Fatalf("PING after Resume: got %v, want nil", err)
+	}
+	s.Pause(t) // Stop at cleanup must still end a paused server
 }
