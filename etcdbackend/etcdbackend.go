@@ -1,0 +1,264 @@
+// Package etcdbackend implements backend.Backend and backend.Watcher on etcd,
+// through the user's own etcd client v3 (go.etcd.io/etcd/client/v3), so TLS,
+// authentication and endpoints stay the user's.
+//
+// etcd is the store to choose when leases must survive the loss of a node:
+// every write is replicated by raft before it is acknowledged, and reads are
+// linearizable.
+//
+//	cli, _ := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
+//	defer cli.Close()
+//	b, _ := etcdbackend.New(cli, nil) // keys under "sovereign/"
+//	defer b.Close()                   // does not close cli
+//	e, _ := sovereign.New(b, "scheduler", hostname, nil)
+//
+// # How leases map onto etcd
+//
+// Each acquisition grants its own etcd lease and, in one transaction that
+// compares the key's create revision with 0, puts the record under
+// <prefix><key> attached to that lease. The lease's TTL is the requested TTL
+// rounded up to whole seconds (etcd counts in seconds), and etcd may raise it
+// to its minimum TTL; Lease.TTL reports the TTL etcd actually granted, which
+// is what the elector counts its deadline from.
+//
+// The fencing term is the key's create revision: etcd revisions only go up,
+// across the whole cluster, so every acquisition of a key (after a release,
+// an expiry or a takeover) gets a strictly greater term, and terms of
+// different keys are ordered too.
+//
+// The lease token is "<etcd lease ID in hex>-<128 random bits>". The record's
+// value starts with a header line holding the token and the holder ID,
+// followed by a JSON object with the acquisition time and metadata, so Renew
+// and Release check the exact lease (create revision, attached etcd lease,
+// token and holder ID) inside one transaction, with no local state.
+//
+// A takeover (AcquireRequest.ReplaceTerm) is two transactions, because etcd
+// cannot delete and create the same key in one: the first deletes the key if
+// its create revision is exactly ReplaceTerm, the second is a normal
+// acquisition, which another candidate may win (the caller then gets a
+// *backend.HeldError). A takeover of a free key fails with an error wrapping
+// backend.ErrNotHeld.
+//
+// Round trips: Acquire 2 (grant, transaction) when it wins, 3 for a takeover;
+// a failed Acquire adds the revocation of the unused grant and two lease
+// look-ups for the holder's remaining TTL and heartbeat age, run in parallel.
+// The unused grant is revoked rather than kept for the next attempt: a kept
+// lease would have to be refreshed before reuse (a round trip, like a new
+// grant) or its TTL would already be running when the elector starts counting.
+// Renew 2 (an owner-checked read-only transaction, then a keep-alive of the
+// etcd lease, in this order so a wrong lease never extends the real one);
+// Release 2 (an owner-checked delete, then revoking the lease); Get 1 read
+// plus 2 parallel lease look-ups.
+//
+// # Heartbeats
+//
+// Heartbeat records live under <prefix><key>/heartbeat/<id>, each attached
+// to its own lease with the heartbeat TTL (rounded up to whole seconds). The
+// backend keeps that lease per (key, id) and refreshes it with a single
+// keep-alive, which etcd's leader serves without a raft write; it grants a
+// new lease and rewrites the record only when the TTL changes or the lease
+// has gone. The age of a heartbeat is measured by the store: the lease's
+// granted TTL minus its remaining TTL, which etcd reports in whole seconds,
+// so ages are reported as the lower bound (up to a second younger than the
+// truth) and HeartbeatAt is the reader's clock minus that age. Record.TTL and
+// Member.TTL are likewise whole seconds, rounded down.
+//
+// To keep lease keys and heartbeat keys apart, keys must not contain
+// "/heartbeat/" or a NUL byte, nor end with "/heartbeat"; such keys are
+// rejected with backend.ErrInvalid.
+//
+// # Watch
+//
+// Watch runs one etcd watch per call (etcd multiplexes them on the client's
+// gRPC stream) on the key and on a release marker next to it: Release deletes
+// the key and writes <prefix><key>\x00 in the same transaction, so a deletion
+// that comes with the marker is reported as backend.EventReleased, and one
+// without it (lease expiry, or the deleting half of a takeover) as
+// backend.EventExpired. Every creation of the key is backend.EventChanged.
+// The watch requires an etcd leader (clientv3.WithRequireLeader), so a member
+// cut off from its cluster does not keep a silent watch. When the watch is
+// cancelled by the server or the client (no leader, compaction, a broken
+// connection the client cannot resume), the watch goroutine re-establishes
+// it from the next revision; if that revision has been compacted away, it
+// watches from the current revision and delivers one EventChanged so the
+// receiver re-reads the state. The channel closes only when the watch's
+// context ends, the Backend is closed, or the etcd client is closed.
+package etcdbackend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// Defaults of Options.
+const (
+	// DefaultPrefix is the default key prefix.
+	DefaultPrefix = "sovereign/"
+	// DefaultRequestTimeout is the default bound of one call.
+	DefaultRequestTimeout = 10 * time.Second
+)
+
+// maxTTLSeconds is the longest lease etcd grants (its MaxLeaseTTL).
+const maxTTLSeconds = 9_000_000_000
+
+// Options configures a Backend. The zero value and nil mean all defaults.
+type Options struct {
+	// Prefix is put before every key the backend writes, to share a cluster
+	// with other data. It must end with "/" and contain no NUL byte.
+	// Default: "sovereign/".
+	Prefix string
+	// RequestTimeout bounds each call (Watch: until the watch is
+	// established), also when the caller's context has no deadline, so an
+	// unreachable cluster never hangs a caller. The caller's context still
+	// applies when it ends earlier. Zero means the default; negative is an
+	// error. Default: 10 seconds.
+	RequestTimeout time.Duration
+}
+
+// Backend is a backend.Backend and backend.Watcher on etcd. It is safe for
+// concurrent use. Create it with New.
+type Backend struct {
+	cli     *clientv3.Client
+	prefix  string
+	timeout time.Duration
+
+	life context.Context    // cancelled by Close; ends watch goroutines
+	stop context.CancelFunc // cancels life
+
+	mu     sync.Mutex          // guards closed and hb
+	closed bool                // set by Close
+	hb     map[string]*hbEntry // heartbeat leases by heartbeat key
+
+	watches sync.WaitGroup // watch goroutines
+}
+
+var (
+	_ backend.Backend = (*Backend)(nil)
+	_ backend.Watcher = (*Backend)(nil)
+)
+
+// New returns a Backend that stores its leases through client, which stays
+// the caller's: Close does not close it. opts may be nil.
+func New(client *clientv3.Client, opts *Options) (*Backend, error) {
+	if client == nil {
+		return nil, errors.New("etcdbackend: nil client")
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	switch {
+	case !strings.HasSuffix(o.Prefix, "/"):
+		return nil, fmt.Errorf("etcdbackend: prefix %q does not end with \"/\"", o.Prefix)
+	case strings.ContainsRune(o.Prefix, 0) || !utf8.ValidString(o.Prefix):
+		return nil, fmt.Errorf("etcdbackend: prefix %q contains a NUL byte or invalid UTF-8", o.Prefix)
+	}
+	switch {
+	case o.RequestTimeout < 0:
+		return nil, fmt.Errorf("etcdbackend: negative request timeout %v", o.RequestTimeout)
+	case o.RequestTimeout == 0:
+		o.RequestTimeout = DefaultRequestTimeout
+	}
+	life, stop := context.WithCancel(context.Background())
+	return &Backend{
+		cli:     client,
+		prefix:  o.Prefix,
+		timeout: o.RequestTimeout,
+		life:    life,
+		stop:    stop,
+		hb:      make(map[string]*hbEntry),
+	}, nil
+}
+
+// Close ends every watch of the backend, waits for their goroutines, and
+// makes later calls return backend.ErrClosed. It does not close the etcd
+// client, and leaves leases and heartbeat records to expire or be released.
+// Close is idempotent.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.stop()
+	b.watches.Wait()
+	return nil
+}
+
+// begin checks that the backend is open and ctx alive, and returns ctx
+// bounded by the request timeout.
+func (b *Backend) begin(ctx context.Context, op string) (context.Context, context.CancelFunc, error) {
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return nil, nil, fmt.Errorf("etcdbackend: %s: %w", op, backend.ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, fmt.Errorf("etcdbackend: %s: %w", op, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	return ctx, cancel, nil
+}
+
+// fail wraps err from an etcd call made with ctx. When ctx has ended, the
+// result also wraps ctx's error, so errors.Is(err, context.Canceled) and
+// errors.Is(err, context.DeadlineExceeded) work whatever the client returned.
+func fail(ctx context.Context, op string, err error) error {
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("etcdbackend: %s: %w: %w", op, cerr, err)
+	}
+	return fmt.Errorf("etcdbackend: %s: %w", op, err)
+}
+
+// checkKey rejects keys that would make the key layout ambiguous.
+func checkKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty key", backend.ErrInvalid)
+	case strings.ContainsRune(key, 0):
+		return fmt.Errorf("%w: key %q contains a NUL byte", backend.ErrInvalid, key)
+	case strings.Contains(key, heartbeatInfix) || strings.HasSuffix(key, heartbeatSuffix):
+		return fmt.Errorf("%w: key %q contains %q or ends with %q", backend.ErrInvalid, key, heartbeatInfix, heartbeatSuffix)
+	}
+	return nil
+}
+
+// ttlSeconds rounds ttl up to whole seconds, the unit of etcd leases.
+func ttlSeconds(ttl time.Duration) (int64, error) {
+	if ttl <= 0 {
+		return 0, fmt.Errorf("%w: TTL %v is not positive", backend.ErrInvalid, ttl)
+	}
+	s := int64((ttl + time.Second - 1) / time.Second)
+	if s > maxTTLSeconds {
+		return 0, fmt.Errorf("%w: TTL %v exceeds etcd's maximum of %d seconds", backend.ErrInvalid, ttl, int64(maxTTLSeconds))
+	}
+	return s, nil
+}
+
+const (
+	heartbeatSuffix = "/heartbeat"
+	heartbeatInfix  = heartbeatSuffix + "/"
+)
+
+// leaseKey is the etcd key of key's lease record.
+func (b *Backend) leaseKey(key string) string { return b.prefix + key }
+
+// releaseMarker is the etcd key Release writes next to the lease record.
+func (b *Backend) releaseMarker(key string) string { return b.prefix + key + "\x00" }
+
+// heartbeatPrefix is the etcd key prefix of key's heartbeat records.
+func (b *Backend) heartbeatPrefix(key string) string { return b.prefix + key + heartbeatInfix }
+
+// heartbeatKey is the etcd key of instance id's heartbeat record for key.
+func (b *Backend) heartbeatKey(key, id string) string { return b.heartbeatPrefix(key) + id }

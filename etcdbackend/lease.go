@@ -1,0 +1,428 @@
+package etcdbackend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// recordBody is the JSON part of a lease record's value.
+type recordBody struct {
+	AcquiredAt time.Time         `json:"acquired_at"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+}
+
+// recordHeader is the first line of a lease record's value: the token and
+// the quoted holder ID. Renew and Release compare the stored value against
+// it, so they check token and holder inside the transaction.
+func recordHeader(token, holderID string) string {
+	return token + " " + strconv.Quote(holderID) + "\n"
+}
+
+// encodeRecord returns the value of a lease record.
+func encodeRecord(token, holderID string, body recordBody) (string, error) {
+	js, err := json.Marshal(body)
+	if err != nil {
+		return "", err
+	}
+	return recordHeader(token, holderID) + string(js), nil
+}
+
+// decodeRecord parses the value of a lease record.
+func decodeRecord(value []byte) (token, holderID string, body recordBody, err error) {
+	header, js, ok := strings.Cut(string(value), "\n")
+	if !ok {
+		return "", "", body, errors.New("no header line")
+	}
+	token, quoted, ok := strings.Cut(header, " ")
+	if !ok {
+		return "", "", body, errors.New("malformed header line")
+	}
+	if holderID, err = strconv.Unquote(quoted); err != nil {
+		return "", "", body, fmt.Errorf("malformed holder ID: %w", err)
+	}
+	if err := json.Unmarshal([]byte(js), &body); err != nil {
+		return "", "", body, err
+	}
+	return token, holderID, body, nil
+}
+
+// newToken returns a lease token: the etcd lease ID and a random part.
+func newToken(id clientv3.LeaseID) string {
+	return fmt.Sprintf("%016x-%s", uint64(id), backend.NewToken())
+}
+
+// parseToken returns the etcd lease ID encoded in a token made by newToken.
+func parseToken(token string) (clientv3.LeaseID, bool) {
+	if len(token) < 18 || token[16] != '-' {
+		return 0, false
+	}
+	id, err := strconv.ParseUint(token[:16], 16, 64)
+	if err != nil || id == 0 {
+		return 0, false
+	}
+	return clientv3.LeaseID(id), true
+}
+
+// ownerCheck returns the comparisons that hold only while the store holds
+// exactly lease l, whose etcd lease is id: the key was created at l.Term, is
+// attached to id, and its value starts with l's header (token and holder).
+func (b *Backend) ownerCheck(l backend.Lease, id clientv3.LeaseID) []clientv3.Cmp {
+	k := b.leaseKey(l.Key)
+	h := recordHeader(l.Token, l.HolderID)
+	// A value starts with h (which ends in '\n') exactly when it sorts
+	// strictly after h (the record body follows) and before h with its
+	// last byte incremented.
+	upper := h[:len(h)-1] + "\x0b"
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(k), "=", int64(l.Term)),
+		clientv3.Compare(clientv3.LeaseValue(k), "=", id),
+		clientv3.Compare(clientv3.Value(k), ">", h),
+		clientv3.Compare(clientv3.Value(k), "<", upper),
+	}
+}
+
+// Acquire creates a lease on req.Key if the key is free (or, with
+// req.ReplaceTerm, held by exactly that term). The lease's TTL is req.TTL
+// rounded up to whole seconds, or more if etcd's minimum is higher; the
+// returned Lease.TTL is what etcd granted. The term is the key's create
+// revision. When the key is held, Acquire returns a *backend.HeldError with
+// the holder's record.
+func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+	if err := req.Validate(); err != nil {
+		return backend.Lease{}, fmt.Errorf("etcdbackend: acquire: %w", err)
+	}
+	if err := checkKey(req.Key); err != nil {
+		return backend.Lease{}, fmt.Errorf("etcdbackend: acquire: %w", err)
+	}
+	secs, err := ttlSeconds(req.TTL)
+	if err != nil {
+		return backend.Lease{}, fmt.Errorf("etcdbackend: acquire: %w", err)
+	}
+	ctx, cancel, err := b.begin(ctx, "acquire")
+	if err != nil {
+		return backend.Lease{}, err
+	}
+	defer cancel()
+
+	grant, err := b.cli.Grant(ctx, secs)
+	if err != nil {
+		return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q: grant lease", req.Key), err)
+	}
+	lease, revoked, err := b.acquireWith(ctx, req, grant)
+	if err != nil && !revoked && ctx.Err() == nil {
+		// The grant holds nothing, or (if the transaction's outcome is
+		// unknown) maybe the key: revoking it frees the key at once. When
+		// ctx has ended, the grant expires on its own.
+		_, _ = b.cli.Revoke(ctx, grant.ID)
+	}
+	return lease, err
+}
+
+// acquireWith runs the transactions of Acquire with an etcd lease already
+// granted. On failure, revoked reports whether it has revoked the grant.
+func (b *Backend) acquireWith(ctx context.Context, req backend.AcquireRequest, grant *clientv3.LeaseGrantResponse) (_ backend.Lease, revoked bool, _ error) {
+	k := b.leaseKey(req.Key)
+	reads := []clientv3.Op{
+		clientv3.OpGet(k),
+		clientv3.OpGet(b.heartbeatPrefix(req.Key), clientv3.WithPrefix()),
+	}
+	if req.ReplaceTerm != 0 {
+		resp, err := b.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(k), "=", int64(req.ReplaceTerm))).
+			Then(clientv3.OpDelete(k)).
+			Else(reads...).
+			Commit()
+		if err != nil {
+			return backend.Lease{}, false, fail(ctx, fmt.Sprintf("acquire %q: replace term %d", req.Key, req.ReplaceTerm), err)
+		}
+		if !resp.Succeeded {
+			return backend.Lease{}, true, b.heldError(ctx, req.Key, resp, grant.ID, fmt.Sprintf("takeover of term %d", req.ReplaceTerm))
+		}
+	}
+
+	token := newToken(grant.ID)
+	value, err := encodeRecord(token, req.HolderID, recordBody{AcquiredAt: time.Now(), Metadata: req.Metadata})
+	if err != nil {
+		return backend.Lease{}, false, fmt.Errorf("etcdbackend: acquire %q: encode record: %w", req.Key, err)
+	}
+	resp, err := b.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, value, clientv3.WithLease(grant.ID))).
+		Else(reads...).
+		Commit()
+	if err != nil {
+		return backend.Lease{}, false, fail(ctx, fmt.Sprintf("acquire %q", req.Key), err)
+	}
+	if !resp.Succeeded {
+		return backend.Lease{}, true, b.heldError(ctx, req.Key, resp, grant.ID, "")
+	}
+	return backend.Lease{
+		Key:      req.Key,
+		HolderID: req.HolderID,
+		Token:    token,
+		// The transaction's only write created the key at this revision.
+		Term: uint64(resp.Header.Revision),
+		TTL:  time.Duration(grant.TTL) * time.Second,
+	}, false, nil
+}
+
+// heldError turns the else-branch reads of a failed acquisition into a
+// *backend.HeldError, looking up the holder's remaining TTL and heartbeat age
+// while it revokes the unused grant. A free key (only possible for a
+// takeover) gives an error wrapping backend.ErrNotHeld.
+func (b *Backend) heldError(ctx context.Context, key string, resp *clientv3.TxnResponse, grant clientv3.LeaseID, what string) error {
+	var revokeErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { _, revokeErr = b.cli.Revoke(ctx, grant) })
+	rec, err := b.record(ctx, key, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs)
+	wg.Wait()
+	_ = revokeErr // an unrevoked grant holds nothing and expires on its own
+	op := fmt.Sprintf("acquire %q", key)
+	if what != "" {
+		op += ": " + what
+	}
+	switch {
+	case errors.Is(err, backend.ErrNotHeld):
+		// Only a takeover can find the key free.
+		return fmt.Errorf("etcdbackend: %s: %w", op, backend.ErrNotHeld)
+	case errors.Is(err, errLeaseGone):
+		// The holder released or expired just after the transaction saw
+		// it. The record is as of the transaction, with no TTL left and
+		// no heartbeat; a takeover of its term can no longer succeed.
+	case err != nil:
+		return fail(ctx, op, err)
+	}
+	return &backend.HeldError{Holder: rec}
+}
+
+// Renew keeps the lease's etcd lease alive, after checking in a read-only
+// transaction that the store still holds exactly that lease. It returns an
+// error wrapping backend.ErrLeaseLost otherwise.
+func (b *Backend) Renew(ctx context.Context, l backend.Lease) error {
+	if err := l.Validate(); err != nil {
+		return fmt.Errorf("etcdbackend: renew: %w", err)
+	}
+	if err := checkKey(l.Key); err != nil {
+		return fmt.Errorf("etcdbackend: renew: %w", err)
+	}
+	ctx, cancel, err := b.begin(ctx, "renew")
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	id, ok := parseToken(l.Token)
+	if !ok {
+		return fmt.Errorf("etcdbackend: renew %q: foreign token: %w", l.Key, backend.ErrLeaseLost)
+	}
+	resp, err := b.cli.Txn(ctx).If(b.ownerCheck(l, id)...).Commit()
+	if err != nil {
+		return fail(ctx, fmt.Sprintf("renew %q", l.Key), err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
+	}
+	if _, err := b.cli.KeepAliveOnce(ctx, id); err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return fmt.Errorf("etcdbackend: renew %q term %d: lease expired: %w", l.Key, l.Term, backend.ErrLeaseLost)
+		}
+		return fail(ctx, fmt.Sprintf("renew %q: keep-alive", l.Key), err)
+	}
+	return nil
+}
+
+// Release deletes the lease's record if the store still holds exactly that
+// lease, then revokes its etcd lease. It returns an error wrapping
+// backend.ErrLeaseLost, and changes nothing, otherwise.
+func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
+	if err := l.Validate(); err != nil {
+		return fmt.Errorf("etcdbackend: release: %w", err)
+	}
+	if err := checkKey(l.Key); err != nil {
+		return fmt.Errorf("etcdbackend: release: %w", err)
+	}
+	ctx, cancel, err := b.begin(ctx, "release")
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	id, ok := parseToken(l.Token)
+	if !ok {
+		return fmt.Errorf("etcdbackend: release %q: foreign token: %w", l.Key, backend.ErrLeaseLost)
+	}
+	resp, err := b.cli.Txn(ctx).
+		If(b.ownerCheck(l, id)...).
+		Then(
+			clientv3.OpDelete(b.leaseKey(l.Key)),
+			// The marker tells watchers this deletion is a release; it
+			// goes with the lease revoked below.
+			clientv3.OpPut(b.releaseMarker(l.Key), "released", clientv3.WithLease(id)),
+		).
+		Commit()
+	if err != nil {
+		return fail(ctx, fmt.Sprintf("release %q", l.Key), err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("etcdbackend: release %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
+	}
+	// The key is free; the lease now holds only the marker. If revoking
+	// fails, both expire with the lease's TTL.
+	if ctx.Err() == nil {
+		_, _ = b.cli.Revoke(ctx, id)
+	}
+	return nil
+}
+
+// Get returns the current record of key, with its remaining TTL and the
+// holder's heartbeat, or an error wrapping backend.ErrNotHeld.
+func (b *Backend) Get(ctx context.Context, key string) (backend.Record, error) {
+	if err := checkKey(key); err != nil {
+		return backend.Record{}, fmt.Errorf("etcdbackend: get: %w", err)
+	}
+	ctx, cancel, err := b.begin(ctx, "get")
+	if err != nil {
+		return backend.Record{}, err
+	}
+	defer cancel()
+	resp, err := b.cli.Txn(ctx).Then(
+		clientv3.OpGet(b.leaseKey(key)),
+		clientv3.OpGet(b.heartbeatPrefix(key), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return backend.Record{}, fail(ctx, fmt.Sprintf("get %q", key), err)
+	}
+	rec, err := b.record(ctx, key, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs)
+	if errors.Is(err, backend.ErrNotHeld) || errors.Is(err, errLeaseGone) {
+		return backend.Record{}, fmt.Errorf("etcdbackend: get %q: %w", key, backend.ErrNotHeld)
+	}
+	if err != nil {
+		return backend.Record{}, fail(ctx, fmt.Sprintf("get %q", key), err)
+	}
+	return rec, nil
+}
+
+// record builds the record of key from a read of its lease record (recKVs)
+// and of its heartbeat records (hbKVs), looking up the remaining TTLs of the
+// lease and of the holder's heartbeat in parallel. It returns
+// backend.ErrNotHeld if there is no record, and the record as read (no TTL
+// left, no heartbeat) with errLeaseGone if its lease has gone since.
+func (b *Backend) record(ctx context.Context, key string, recKVs, hbKVs []*mvccpb.KeyValue) (backend.Record, error) {
+	if len(recKVs) == 0 {
+		return backend.Record{}, backend.ErrNotHeld
+	}
+	kv := recKVs[0]
+	token, holder, body, err := decodeRecord(kv.Value)
+	if err != nil {
+		return backend.Record{}, fmt.Errorf("malformed record at %q: %w", kv.Key, err)
+	}
+	rec := backend.Record{
+		Key:        key,
+		HolderID:   holder,
+		Token:      token,
+		Term:       uint64(kv.CreateRevision),
+		AcquiredAt: body.AcquiredAt,
+		Metadata:   body.Metadata,
+	}
+	ids := []clientv3.LeaseID{clientv3.LeaseID(kv.Lease)}
+	hbKey := b.heartbeatKey(key, holder)
+	for _, h := range hbKVs {
+		if string(h.Key) == hbKey && h.Lease != 0 {
+			ids = append(ids, clientv3.LeaseID(h.Lease))
+			break
+		}
+	}
+	ttls := b.lookup(ctx, ids)
+	now := time.Now()
+	lt := ttls[0]
+	if lt.err != nil {
+		return backend.Record{}, fmt.Errorf("look up lease of %q: %w", key, lt.err)
+	}
+	if lt.remaining < 0 {
+		rec.RenewedAt = rec.AcquiredAt
+		return rec, errLeaseGone
+	}
+	rec.TTL = time.Duration(lt.remaining) * time.Second
+	rec.RenewedAt = now.Add(-lt.age())
+	if rec.RenewedAt.Before(rec.AcquiredAt) {
+		rec.RenewedAt = rec.AcquiredAt
+	}
+	if len(ttls) > 1 {
+		ht := ttls[1]
+		if ht.err != nil {
+			return backend.Record{}, fmt.Errorf("look up heartbeat of %q: %w", holder, ht.err)
+		}
+		if ht.remaining >= 0 {
+			rec.HeartbeatAge = ht.age()
+			rec.HeartbeatAt = now.Add(-rec.HeartbeatAge)
+		}
+	}
+	return rec, nil
+}
+
+// errLeaseGone reports that a record's lease ended between reading the
+// record and looking up its lease.
+var errLeaseGone = errors.New("etcdbackend: lease gone since the read")
+
+// leaseTTL is the state of one etcd lease as etcd reports it, in whole
+// seconds.
+type leaseTTL struct {
+	remaining int64 // -1: the lease does not exist (any more)
+	granted   int64
+	err       error
+}
+
+// age is how long ago the lease was granted or last kept alive, by the
+// store's clock: granted minus remaining TTL. etcd rounds the remaining TTL
+// down to whole seconds, so this returns the lower bound, one second less.
+func (t leaseTTL) age() time.Duration {
+	s := t.granted - t.remaining - 1
+	if s < 0 {
+		s = 0
+	}
+	return time.Duration(s) * time.Second
+}
+
+// maxParallelLookups bounds the concurrent lease look-ups of one call.
+const maxParallelLookups = 16
+
+// lookup asks etcd for the remaining TTL of each lease, in parallel.
+func (b *Backend) lookup(ctx context.Context, ids []clientv3.LeaseID) []leaseTTL {
+	out := make([]leaseTTL, len(ids))
+	one := func(i int) {
+		resp, err := b.cli.TimeToLive(ctx, ids[i])
+		switch {
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			out[i] = leaseTTL{remaining: -1}
+		case err != nil:
+			out[i] = leaseTTL{err: err}
+		default:
+			out[i] = leaseTTL{remaining: resp.TTL, granted: resp.GrantedTTL}
+		}
+	}
+	if len(ids) == 1 {
+		one(0)
+		return out
+	}
+	sem := make(chan struct{}, maxParallelLookups)
+	var wg sync.WaitGroup
+	for i := range ids {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			one(i)
+		})
+	}
+	wg.Wait()
+	return out
+}
