@@ -27,7 +27,7 @@ type heartbeatBody struct {
 // hbEntry is the etcd lease this backend keeps a heartbeat record alive
 // with.
 type hbEntry struct {
-	mu    sync.Mutex      // serialises heartbeats of one record; guards lease, ttl
+	mu    sync.Mutex       // serialises heartbeats of one record; guards lease, ttl
 	lease clientv3.LeaseID // 0: none yet, or lost
 	ttl   int64            // granted TTL of lease, in seconds
 }
