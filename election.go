@@ -1,0 +1,411 @@
+package sovereign
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// Sentinel errors, for errors.Is.
+var (
+	// ErrClosed is returned by methods called after Close.
+	ErrClosed = errors.New("sovereign: elector closed")
+	// ErrNotLeader is returned by Resign when the elector does not lead.
+	ErrNotLeader = errors.New("sovereign: not leader")
+	// ErrNoLeader is returned by Leader when nobody holds the election.
+	ErrNoLeader = errors.New("sovereign: no leader")
+	// ErrStarted is returned by Start and Run when the elector already runs.
+	ErrStarted = errors.New("sovereign: elector already started")
+	// ErrLeadershipLost is the cause (context.Cause) of a cancelled leader
+	// context. It wraps nothing else; the LossReason is in the message and in
+	// the LeadershipLost event.
+	ErrLeadershipLost = errors.New("sovereign: leadership lost")
+	// ErrVerificationFailed is reported (in an ElectionFailed event) when the
+	// record read back after a successful acquisition is not the lease just
+	// acquired.
+	ErrVerificationFailed = errors.New("sovereign: double verification failed")
+)
+
+// Elector campaigns for one election on behalf of one instance. Create it
+// with New, then either call Run with the function to run while leading, or
+// Start it and watch IsLeader and the events. All methods are safe for
+// concurrent use.
+type Elector struct {
+	b       backend.Backend
+	watcher backend.Watcher // nil when b cannot watch
+	name    string
+	id      string
+	opts    Options
+	log     *slog.Logger
+	bus     *bus
+
+	cmds chan resignRequest
+	wake chan backend.Event // watch notifications for the loop; capacity 1
+
+	mu       sync.Mutex // guards the fields below
+	state    State
+	term     uint64    // term of the current leadership; 0 when not leading
+	deadline time.Time // when the current leadership ends unless renewed (monotonic)
+	leader   Record    // last known leader; HolderID "" when none
+	started  bool
+	closed   bool
+	cancel   context.CancelFunc
+	done     chan struct{} // closed when every goroutine of the elector has ended
+	closing  chan struct{} // closed when Close has finished; nil before Close
+
+	wg sync.WaitGroup // the loop goroutine and leader-function goroutines
+}
+
+// New returns an Elector for the election name, campaigning as the instance
+// id over backend b. opts may be nil for defaults. New does no I/O; errors
+// wrap ErrInvalidOptions.
+func New(b backend.Backend, name, id string, opts *Options) (*Elector, error) {
+	switch {
+	case b == nil:
+		return nil, fmt.Errorf("%w: nil backend", ErrInvalidOptions)
+	case name == "":
+		return nil, fmt.Errorf("%w: empty election name", ErrInvalidOptions)
+	case id == "":
+		return nil, fmt.Errorf("%w: empty instance ID", ErrInvalidOptions)
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	log := o.Logger.With("election", name, "id", id)
+	e := &Elector{
+		b:    b,
+		name: name,
+		id:   id,
+		opts: o,
+		log:  log,
+		bus:  newBus(log),
+		cmds: make(chan resignRequest),
+		wake: make(chan backend.Event, 1),
+		done: make(chan struct{}),
+	}
+	e.watcher, _ = b.(backend.Watcher)
+	return e, nil
+}
+
+// Options returns the options in effect, defaults applied.
+func (e *Elector) Options() Options { return e.opts }
+
+// ID returns the instance ID the elector campaigns as.
+func (e *Elector) ID() string { return e.id }
+
+// Name returns the election's name.
+func (e *Elector) Name() string { return e.name }
+
+// Start starts campaigning in the background and returns at once. The
+// elector campaigns, leads and campaigns again after every lost term until
+// ctx ends or Close is called. Use Run instead to have a function called
+// while leading.
+func (e *Elector) Start(ctx context.Context) error {
+	return e.start(ctx, nil)
+}
+
+// Run campaigns until ctx ends, calling fn each time this elector becomes
+// leader. fn receives a leader context that is cancelled the moment
+// leadership is lost or no longer certain (renew deadline passed), on Resign,
+// and when ctx ends; it must then stop its leader work and return. The lease
+// is released only after fn has returned, and renewed meanwhile, so no other
+// instance leads while fn still runs, unless the lease was lost at the
+// backend. When fn returns by itself the term ends (the lease is released)
+// and the elector campaigns again after ResignSitOut. Run never gives up
+// after a backend outage; it returns when ctx ends, after closing the
+// elector (see Close), with nil; or ErrStarted / ErrClosed at once when the
+// elector already ran.
+func (e *Elector) Run(ctx context.Context, fn func(ctx context.Context) error) error {
+	if fn == nil {
+		return fmt.Errorf("%w: nil leader function", ErrInvalidOptions)
+	}
+	if err := e.start(ctx, fn); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case <-e.loopEnded():
+	}
+	return e.Close()
+}
+
+func (e *Elector) loopEnded() <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.done
+}
+
+func (e *Elector) start(ctx context.Context, fn func(context.Context) error) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrClosed
+	}
+	if e.started {
+		return ErrStarted
+	}
+	e.started = true
+	ctx, e.cancel = context.WithCancel(ctx)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer close(e.done)
+		var watcher sync.WaitGroup
+		defer watcher.Wait()
+		defer e.cancel() // stops the watcher when the loop ends
+		if e.watcher != nil {
+			watcher.Go(func() { e.watch(ctx) })
+		}
+		e.loop(ctx, fn)
+	}()
+	return nil
+}
+
+// Close stops campaigning. If the elector leads, it steps down: the leader
+// context is cancelled, Close waits for the leader function to return, then
+// releases the lease (with a fresh context bounded by RequestTimeout). Close
+// returns once every goroutine the elector started has ended and every
+// queued event has been delivered. It is idempotent and safe to call
+// concurrently; it must not be called from the leader function or a
+// listener, which it waits for.
+func (e *Elector) Close() error {
+	e.mu.Lock()
+	if e.closing != nil {
+		closed := e.closing
+		e.mu.Unlock()
+		<-closed // a channel, not a mutex: durably blocking inside synctest
+		return nil
+	}
+	e.closing = make(chan struct{})
+	e.closed = true
+	cancel, started := e.cancel, e.started
+	e.mu.Unlock()
+	if started {
+		cancel()
+		<-e.done
+		e.wg.Wait()
+	} else {
+		close(e.done)
+	}
+	e.bus.close()
+	close(e.closing)
+	return nil
+}
+
+// IsLeader reports whether this elector leads now. It checks the renew
+// deadline against the monotonic clock on every call, so it never answers
+// true past the deadline, even right after the process was paused and before
+// any of the elector's goroutines ran again.
+func (e *Elector) IsLeader() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.leadingLocked()
+}
+
+func (e *Elector) leadingLocked() bool {
+	return e.state == Leader && time.Now().Before(e.deadline)
+}
+
+// State returns the elector's state. Like IsLeader, it reports Follower
+// rather than Leader once the renew deadline has passed.
+func (e *Elector) State() State {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.state == Leader && !e.leadingLocked() {
+		return Follower
+	}
+	return e.state
+}
+
+// Term returns the fencing term of the current leadership, or 0 when the
+// elector does not lead. Pass it with every write to a downstream store that
+// rejects terms lower than the highest it has seen.
+func (e *Elector) Term() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.leadingLocked() {
+		return 0
+	}
+	return e.term
+}
+
+// Leader reads the current leader's record from the backend: who, since
+// when, which term, its last heartbeat and metadata. It returns an error
+// wrapping ErrNoLeader when nobody leads.
+func (e *Elector) Leader(ctx context.Context) (Record, error) {
+	r, err := e.b.Get(ctx, e.name)
+	if errors.Is(err, backend.ErrNotHeld) {
+		return Record{}, fmt.Errorf("%w: %w", ErrNoLeader, err)
+	}
+	return r, err
+}
+
+// Members returns the live heartbeat records of the election's instances.
+func (e *Elector) Members(ctx context.Context) ([]backend.Member, error) {
+	return e.b.Members(ctx, e.name)
+}
+
+// Resign gives up leadership: the leader context is cancelled at once, and
+// the lease is released as soon as the leader function has returned. The
+// elector then sits out for ResignSitOut before campaigning again, so another
+// instance takes over. Resign returns once the lease is released, or, when
+// called with a context derived from this elector's leader context (from
+// inside the leader function), as soon as the step-down has begun. It returns
+// ErrNotLeader when the elector does not lead, and ctx's error if ctx ends
+// first.
+func (e *Elector) Resign(ctx context.Context) error {
+	e.mu.Lock()
+	closed, started, done := e.closed, e.started, e.done
+	e.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	if !started {
+		return ErrNotLeader
+	}
+	req := resignRequest{begun: make(chan error, 1), released: make(chan error, 1)}
+	select {
+	case e.cmds <- req:
+	case <-done:
+		return ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	wait := req.released
+	if li, ok := ctx.Value(leaderKey{}).(*leaderInfo); ok && li.e == e {
+		wait = req.begun
+	}
+	select {
+	case err := <-wait:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+type resignRequest struct {
+	begun    chan error // step-down has begun (or the request failed)
+	released chan error // the lease is released (or the request failed)
+}
+
+func (r resignRequest) reply(begun, released error) {
+	r.begun <- begun
+	r.released <- released
+}
+
+// leaderKey is the context key of a leader context's *leaderInfo.
+type leaderKey struct{}
+
+type leaderInfo struct {
+	e    *Elector
+	term uint64
+}
+
+// TermFromContext returns the fencing term of the leadership that ctx (a
+// leader context passed to Run's function, or one derived from it) belongs
+// to.
+func TermFromContext(ctx context.Context) (term uint64, ok bool) {
+	li, ok := ctx.Value(leaderKey{}).(*leaderInfo)
+	if !ok {
+		return 0, false
+	}
+	return li.term, true
+}
+
+// setState records a state change and publishes it.
+func (e *Elector) setState(to State) {
+	e.mu.Lock()
+	from := e.state
+	e.state = to
+	if from != to {
+		e.bus.publish(StateChanged{From: from, To: to})
+	}
+	e.mu.Unlock()
+	if from != to {
+		e.log.Info("sovereign: state changed", "from", from, "to", to)
+	}
+}
+
+// setLeader records the leader this elector knows of, publishing
+// LeaderChanged when the holder or term differs.
+func (e *Elector) setLeader(r Record) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if r.HolderID == e.leader.HolderID && r.Term == e.leader.Term {
+		e.leader = r
+		return
+	}
+	e.leader = r
+	e.bus.publish(LeaderChanged{Leader: r})
+}
+
+func (e *Elector) failed(msg string, err error) {
+	e.log.Warn("sovereign: "+msg, "err", err)
+	e.bus.publish(ElectionFailed{Err: fmt.Errorf("%s: %w", msg, err)})
+}
+
+// watch keeps a backend watch on the election key for as long as ctx lives,
+// forwarding events to the loop. After every (re)subscription it wakes the
+// loop once, since changes may have been missed while unsubscribed.
+func (e *Elector) watch(ctx context.Context) {
+	var failures int
+	for ctx.Err() == nil {
+		ch, err := e.watcher.Watch(ctx, e.name)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			e.log.Warn("sovereign: watch failed", "err", err)
+			if !sleep(ctx, e.backoff(failures)) {
+				return
+			}
+			continue
+		}
+		failures = 0
+		e.notify(backend.Event{Key: e.name, Type: backend.EventChanged})
+		for ev := range ch {
+			e.notify(ev)
+		}
+	}
+}
+
+func (e *Elector) notify(ev backend.Event) {
+	select {
+	case e.wake <- ev:
+	default: // a wake-up is already pending; it covers this one
+	}
+}
+
+// backoff returns the delay before retry number n (1-based) after backend
+// errors: exponential from RenewInterval/8 up to RenewInterval, with jitter.
+func (e *Elector) backoff(n int) time.Duration {
+	d := e.opts.RenewInterval / 8
+	for i := 1; i < n && d < e.opts.RenewInterval; i++ {
+		d *= 2
+	}
+	d = min(d, e.opts.RenewInterval)
+	return d/2 + rand.N(d/2+1)
+}
+
+// sleep waits for d or until ctx ends, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

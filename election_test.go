@@ -1,0 +1,425 @@
+package sovereign_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/memorybackend"
+)
+
+func TestOneLeaderAndTransitions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, 3, fastOpts())
+		c.start(t)
+		li := c.leader(t, time.Second)
+		synctest.Wait()
+		if got := c.es[li].Term(); got != 1 {
+			t.Errorf("leader term = %d, want 1", got)
+		}
+		if got := c.es[li].State(); got != sovereign.Leader {
+			t.Errorf("leader state = %v, want leader", got)
+		}
+		for i, e := range c.es {
+			if i == li {
+				continue
+			}
+			if got := e.State(); got != sovereign.Follower {
+				t.Errorf("%s state = %v, want follower", e.ID(), got)
+			}
+			if got := e.Term(); got != 0 {
+				t.Errorf("%s Term() = %d, want 0 for a follower", e.ID(), got)
+			}
+		}
+		rec, err := c.es[0].Leader(t.Context())
+		if err != nil || rec.HolderID != c.es[li].ID() || rec.Term != 1 {
+			t.Errorf("Leader() = %+v, %v; want holder %s term 1", rec, err, c.es[li].ID())
+		}
+		// The leader's own events, in order.
+		var kinds []string
+		for _, s := range c.rec.events() {
+			if s.id != c.es[li].ID() {
+				continue
+			}
+			switch ev := s.ev.(type) {
+			case sovereign.StateChanged:
+				kinds = append(kinds, ev.From.String()+">"+ev.To.String())
+			case sovereign.LeadershipAcquired:
+				kinds = append(kinds, "acquired")
+			case sovereign.LeaderChanged:
+				kinds = append(kinds, "leader="+ev.Leader.HolderID)
+			default:
+				kinds = append(kinds, "other")
+			}
+		}
+		want := []string{"follower>candidate", "candidate>leader", "acquired", "leader=" + c.es[li].ID()}
+		if len(kinds) != len(want) {
+			t.Fatalf("leader events = %v, want %v", kinds, want)
+		}
+		for i := range want {
+			if kinds[i] != want[i] {
+				t.Fatalf("leader events = %v, want %v", kinds, want)
+			}
+		}
+	})
+}
+
+func TestLeaderKeepsLeadingAndCallsAreFew(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, 2, &sovereign.Options{Logger: quiet}) // defaults: TTL 10s, renew every 2s, heartbeat every 5s
+		c.start(t)
+		li := c.leader(t, 2*time.Second)
+		fi := 1 - li
+		time.Sleep(30 * time.Second) // steady state
+		synctest.Wait()
+		before := []map[string]int64{c.clients[0].Calls(), c.clients[1].Calls()}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if got := c.es[li].Term(); got != 1 {
+			t.Fatalf("after a minute the leader's term is %d, want 1 (still leading)", got)
+		}
+		calls := func(i int) int64 {
+			var n int64
+			for op, v := range c.clients[i].Calls() {
+				n += v - before[i][op]
+			}
+			return n
+		}
+		// Leader: 30 renewals + 12 heartbeats a minute; follower: 12
+		// heartbeats + one attempt per TTL.
+		if got := calls(li); got < 41 || got > 43 {
+			t.Errorf("idle leader made %d calls in a minute, want 41..43", got)
+		}
+		if got := calls(fi); got < 17 || got > 20 {
+			t.Errorf("idle follower made %d calls in a minute, want 17..20", got)
+		}
+		t.Logf("calls per minute: leader %d %v, follower %d %v", calls(li), c.clients[li].Calls(), calls(fi), c.clients[fi].Calls())
+		checkSafety(t, c.rec.intervals())
+	})
+}
+
+func TestPartitionedLeaderStepsDownBeforeAnotherLeads(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		c := newCluster(t, 3, o)
+		c.start(t)
+		li := c.leader(t, time.Second)
+		old := c.es[li]
+		time.Sleep(3 * time.Second) // lead a while
+		c.clients[li].Partition()
+		partitioned := time.Now()
+		// The leader must step down within RenewDeadline of its last
+		// successful renewal (at most one RenewInterval before the
+		// partition), and before the TTL could expire at the store.
+		for old.IsLeader() {
+			time.Sleep(time.Millisecond)
+		}
+		stepped := time.Now()
+		if d := stepped.Sub(partitioned); d > 700*time.Millisecond {
+			t.Errorf("leader stepped down %v after the partition, want <= RenewDeadline (700ms)", d)
+		}
+		ni := c.leader(t, 2*time.Second)
+		if ni == li {
+			t.Fatalf("partitioned %s leads again", old.ID())
+		}
+		synctest.Wait()
+		ivs := c.rec.intervals()
+		checkSafety(t, ivs)
+		last := ivs[len(ivs)-1]
+		if last.start.Sub(stepped) < 300*time.Millisecond-time.Millisecond {
+			t.Errorf("new leader acquired %v after the old stepped down, want >= TTL-RenewDeadline (the old lease must expire first)", last.start.Sub(stepped))
+		}
+		if failover := last.start.Sub(partitioned); failover > time.Second+50*time.Millisecond {
+			t.Errorf("failover took %v, want <= TTL + 50ms", failover)
+		}
+		if ivs[0].reason != sovereign.ReasonDeadline {
+			t.Errorf("old leader's loss reason = %v, want %v", ivs[0].reason, sovereign.ReasonDeadline)
+		}
+		if last.term <= ivs[0].term {
+			t.Errorf("new term %d, want > %d", last.term, ivs[0].term)
+		}
+		// Heal: the old leader rejoins as a follower, still one leader.
+		c.clients[li].Heal()
+		time.Sleep(5 * time.Second)
+		if ls := leaders(c.es...); len(ls) != 1 || ls[0] != c.es[ni] {
+			t.Errorf("after heal, leaders = %d, want only %s", len(ls), c.es[ni].ID())
+		}
+		checkSafety(t, c.rec.intervals())
+	})
+}
+
+// stuckRenew blocks Renew, ignoring its context, until released: the
+// elector's goroutines make no progress, as in a paused process.
+func TestPausedLeaderIsNotLeaderAfterDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.New()
+		defer mem.Close()
+		h := &hooked{Backend: mem}
+		e, err := sovereign.New(h, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		var leaderCtx context.Context
+		acquired := make(chan struct{})
+		go e.Run(t.Context(), func(ctx context.Context) error {
+			leaderCtx = ctx
+			close(acquired)
+			<-ctx.Done()
+			return nil
+		})
+		<-acquired
+		release := make(chan struct{})
+		var stuckAt time.Time
+		h.set(func(h *hooked) {
+			h.onRenew = func(ctx context.Context, l backend.Lease) (error, bool) {
+				stuckAt = time.Now()
+				<-release // ignores ctx: the loop goroutine is stuck here
+				return nil, false
+			}
+		})
+		time.Sleep(400 * time.Millisecond)
+		if !e.IsLeader() {
+			t.Fatal("not leader before the deadline")
+		}
+		time.Sleep(500 * time.Millisecond) // past the 700ms deadline
+		synctest.Wait()
+		if e.IsLeader() {
+			t.Errorf("IsLeader() = true %v after the last renewal was sent, past RenewDeadline", time.Since(stuckAt))
+		}
+		if got := e.Term(); got != 0 {
+			t.Errorf("Term() = %d past the deadline, want 0", got)
+		}
+		if got := e.State(); got != sovereign.Follower {
+			t.Errorf("State() = %v past the deadline, want follower", got)
+		}
+		if leaderCtx.Err() == nil {
+			t.Error("leader context not cancelled past the deadline while the loop is stuck")
+		}
+		if cause := context.Cause(leaderCtx); !errors.Is(cause, sovereign.ErrLeadershipLost) {
+			t.Errorf("leader context cause = %v, want ErrLeadershipLost", cause)
+		}
+		close(release)
+	})
+}
+
+func TestResignHandsOverAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, 3, fastOpts())
+		c.start(t)
+		li := c.leader(t, time.Second)
+		synctest.Wait()
+		before := time.Now()
+		if err := c.es[li].Resign(t.Context()); err != nil {
+			t.Fatalf("Resign: %v", err)
+		}
+		synctest.Wait() // let the watch wake the followers
+		ni := c.leader(t, time.Second)
+		if ni == li {
+			t.Fatal("the resigned elector leads again")
+		}
+		if d := time.Since(before); d > 0 {
+			t.Errorf("hand-over took %v of virtual time, want 0 (woken by the watch, not a timer)", d)
+		}
+		ivs := c.rec.intervals()
+		checkSafety(t, ivs)
+		if ivs[0].reason != sovereign.ReasonResigned {
+			t.Errorf("reason = %v, want resigned", ivs[0].reason)
+		}
+		if err := c.es[li].Resign(t.Context()); !errors.Is(err, sovereign.ErrNotLeader) {
+			t.Errorf("Resign by a follower = %v, want ErrNotLeader", err)
+		}
+	})
+}
+
+func TestRunReleasesOnlyAfterFnReturns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, 2, fastOpts())
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		const linger = 3 * time.Second // fn's clean-up after cancellation, longer than the TTL
+		var running atomic.Int32
+		var overlap atomic.Bool
+		calls := make([]atomic.Int32, 2)
+		for i, e := range c.es {
+			go e.Run(ctx, func(lctx context.Context) error {
+				calls[i].Add(1)
+				if running.Add(1) > 1 {
+					overlap.Store(true)
+				}
+				defer running.Add(-1)
+				<-lctx.Done()
+				time.Sleep(linger)
+				return nil
+			})
+		}
+		li := c.leader(t, time.Second)
+		fi := 1 - li
+		if err := c.es[li].Resign(t.Context()); err != nil {
+			t.Fatalf("Resign: %v", err)
+		}
+		if overlap.Load() {
+			t.Fatal("two leader functions ran at once")
+		}
+		synctest.Wait()
+		if got := calls[fi].Load(); got != 1 {
+			t.Fatalf("follower fn called %d times after the hand-over, want 1", got)
+		}
+		// Resign returned after the linger: the lease was renewed meanwhile.
+		synctest.Wait()
+		if overlap.Load() {
+			t.Error("two leader functions ran at once")
+		}
+		cancel()
+		synctest.Wait()
+	})
+}
+
+func TestRunKeepsCampaigningAfterLostTerm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.New()
+		defer mem.Close()
+		e, err := sovereign.New(mem, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var terms []uint64
+		termsCh := make(chan uint64, 10)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() {
+			done <- e.Run(ctx, func(lctx context.Context) error {
+				term, _ := sovereign.TermFromContext(lctx)
+				termsCh <- term
+				<-lctx.Done()
+				return nil
+			})
+		}()
+		terms = append(terms, <-termsCh)
+		mem.Partition()
+		time.Sleep(3 * time.Second) // an outage longer than the TTL
+		mem.Heal()
+		terms = append(terms, <-termsCh)
+		if terms[1] <= terms[0] {
+			t.Errorf("terms %v, want strictly increasing", terms)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v, want nil after ctx ends", err)
+		}
+		if err := e.Start(t.Context()); !errors.Is(err, sovereign.ErrClosed) {
+			t.Errorf("Start after Run ended = %v, want ErrClosed", err)
+		}
+	})
+}
+
+func TestCloseDuringFnWaitsThenReleases(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		mem, obs := store.Client(), store.Client()
+		defer mem.Close()
+		defer obs.Close()
+		e, err := sovereign.New(mem, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		inFn := make(chan struct{})
+		var returned atomic.Bool
+		go e.Run(t.Context(), func(ctx context.Context) error {
+			close(inFn)
+			<-ctx.Done()
+			time.Sleep(2 * time.Second)
+			returned.Store(true)
+			return nil
+		})
+		<-inFn
+		closed := make(chan struct{})
+		go func() { e.Close(); close(closed) }()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if r, err := obs.Get(t.Context(), "election"); err != nil || r.HolderID != "a" {
+			t.Errorf("while fn winds down: Get = %+v, %v; want still held by a (renewed)", r, err)
+		}
+		<-closed
+		if !returned.Load() {
+			t.Error("Close returned before the leader function")
+		}
+		if _, err := obs.Get(t.Context(), "election"); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("after Close: Get err = %v, want ErrNotHeld (released)", err)
+		}
+		if err := e.Close(); err != nil {
+			t.Errorf("second Close = %v, want nil", err)
+		}
+		if err := e.Resign(t.Context()); !errors.Is(err, sovereign.ErrClosed) {
+			t.Errorf("Resign after Close = %v, want ErrClosed", err)
+		}
+	})
+}
+
+func TestCloseDuringCampaignWithHungBackend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.New()
+		defer mem.Close()
+		mem.Hang()
+		e, err := sovereign.New(mem, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second)
+		start := time.Now()
+		e.Close()
+		if d := time.Since(start); d > e.Options().RequestTimeout {
+			t.Errorf("Close took %v with a hung backend, want <= RequestTimeout", d)
+		}
+		if e.IsLeader() {
+			t.Error("leader with a hung backend")
+		}
+	})
+}
+
+func TestBackendDownAtStartIsSurvived(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.New()
+		defer mem.Close()
+		mem.Partition()
+		e, err := sovereign.New(mem, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		var failures atomic.Int32
+		e.Subscribe(func(ev sovereign.Event) {
+			if f, ok := ev.(sovereign.ElectionFailed); ok && errors.Is(f.Err, memorybackend.ErrPartitioned) {
+				failures.Add(1)
+			}
+		})
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if e.IsLeader() {
+			t.Fatal("leader while the backend is down")
+		}
+		n := failures.Load()
+		if n == 0 {
+			t.Fatal("no ElectionFailed event while the backend is down")
+		}
+		if n > 200 {
+			t.Errorf("%d failures in 10s: the retry does not back off", n)
+		}
+		mem.Heal()
+		time.Sleep(time.Second)
+		if !e.IsLeader() {
+			t.Error("not leader one second after the backend came back")
+		}
+	})
+}

@@ -1,0 +1,273 @@
+package sovereign
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// expiryMargin is added to a holder's remaining TTL when scheduling the next
+// attempt, so the attempt lands just after the lease expires at the backend.
+const expiryMargin = 5 * time.Millisecond
+
+// minRetry is the shortest wait between two attempts on a held key, so a
+// lease reported with (almost) no TTL left does not spin the loop.
+const minRetry = 20 * time.Millisecond
+
+// loopState belongs to the loop goroutine alone.
+type loopState struct {
+	hbSent      time.Time // when the last successful heartbeat was sent
+	nextHB      time.Time // when the next heartbeat is due
+	hbFailures  int       // consecutive failed heartbeats
+	nextAttempt time.Time // when the next acquisition attempt is due
+	failures    int       // consecutive failed acquisition attempts
+	sitOutUntil time.Time // no attempt before this (after Resign)
+	replaceTerm uint64    // take over this stale lease on the next attempt
+}
+
+// loop is the state machine: campaign, lead, campaign again, until ctx ends.
+func (e *Elector) loop(ctx context.Context, fn func(context.Context) error) {
+	ls := &loopState{}
+	defer e.stopped()
+	if j := e.opts.StartupJitter; j > 0 {
+		until := time.Now().Add(rand.N(j + 1))
+		for ctx.Err() == nil && time.Now().Before(until) {
+			e.waitUntil(ctx, until)
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	e.setState(Candidate)
+	for {
+		lease, sent, rec, ok := e.campaign(ctx, ls)
+		if !ok {
+			return
+		}
+		switch e.lead(ctx, ls, lease, sent, rec, fn) {
+		case ReasonResigned, ReasonReturned:
+			ls.sitOutUntil = time.Now().Add(e.opts.ResignSitOut)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		ls.nextAttempt = time.Now()
+	}
+}
+
+// stopped runs when the loop ends: the elector is a follower again and its
+// heartbeat record is removed, so Members no longer lists it.
+func (e *Elector) stopped() {
+	e.setState(Follower)
+	ctx, cancel := context.WithTimeout(context.Background(), e.opts.RequestTimeout)
+	defer cancel()
+	if err := e.b.RemoveMember(ctx, e.name, e.id); err != nil && !errors.Is(err, backend.ErrClosed) {
+		e.log.Warn("sovereign: removing own heartbeat record", "err", err)
+	}
+}
+
+// campaign runs until this elector holds a verified lease (ok) or ctx ends.
+func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Lease, sent time.Time, rec Record, ok bool) {
+	o := &e.opts
+	for ctx.Err() == nil {
+		now := time.Now()
+		if !now.Before(ls.nextHB) {
+			e.heartbeat(ctx, ls, time.Time{})
+			now = time.Now()
+		}
+		fresh := !ls.hbSent.IsZero() && now.Before(ls.hbSent.Add(o.HeartbeatTTL-o.margin()))
+		canAttempt := fresh && !now.Before(ls.sitOutUntil)
+		if canAttempt && !now.Before(ls.nextAttempt) {
+			if lease, sent, rec, ok = e.attempt(ctx, ls); ok {
+				return lease, sent, rec, true
+			}
+			continue
+		}
+		next := ls.nextHB
+		if canAttempt {
+			next = minTime(next, ls.nextAttempt)
+		} else if fresh {
+			next = minTime(next, ls.sitOutUntil)
+		}
+		if ev, woke := e.waitUntil(ctx, next); woke {
+			if ev.Type == backend.EventReleased || ev.Type == backend.EventExpired {
+				e.setLeader(Record{})
+				e.setState(Candidate)
+			}
+			ls.nextAttempt = time.Now()
+		}
+	}
+	return lease, sent, rec, false
+}
+
+// attempt makes one acquisition attempt, with double verification.
+func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, time.Time, Record, bool) {
+	o := &e.opts
+	req := backend.AcquireRequest{Key: e.name, HolderID: e.id, TTL: o.TTL, Metadata: o.Metadata, ReplaceTerm: ls.replaceTerm}
+	ls.replaceTerm = 0
+	sent := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, o.RequestTimeout)
+	lease, err := e.b.Acquire(cctx, req)
+	cancel()
+	var held *backend.HeldError
+	switch {
+	case err == nil:
+		e.setState(Candidate)
+		rec, verr := e.verify(ctx, lease)
+		if verr == nil {
+			ls.failures = 0
+			return lease, sent, rec, true
+		}
+		e.failed("double verification", verr)
+		e.release(lease)
+		ls.failures++
+		ls.nextAttempt = time.Now().Add(e.backoff(ls.failures))
+	case errors.As(err, &held):
+		ls.failures = 0
+		rec := held.Holder
+		e.setLeader(rec)
+		e.setState(Follower)
+		if !rec.HasHeartbeat() && req.ReplaceTerm != rec.Term {
+			// The holder has not heartbeated for HeartbeatTTL: had it been
+			// alive it would have stepped down HeartbeatTTL-(TTL-RenewDeadline)
+			// after its last heartbeat. Replace exactly that lease.
+			e.log.Warn("sovereign: leader's heartbeat record is gone; taking over its lease",
+				"holder", rec.HolderID, "term", rec.Term)
+			ls.replaceTerm = rec.Term
+			ls.nextAttempt = time.Now()
+			return backend.Lease{}, time.Time{}, Record{}, false
+		}
+		wait := max(rec.TTL, 0) + expiryMargin
+		ls.nextAttempt = time.Now().Add(min(max(wait, minRetry), o.TTL))
+	default:
+		if ctx.Err() != nil {
+			break
+		}
+		ls.failures++
+		e.failed("acquire", err)
+		ls.nextAttempt = time.Now().Add(e.backoff(ls.failures))
+	}
+	return backend.Lease{}, time.Time{}, Record{}, false
+}
+
+// verify reads the record back after a successful acquisition and checks it
+// is the lease just acquired (holder, token and term).
+func (e *Elector) verify(ctx context.Context, lease backend.Lease) (Record, error) {
+	cctx, cancel := context.WithTimeout(ctx, e.opts.RequestTimeout)
+	defer cancel()
+	rec, err := e.b.Get(cctx, e.name)
+	if err != nil {
+		return rec, fmt.Errorf("%w: %w", ErrVerificationFailed, err)
+	}
+	if rec.HolderID != lease.HolderID || rec.Token != lease.Token || rec.Term != lease.Term {
+		return rec, fmt.Errorf("%w: read back holder %q term %d, want %q term %d",
+			ErrVerificationFailed, rec.HolderID, rec.Term, lease.HolderID, lease.Term)
+	}
+	return rec, nil
+}
+
+// heartbeat refreshes this instance's heartbeat record. The call is cut at
+// deadline when deadline is not zero.
+func (e *Elector) heartbeat(ctx context.Context, ls *loopState, deadline time.Time) error {
+	o := &e.opts
+	s := time.Now()
+	dl := s.Add(o.RequestTimeout)
+	if !deadline.IsZero() {
+		dl = minTime(dl, deadline)
+	}
+	cctx, cancel := context.WithDeadline(ctx, dl)
+	err := e.b.Heartbeat(cctx, e.name, e.id, o.HeartbeatTTL)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			ls.hbFailures++
+			e.failed("heartbeat", err)
+		}
+		ls.nextHB = time.Now().Add(e.backoff(ls.hbFailures))
+		return err
+	}
+	ls.hbFailures = 0
+	ls.hbSent = s
+	ls.nextHB = s.Add(o.HeartbeatInterval)
+	return nil
+}
+
+// release releases lease with a fresh bounded context and reports whether the
+// lease is gone (released now, or already lost).
+func (e *Elector) release(lease backend.Lease) error {
+	ctx, cancel := context.WithTimeout(context.Background(), e.opts.RequestTimeout)
+	defer cancel()
+	err := e.b.Release(ctx, lease)
+	if errors.Is(err, backend.ErrLeaseLost) {
+		return nil
+	}
+	return err
+}
+
+// waitUntil blocks until t, a watch event (woke), or the end of ctx. Resign
+// requests meanwhile are answered with ErrNotLeader.
+func (e *Elector) waitUntil(ctx context.Context, t time.Time) (ev backend.Event, woke bool) {
+	d := time.Until(t)
+	if d <= 0 {
+		return ev, false
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ev, false
+		case <-timer.C:
+			return ev, false
+		case ev = <-e.wake:
+			return ev, true
+		case req := <-e.cmds:
+			req.reply(ErrNotLeader, ErrNotLeader)
+		}
+	}
+}
+
+// deadlineFor returns when leadership ends unless renewed: RenewDeadline after
+// the last successful renewal was sent (shortened if the backend granted less
+// than the TTL asked for), and no later than the point where followers could
+// find this instance's heartbeat record gone.
+func (e *Elector) deadlineFor(renewSent, hbSent time.Time, lease backend.Lease) time.Time {
+	o := &e.opts
+	d := renewSent.Add(min(o.RenewDeadline, lease.TTL-o.margin()))
+	return minTime(d, hbSent.Add(o.HeartbeatTTL-o.margin()))
+}
+
+// cleanupMembers removes heartbeat records of other instances that are too
+// old for their owner to still count on them: such an instance heartbeats
+// again before it campaigns.
+func (e *Elector) cleanupMembers(ctx context.Context) {
+	o := &e.opts
+	ctx, cancel := context.WithTimeout(ctx, o.RequestTimeout)
+	defer cancel()
+	members, err := e.b.Members(ctx, e.name)
+	if err != nil {
+		e.log.Warn("sovereign: listing heartbeat records", "err", err)
+		return
+	}
+	for _, m := range members {
+		if m.ID == e.id || m.Age <= o.HeartbeatTTL-o.margin() {
+			continue
+		}
+		if err := e.b.RemoveMember(ctx, e.name, m.ID); err != nil {
+			e.log.Warn("sovereign: removing stale heartbeat record", "member", m.ID, "err", err)
+			return
+		}
+		e.log.Info("sovereign: removed stale heartbeat record", "member", m.ID, "age", m.Age)
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}

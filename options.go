@@ -1,0 +1,163 @@
+package sovereign
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// ErrInvalidOptions is wrapped by every error New returns for a bad argument
+// or option.
+var ErrInvalidOptions = errors.New("sovereign: invalid options")
+
+// Default values of Options. Durations other than TTL are derived from the
+// TTL in use, so setting only TTL keeps every ratio below.
+const (
+	// DefaultTTL is the default lease time to live.
+	DefaultTTL = 10 * time.Second
+	// DefaultStartupJitter is the default maximum random delay before the
+	// first campaign.
+	DefaultStartupJitter = 250 * time.Millisecond
+	// heartbeatTTLExtra is added to TTL for the default HeartbeatTTL, as in
+	// the Sovereign design (leader TTL + 5 s).
+	heartbeatTTLExtra = 5 * time.Second
+)
+
+// Options configure an Elector. A nil *Options means every default. Zero
+// fields take their defaults; New validates the result and returns an error
+// wrapping ErrInvalidOptions when it is inconsistent.
+type Options struct {
+	// TTL is the lease time to live requested from the backend: how long the
+	// lease outlives a leader that stops renewing, and so roughly how long a
+	// crashed leader's successor waits.
+	// Default: DefaultTTL (10 s).
+	TTL time.Duration
+
+	// RenewDeadline is how long a leader keeps leading after it *sent* the
+	// last acquire, renew or heartbeat that succeeded. Past it the leader
+	// steps down by itself (leader context cancelled, IsLeader false), even
+	// if the process was paused and no goroutine ran. TTL - RenewDeadline is
+	// the safety margin that absorbs clock-rate drift between this process
+	// and the backend. Must be less than TTL.
+	// Default: 7/10 of TTL (7 s).
+	RenewDeadline time.Duration
+
+	// RenewInterval is how often the leader renews its lease. Must be less
+	// than RenewDeadline; a failed renewal is retried after a quarter of it.
+	// Default: 1/5 of TTL (2 s).
+	RenewInterval time.Duration
+
+	// RequestTimeout bounds every backend call. A leader's calls are also cut
+	// at its renew deadline, so a hung backend never delays a step-down. Must
+	// be less than RenewDeadline.
+	// Default: RenewInterval (2 s).
+	RequestTimeout time.Duration
+
+	// HeartbeatInterval is how often every instance, leader or not, refreshes
+	// its heartbeat record. Must be less than HeartbeatTTL - (TTL -
+	// RenewDeadline).
+	// Default: 1/2 of TTL (5 s).
+	HeartbeatInterval time.Duration
+
+	// HeartbeatTTL is the lifetime of a heartbeat record. A follower that sees
+	// the leader's heartbeat record gone while its lease is still held takes
+	// the lease over, by an owner-checked compare on that exact lease; a
+	// leader whose heartbeats fail steps down before that can happen.
+	// Default: TTL + 5 s.
+	HeartbeatTTL time.Duration
+
+	// StartupJitter is the maximum random delay before the first campaign, so
+	// a fleet restarted at once does not stampede the backend. Must not be
+	// negative.
+	// Default: DefaultStartupJitter (250 ms) unless NoStartupJitter is set.
+	StartupJitter time.Duration
+
+	// NoStartupJitter disables the startup jitter.
+	NoStartupJitter bool
+
+	// ResignSitOut is how long an elector that resigned waits before it
+	// campaigns again, so that another candidate takes over.
+	// Default: RenewInterval (2 s).
+	ResignSitOut time.Duration
+
+	// Metadata is stored with the lease and shown to anyone who reads the
+	// leader's record (hostname, version, ...).
+	Metadata map[string]string
+
+	// Logger receives the elector's logs: transitions at Info, failures at
+	// Warn. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// withDefaults returns a copy of o (which may be nil) with defaults applied,
+// validated.
+func (o *Options) withDefaults() (Options, error) {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	neg := func(name string, d time.Duration) error {
+		if d < 0 {
+			return fmt.Errorf("%w: %s is negative (%v)", ErrInvalidOptions, name, d)
+		}
+		return nil
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"TTL", r.TTL}, {"RenewDeadline", r.RenewDeadline}, {"RenewInterval", r.RenewInterval},
+		{"RequestTimeout", r.RequestTimeout}, {"HeartbeatInterval", r.HeartbeatInterval},
+		{"HeartbeatTTL", r.HeartbeatTTL}, {"StartupJitter", r.StartupJitter}, {"ResignSitOut", r.ResignSitOut},
+	} {
+		if err := neg(f.name, f.d); err != nil {
+			return r, err
+		}
+	}
+	if r.TTL == 0 {
+		r.TTL = DefaultTTL
+	}
+	if r.RenewDeadline == 0 {
+		r.RenewDeadline = r.TTL * 7 / 10
+	}
+	if r.RenewInterval == 0 {
+		r.RenewInterval = r.TTL / 5
+	}
+	if r.RequestTimeout == 0 {
+		r.RequestTimeout = r.RenewInterval
+	}
+	if r.HeartbeatInterval == 0 {
+		r.HeartbeatInterval = r.TTL / 2
+	}
+	if r.HeartbeatTTL == 0 {
+		r.HeartbeatTTL = r.TTL + heartbeatTTLExtra
+	}
+	if r.StartupJitter == 0 && !r.NoStartupJitter {
+		r.StartupJitter = DefaultStartupJitter
+	}
+	if r.NoStartupJitter {
+		r.StartupJitter = 0
+	}
+	if r.ResignSitOut == 0 {
+		r.ResignSitOut = r.RenewInterval
+	}
+	if r.Logger == nil {
+		r.Logger = slog.Default()
+	}
+	switch {
+	case r.RenewDeadline >= r.TTL:
+		return r, fmt.Errorf("%w: RenewDeadline (%v) must be less than TTL (%v)", ErrInvalidOptions, r.RenewDeadline, r.TTL)
+	case r.RenewInterval >= r.RenewDeadline:
+		return r, fmt.Errorf("%w: RenewInterval (%v) must be less than RenewDeadline (%v)", ErrInvalidOptions, r.RenewInterval, r.RenewDeadline)
+	case r.RequestTimeout >= r.RenewDeadline:
+		return r, fmt.Errorf("%w: RequestTimeout (%v) must be less than RenewDeadline (%v)", ErrInvalidOptions, r.RequestTimeout, r.RenewDeadline)
+	case r.HeartbeatInterval >= r.HeartbeatTTL-r.margin():
+		return r, fmt.Errorf("%w: HeartbeatInterval (%v) must be less than HeartbeatTTL - (TTL - RenewDeadline) (%v)",
+			ErrInvalidOptions, r.HeartbeatInterval, r.HeartbeatTTL-r.margin())
+	}
+	return r, nil
+}
+
+// margin is the part of the TTL kept back for clock drift.
+func (o *Options) margin() time.Duration { return o.TTL - o.RenewDeadline }
