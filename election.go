@@ -271,6 +271,18 @@ func (e *Elector) Resign(ctx context.Context) error {
 		return ErrNotLeader
 	}
 	req := resignRequest{begun: make(chan error, 1), released: make(chan error, 1)}
+	if li, ok := ctx.Value(leaderKey{}).(*leaderInfo); ok && li.e == e {
+		// Called from inside the leader function: its leader context ends at
+		// step-down, so wait for the step-down itself, which is prompt.
+		select {
+		case e.cmds <- req:
+			return <-req.begun
+		case <-done:
+			return ErrClosed
+		case <-ctx.Done():
+			return ErrNotLeader // that term is already over
+		}
+	}
 	select {
 	case e.cmds <- req:
 	case <-done:
@@ -278,12 +290,8 @@ func (e *Elector) Resign(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	wait := req.released
-	if li, ok := ctx.Value(leaderKey{}).(*leaderInfo); ok && li.e == e {
-		wait = req.begun
-	}
 	select {
-	case err := <-wait:
+	case err := <-req.released:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()

@@ -96,9 +96,15 @@ func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Le
 		if ev, woke := e.waitUntil(ctx, next); woke {
 			if ev.Type == backend.EventReleased || ev.Type == backend.EventExpired {
 				e.setLeader(Record{})
-				e.setState(Candidate)
+				if canAttempt {
+					e.setState(Candidate)
+				}
 			}
 			ls.nextAttempt = time.Now()
+			if !canAttempt {
+				// Sitting out: no attempt now, but keep knowing who leads.
+				e.refreshLeader(ctx)
+			}
 		}
 	}
 	return lease, sent, rec, false
@@ -152,6 +158,19 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 		ls.nextAttempt = time.Now().Add(e.backoff(ls.failures))
 	}
 	return backend.Lease{}, time.Time{}, Record{}, false
+}
+
+// refreshLeader reads the record to learn the current leader.
+func (e *Elector) refreshLeader(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, e.opts.RequestTimeout)
+	defer cancel()
+	rec, err := e.b.Get(cctx, e.name)
+	switch {
+	case err == nil:
+		e.setLeader(rec)
+	case errors.Is(err, backend.ErrNotHeld):
+		e.setLeader(Record{})
+	}
 }
 
 // verify reads the record back after a successful acquisition and checks it

@@ -1,0 +1,456 @@
+package sovereign_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/memorybackend"
+)
+
+func TestStartupJitterBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		opts       sovereign.Options
+		maxJitter  time.Duration
+		wantSpread bool
+	}{
+		{"default", sovereign.Options{Logger: quiet}, sovereign.DefaultStartupJitter, true},
+		{"custom", sovereign.Options{StartupJitter: 3 * time.Second, Logger: quiet}, 3 * time.Second, true},
+		{"disabled", sovereign.Options{NoStartupJitter: true, Logger: quiet}, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memorybackend.NewStore()
+				start := time.Now()
+				var mu sync.Mutex
+				var first []time.Duration
+				for i := range 20 {
+					h := &hooked{Backend: store.Client()}
+					var once sync.Once
+					h.onAcquire = func(context.Context, backend.AcquireRequest) {
+						once.Do(func() {
+							mu.Lock()
+							first = append(first, time.Since(start))
+							mu.Unlock()
+						})
+					}
+					e, err := sovereign.New(h, "election", string(rune('a'+i)), &tc.opts)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer h.Close()
+					defer e.Close()
+					if err := e.Start(t.Context()); err != nil {
+						t.Fatal(err)
+					}
+				}
+				time.Sleep(tc.maxJitter + time.Second)
+				synctest.Wait()
+				mu.Lock()
+				defer mu.Unlock()
+				if len(first) != 20 {
+					t.Fatalf("%d of 20 electors attempted, want all", len(first))
+				}
+				lo, hi := first[0], first[0]
+				for _, d := range first {
+					lo, hi = min(lo, d), max(hi, d)
+				}
+				if hi > tc.maxJitter {
+					t.Errorf("first attempt after %v, want <= max jitter %v", hi, tc.maxJitter)
+				}
+				if spread := hi - lo; tc.wantSpread && spread < tc.maxJitter/4 {
+					t.Errorf("first attempts spread over %v, want the jitter to spread them (>= %v)", spread, tc.maxJitter/4)
+				} else if !tc.wantSpread && spread != 0 {
+					t.Errorf("first attempts spread over %v with no jitter, want 0", spread)
+				}
+			})
+		})
+	}
+}
+
+func TestDoubleVerificationFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.New()
+		defer mem.Close()
+		h := &hooked{Backend: mem}
+		var lied atomic.Bool
+		h.onGet = func(ctx context.Context, key string) (backend.Record, error, bool) {
+			if lied.Swap(true) {
+				return backend.Record{}, nil, false
+			}
+			r, err := mem.Get(ctx, key)
+			r.Token = "somebody-else"
+			return r, err, true
+		}
+		e, err := sovereign.New(h, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		rec := &recorder{}
+		rec.attach(e)
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		var failed, acquired []string
+		for _, s := range rec.events() {
+			switch ev := s.ev.(type) {
+			case sovereign.ElectionFailed:
+				if errors.Is(ev.Err, sovereign.ErrVerificationFailed) {
+					failed = append(failed, ev.Err.Error())
+				}
+			case sovereign.LeadershipAcquired:
+				acquired = append(acquired, "term"+string(rune('0'+ev.Term)))
+				if len(failed) == 0 {
+					t.Fatal("became leader before the failed verification was reported")
+				}
+			}
+		}
+		if len(failed) != 1 {
+			t.Fatalf("verification failures = %v, want exactly 1", failed)
+		}
+		if !e.IsLeader() || e.Term() != 2 {
+			t.Errorf("after the retry: IsLeader %v, term %d; want leader with term 2 (term 1 released, not used)", e.IsLeader(), e.Term())
+		}
+		if len(acquired) != 1 {
+			t.Errorf("acquisitions = %v, want only the verified one", acquired)
+		}
+	})
+}
+
+func TestSameIDNeverTwoLeaders(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		var es []*sovereign.Elector
+		var clients []*memorybackend.Backend
+		rec := &recorder{}
+		for range 2 {
+			cl := store.Client()
+			e, err := sovereign.New(cl, "election", "same-host", fastOpts())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec.attach(e)
+			defer cl.Close()
+			defer e.Close()
+			es, clients = append(es, e), append(clients, cl)
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var li int
+		for range 5 { // five crash-and-failover rounds
+			for len(leaders(es...)) == 0 {
+				time.Sleep(time.Millisecond)
+			}
+			li = 0
+			if es[1].IsLeader() {
+				li = 1
+			}
+			for range 100 {
+				if n := len(leaders(es...)); n > 1 {
+					t.Fatalf("%d leaders with the same ID", n)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			clients[li].Partition()
+			for es[li].IsLeader() {
+				time.Sleep(time.Millisecond)
+			}
+			for !es[1-li].IsLeader() {
+				if es[li].IsLeader() {
+					t.Fatal("partitioned elector leads")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			clients[li].Heal()
+		}
+		synctest.Wait()
+		ivs := rec.intervals()
+		if len(ivs) < 5 {
+			t.Fatalf("%d terms, want >= 5", len(ivs))
+		}
+		checkSafety(t, ivs)
+	})
+}
+
+func TestListenerMisuseNeverDelaysStepDown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, 2, fastOpts())
+		unblock := make(chan struct{})
+		var panics, lost atomic.Int32
+		for _, e := range c.es {
+			e.Subscribe(func(ev sovereign.Event) { <-unblock })                   // blocks
+			e.Subscribe(func(ev sovereign.Event) { panics.Add(1); panic("boom") }) // panics
+			e.Subscribe(func(ev sovereign.Event) { // misbehaves, then unsubscribes itself
+				if _, ok := ev.(sovereign.LeadershipLost); ok {
+					lost.Add(1)
+				}
+			})
+		}
+		c.start(t)
+		li := c.leader(t, time.Second)
+		c.clients[li].Partition()
+		partitioned := time.Now()
+		for c.es[li].IsLeader() {
+			time.Sleep(time.Millisecond)
+		}
+		if d := time.Since(partitioned); d > 700*time.Millisecond {
+			t.Errorf("step-down took %v with a blocked listener, want <= RenewDeadline", d)
+		}
+		c.leader(t, 2*time.Second)
+		synctest.Wait()
+		if lost.Load() != 1 {
+			t.Errorf("well-behaved listener saw %d LeadershipLost, want 1", lost.Load())
+		}
+		if panics.Load() < 4 {
+			t.Errorf("panicking listener called %d times, want it to keep receiving", panics.Load())
+		}
+		close(unblock)
+	})
+}
+
+func TestEventsDroppedForSlowListener(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.New()
+		defer mem.Close()
+		mem.Partition() // every attempt fails: a stream of ElectionFailed
+		o := fastOpts()
+		e, err := sovereign.New(mem, "election", "a", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gate := make(chan struct{})
+		var got []sovereign.Event
+		var mu sync.Mutex
+		e.Subscribe(func(ev sovereign.Event) {
+			<-gate
+			mu.Lock()
+			got = append(got, ev)
+			mu.Unlock()
+		})
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Hour) // far more than 1024 failures
+		close(gate)
+		e.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		var dropped int
+		for _, ev := range got {
+			if d, ok := ev.(sovereign.EventsDropped); ok {
+				dropped += d.Count
+			}
+		}
+		if dropped == 0 {
+			t.Fatalf("no EventsDropped after %d events queued behind a blocked listener", len(got))
+		}
+		// The queue holds 1024; add the event in flight when the gate closed,
+		// the markers and the few events Close publishes.
+		if len(got) > 1024+8 {
+			t.Errorf("listener received %d events, want at most the 1024 queued plus a few", len(got))
+		}
+	})
+}
+
+func TestBadOptions(t *testing.T) {
+	mem := memorybackend.New()
+	defer mem.Close()
+	for _, tc := range []struct {
+		name     string
+		b        backend.Backend
+		elect    string
+		id       string
+		opts     *sovereign.Options
+		contains string
+	}{
+		{"nil backend", nil, "e", "a", nil, "nil backend"},
+		{"empty name", mem, "", "a", nil, "empty election name"},
+		{"empty id", mem, "e", "", nil, "empty instance ID"},
+		{"negative TTL", mem, "e", "a", &sovereign.Options{TTL: -time.Second}, "TTL is negative"},
+		{"deadline not below TTL", mem, "e", "a", &sovereign.Options{TTL: time.Second, RenewDeadline: time.Second}, "RenewDeadline (1s) must be less than TTL (1s)"},
+		{"interval not below deadline", mem, "e", "a", &sovereign.Options{RenewDeadline: 2 * time.Second, RenewInterval: 2 * time.Second}, "RenewInterval (2s) must be less than RenewDeadline (2s)"},
+		{"request timeout not below deadline", mem, "e", "a", &sovereign.Options{RequestTimeout: 8 * time.Second}, "RequestTimeout (8s) must be less than RenewDeadline (7s)"},
+		{"negative jitter", mem, "e", "a", &sovereign.Options{StartupJitter: -time.Millisecond}, "StartupJitter is negative"},
+		{"heartbeat too slow", mem, "e", "a", &sovereign.Options{HeartbeatInterval: 12 * time.Second}, "HeartbeatInterval (12s) must be less than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := sovereign.New(tc.b, tc.elect, tc.id, tc.opts)
+			if !errors.Is(err, sovereign.ErrInvalidOptions) {
+				t.Fatalf("New = %v, %v; want ErrInvalidOptions", e, err)
+			}
+			if !strings.Contains(err.Error(), tc.contains) {
+				t.Errorf("error %q, want it to say %q", err, tc.contains)
+			}
+		})
+	}
+	t.Run("defaults", func(t *testing.T) {
+		e, err := sovereign.New(mem, "e", "a", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := e.Options()
+		want := sovereign.Options{TTL: 10 * time.Second, RenewDeadline: 7 * time.Second, RenewInterval: 2 * time.Second,
+			RequestTimeout: 2 * time.Second, HeartbeatInterval: 5 * time.Second, HeartbeatTTL: 15 * time.Second,
+			StartupJitter: 250 * time.Millisecond, ResignSitOut: 2 * time.Second}
+		o.Logger = nil
+		if o.TTL != want.TTL || o.RenewDeadline != want.RenewDeadline || o.RenewInterval != want.RenewInterval ||
+			o.RequestTimeout != want.RequestTimeout || o.HeartbeatInterval != want.HeartbeatInterval ||
+			o.HeartbeatTTL != want.HeartbeatTTL || o.StartupJitter != want.StartupJitter || o.ResignSitOut != want.ResignSitOut {
+			t.Errorf("defaults = %+v, want %+v", o, want)
+		}
+	})
+}
+
+// A holder that renews but never heartbeats (a foreign or broken leader) is
+// taken over through a compare on its exact term; a leader of ours whose
+// heartbeats fail steps down before its heartbeat record can vanish.
+func TestStaleHeartbeatTakeover(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		raw := store.Client()
+		defer raw.Close()
+		stale, err := raw.Acquire(t.Context(), backend.AcquireRequest{Key: "election", HolderID: "zombie", TTL: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		go func() { // keeps renewing, never heartbeats
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(200 * time.Millisecond):
+					raw.Renew(context.Background(), stale)
+				}
+			}
+		}()
+		defer close(stop)
+		cl := store.Client()
+		defer cl.Close()
+		e, err := sovereign.New(cl, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if !e.IsLeader() || e.Term() <= stale.Term {
+			t.Fatalf("IsLeader %v term %d: want the zombie's lease (term %d) taken over", e.IsLeader(), e.Term(), stale.Term)
+		}
+		if err := raw.Renew(t.Context(), stale); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("zombie renew after takeover = %v, want ErrLeaseLost", err)
+		}
+	})
+}
+
+func TestHeartbeatFailureStepsDownBeforeRecordExpires(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		ha := &hooked{Backend: store.Client()}
+		defer ha.Close()
+		o := fastOpts()
+		a, err := sovereign.New(ha, "election", "a", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		if err := a.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+		if !a.IsLeader() {
+			t.Fatal("a does not lead")
+		}
+		var lastHB time.Time
+		ha.set(func(h *hooked) {
+			h.onHB = func(ctx context.Context) (error, bool) { return errors.New("heartbeat refused"), true }
+		})
+		members, _ := store.Client().Members(t.Context(), "election")
+		lastHB = time.Now().Add(-members[0].Age)
+		for a.IsLeader() {
+			time.Sleep(time.Millisecond)
+		}
+		o2 := a.Options()
+		if d := time.Since(lastHB); d > o2.HeartbeatTTL-(o2.TTL-o2.RenewDeadline) {
+			t.Errorf("stepped down %v after the last heartbeat, want <= HeartbeatTTL - margin (%v)", d, o2.HeartbeatTTL-(o2.TTL-o2.RenewDeadline))
+		}
+		if ms, _ := store.Client().Members(t.Context(), "election"); len(ms) == 0 {
+			t.Error("heartbeat record already gone when the leader stepped down: a follower could have taken over")
+		}
+	})
+}
+
+func TestObserve(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, 2, fastOpts())
+		ctx, cancel := context.WithCancel(t.Context())
+		obs := c.es[0].Observe(ctx)
+		if r := <-obs; r.HolderID != "" {
+			t.Fatalf("first observed leader = %q, want none before the election", r.HolderID)
+		}
+		c.start(t)
+		li := c.leader(t, time.Second)
+		synctest.Wait()
+		if r := <-obs; r.HolderID != c.es[li].ID() {
+			t.Fatalf("observed leader %q, want %q", r.HolderID, c.es[li].ID())
+		}
+		c.es[li].Resign(t.Context())
+		synctest.Wait()
+		if r := <-obs; r.HolderID != c.es[1-li].ID() {
+			t.Fatalf("after resign observed %q, want the latest leader %q", r.HolderID, c.es[1-li].ID())
+		}
+		cancel()
+		synctest.Wait()
+		if _, ok := <-obs; ok {
+			t.Error("Observe channel open after its context ended")
+		}
+	})
+}
+
+func TestResignFromInsideLeaderFunction(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.New()
+		defer mem.Close()
+		e, err := sovereign.New(mem, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		resigned := make(chan error, 1)
+		var n atomic.Int32
+		go e.Run(ctx, func(lctx context.Context) error {
+			if n.Add(1) == 1 {
+				resigned <- e.Resign(lctx) // must not deadlock
+				if lctx.Err() == nil {
+					t.Error("leader context alive after Resign returned")
+				}
+			}
+			<-lctx.Done()
+			return nil
+		})
+		if err := <-resigned; err != nil {
+			t.Fatalf("Resign from inside fn = %v", err)
+		}
+		time.Sleep(5 * time.Second) // sit-out, then it leads again (alone)
+		if n.Load() != 2 {
+			t.Errorf("fn called %d times, want 2 (campaigns again after the sit-out)", n.Load())
+		}
+		cancel()
+		e.Close()
+	})
+}
