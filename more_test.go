@@ -190,9 +190,9 @@ func TestListenerMisuseNeverDelaysStepDown(t *testing.T) {
 		unblock := make(chan struct{})
 		var panics, lost atomic.Int32
 		for _, e := range c.es {
-			e.Subscribe(func(ev sovereign.Event) { <-unblock })                   // blocks
+			e.Subscribe(func(ev sovereign.Event) { <-unblock })                    // blocks
 			e.Subscribe(func(ev sovereign.Event) { panics.Add(1); panic("boom") }) // panics
-			e.Subscribe(func(ev sovereign.Event) { // misbehaves, then unsubscribes itself
+			e.Subscribe(func(ev sovereign.Event) {                                 // misbehaves, then unsubscribes itself
 				if _, ok := ev.(sovereign.LeadershipLost); ok {
 					lost.Add(1)
 				}
