@@ -134,6 +134,7 @@ func TestPartitionedLeaderStepsDownBeforeAnotherLeads(t *testing.T) {
 		if last.start.Sub(stepped) < 300*time.Millisecond-time.Millisecond {
 			t.Errorf("new leader acquired %v after the old stepped down, want >= TTL-RenewDeadline (the old lease must expire first)", last.start.Sub(stepped))
 		}
+		t.Logf("virtual time: step-down %v after the partition, failover %v (TTL 1s)", stepped.Sub(partitioned), last.start.Sub(partitioned))
 		if failover := last.start.Sub(partitioned); failover > time.Second+50*time.Millisecond {
 			t.Errorf("failover took %v, want <= TTL + 50ms", failover)
 		}
