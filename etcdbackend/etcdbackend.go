@@ -239,7 +239,10 @@ func ttlSeconds(ttl time.Duration) (int64, error) {
 	if ttl <= 0 {
 		return 0, fmt.Errorf("%w: TTL %v is not positive", backend.ErrInvalid, ttl)
 	}
-	s := int64((ttl + time.Second - 1) / time.Second)
+	s := int64(ttl / time.Second)
+	if ttl%time.Second != 0 {
+		s++
+	}
 	if s > maxTTLSeconds {
 		return 0, fmt.Errorf("%w: TTL %v exceeds etcd's maximum of %d seconds", backend.ErrInvalid, ttl, int64(maxTTLSeconds))
 	}

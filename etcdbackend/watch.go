@@ -110,24 +110,35 @@ func (w *watch) establish(startCtx context.Context, from int64) (stream, error) 
 	if from > 0 {
 		opts = append(opts, clientv3.WithRev(from))
 	}
+	// The client's Watch blocks until its stream exists, so bound it with
+	// startCtx too; once established, the watch lives on with w.ctx.
+	stop := context.AfterFunc(startCtx, cancel)
+	fail := func(err error) (stream, error) {
+		stop()
+		cancel()
+		if startCtx.Err() != nil {
+			return stream{}, startCtx.Err()
+		}
+		return stream{}, err
+	}
 	ch := b.cli.Watch(sctx, b.leaseKey(w.key), opts...)
 	for {
 		select {
 		case resp, ok := <-ch:
 			switch {
 			case !ok:
-				cancel()
 				if err := w.ctx.Err(); err != nil {
-					return stream{}, err
+					return fail(err)
 				}
-				return stream{}, errors.New("watch channel closed")
+				return fail(errors.New("watch channel closed"))
 			case resp.CompactRevision != 0:
-				cancel()
-				return stream{}, errCompacted
+				return fail(errCompacted)
 			case resp.Canceled:
-				cancel()
-				return stream{}, resp.Err()
+				return fail(resp.Err())
 			case resp.Created:
+				if !stop() {
+					return fail(startCtx.Err())
+				}
 				if from == 0 {
 					// The watch starts after this revision.
 					w.rev = resp.Header.Revision
@@ -135,8 +146,7 @@ func (w *watch) establish(startCtx context.Context, from int64) (stream, error) 
 				return stream{ch: ch, cancel: cancel}, nil
 			}
 		case <-startCtx.Done():
-			cancel()
-			return stream{}, startCtx.Err()
+			return fail(startCtx.Err())
 		}
 	}
 }

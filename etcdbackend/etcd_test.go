@@ -1,0 +1,580 @@
+package etcdbackend_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/etcdbackend"
+)
+
+// testCtx returns a context that bounds a whole test.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestNewValidatesOptions(t *testing.T) {
+	cli := newClient(t, nil, nil)
+	if _, err := etcdbackend.New(nil, nil); err == nil {
+		t.Error("New(nil client): got nil error, want one")
+	}
+	bad := map[string]*etcdbackend.Options{
+		"prefix without trailing slash": {Prefix: "sovereign"},
+		"prefix with NUL":               {Prefix: "a\x00/"},
+		"negative request timeout":      {RequestTimeout: -time.Second},
+	}
+	for name, opts := range bad {
+		t.Run(name, func(t *testing.T) {
+			if b, err := etcdbackend.New(cli, opts); err == nil {
+				b.Close()
+				t.Errorf("New(%+v): got nil error, want one", *opts)
+			}
+		})
+	}
+	for name, opts := range map[string]*etcdbackend.Options{"nil": nil, "zero": {}, "custom": {Prefix: "x/", RequestTimeout: time.Second}} {
+		t.Run(name, func(t *testing.T) {
+			b, err := etcdbackend.New(cli, opts)
+			if err != nil {
+				t.Fatalf("New: got %v, want nil", err)
+			}
+			b.Close()
+		})
+	}
+}
+
+func TestDefaultPrefix(t *testing.T) {
+	ctx := testCtx(t)
+	cli := newClient(t, nil, nil)
+	b := newBackend(t, cli, nil)
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "default-prefix-" + newPrefix(), HolderID: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	defer b.Release(ctx, l)
+	resp, err := cli.Get(ctx, etcdbackend.DefaultPrefix+l.Key)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("raw Get of %q: got %v, %v; want one record", etcdbackend.DefaultPrefix+l.Key, resp, err)
+	}
+}
+
+func TestKeysThatBreakTheLayoutAreRejected(t *testing.T) {
+	ctx := testCtx(t)
+	b := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: newPrefix()})
+	for _, key := range []string{"a/heartbeat/b", "a/heartbeat", "/heartbeat/", "a\x00b"} {
+		_, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: time.Second})
+		if !errors.Is(err, backend.ErrInvalid) {
+			t.Errorf("Acquire(%q): got %v, want ErrInvalid", key, err)
+		}
+		if err := b.Heartbeat(ctx, key, "a", time.Second); !errors.Is(err, backend.ErrInvalid) {
+			t.Errorf("Heartbeat(%q): got %v, want ErrInvalid", key, err)
+		}
+		if _, err := b.Watch(ctx, key); !errors.Is(err, backend.ErrInvalid) {
+			t.Errorf("Watch(%q): got %v, want ErrInvalid", key, err)
+		}
+	}
+	// Keys that merely look similar are fine.
+	for _, key := range []string{"a/heartbeats/b", "heartbeat", "a/heartbeat-b"} {
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: time.Minute})
+		if err != nil {
+			t.Errorf("Acquire(%q): got %v, want nil", key, err)
+			continue
+		}
+		_ = b.Release(ctx, l)
+	}
+}
+
+func TestTTLRoundedUpToWholeSeconds(t *testing.T) {
+	ctx := testCtx(t)
+	cli := newClient(t, nil, nil)
+	prefix := newPrefix()
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	tests := []struct {
+		ttl  time.Duration
+		want time.Duration
+	}{
+		{time.Nanosecond, time.Second},
+		{time.Second, time.Second},
+		{1200 * time.Millisecond, 2 * time.Second},
+		{2 * time.Second, 2 * time.Second},
+		{2*time.Second + time.Millisecond, 3 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.ttl.String(), func(t *testing.T) {
+			key := "ttl-" + tt.ttl.String()
+			l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: tt.ttl})
+			if err != nil {
+				t.Fatalf("Acquire: %v", err)
+			}
+			defer b.Release(ctx, l)
+			if l.TTL != tt.want {
+				t.Errorf("Lease.TTL: got %v, want %v", l.TTL, tt.want)
+			}
+			// etcd itself granted that TTL.
+			resp, err := cli.Get(ctx, prefix+key)
+			if err != nil || len(resp.Kvs) != 1 {
+				t.Fatalf("raw Get: got %v, %v", resp, err)
+			}
+			ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+			if err != nil {
+				t.Fatalf("TimeToLive: %v", err)
+			}
+			if got := time.Duration(ttl.GrantedTTL) * time.Second; got != tt.want {
+				t.Errorf("etcd's granted TTL: got %v, want %v", got, tt.want)
+			}
+			// Heartbeats round the same way.
+			if err := b.Heartbeat(ctx, key, "a", tt.ttl); err != nil {
+				t.Fatalf("Heartbeat: %v", err)
+			}
+			ms, err := b.Members(ctx, key)
+			if err != nil || len(ms) != 1 {
+				t.Fatalf("Members: got %v, %v; want one", ms, err)
+			}
+			if ms[0].TTL > tt.want || ms[0].TTL < tt.want-time.Second {
+				t.Errorf("heartbeat TTL: got %v, want in [%v, %v]", ms[0].TTL, tt.want-time.Second, tt.want)
+			}
+		})
+	}
+	if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: "too-long", HolderID: "a", TTL: math.MaxInt64}); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf("Acquire with a TTL beyond etcd's maximum: got %v, want ErrInvalid", err)
+	}
+}
+
+func TestTermIsCreateRevision(t *testing.T) {
+	ctx := testCtx(t)
+	cli := newClient(t, nil, nil)
+	prefix := newPrefix()
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	var last uint64
+	for i, key := range []string{"x", "y", "x", "y", "x"} {
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: time.Minute})
+		if err != nil {
+			t.Fatalf("Acquire %d: %v", i, err)
+		}
+		resp, err := cli.Get(ctx, prefix+key)
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("raw Get: got %v, %v", resp, err)
+		}
+		if got := uint64(resp.Kvs[0].CreateRevision); got != l.Term {
+			t.Errorf("acquisition %d of %q: create revision %d, want the term %d", i, key, got, l.Term)
+		}
+		// Revisions are global, so terms increase across keys too.
+		if l.Term <= last {
+			t.Errorf("acquisition %d: got term %d, want > %d", i, l.Term, last)
+		}
+		last = l.Term
+		if err := b.Release(ctx, l); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+}
+
+func TestCloseLeavesClientOpen(t *testing.T) {
+	ctx := testCtx(t)
+	cli := newClient(t, nil, nil)
+	b, err := etcdbackend.New(cli, &etcdbackend.Options{Prefix: newPrefix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Watch(ctx, "k"); err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if _, err := cli.Get(ctx, "anything"); err != nil {
+		t.Errorf("client after Backend.Close: got %v, want it still usable", err)
+	}
+}
+
+// closedPort returns a loopback address nobody listens on.
+func closedPort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func TestUnreachableClusterFailsWithinContext(t *testing.T) {
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: []string{"http://" + closedPort(t)},
+		Logger:    zap.NewNop(),
+		// No DialTimeout: the client is created at once and every call
+		// waits for a connection that never comes.
+	})
+	if err != nil {
+		t.Fatalf("clientv3.New: %v", err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	lease := backend.Lease{Key: "k", HolderID: "a", Token: "0000000000000001-00", Term: 1, TTL: time.Second}
+
+	t.Run("caller's deadline", func(t *testing.T) {
+		b := newBackend(t, cli, nil)
+		const deadline = 300 * time.Millisecond
+		for name, call := range calls(b, lease) {
+			ctx, cancel := context.WithTimeout(t.Context(), deadline)
+			start := time.Now()
+			err := call(ctx)
+			elapsed := time.Since(start)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s: got %v, want an error that is context.DeadlineExceeded", name, err)
+			}
+			if elapsed > deadline+time.Second {
+				t.Errorf("%s: returned after %v, want about %v", name, elapsed, deadline)
+			}
+		}
+	})
+	t.Run("request timeout", func(t *testing.T) {
+		const timeout = 200 * time.Millisecond
+		b := newBackend(t, cli, &etcdbackend.Options{RequestTimeout: timeout})
+		for name, call := range calls(b, lease) {
+			start := time.Now()
+			err := call(context.Background())
+			elapsed := time.Since(start)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s: got %v, want an error that is context.DeadlineExceeded", name, err)
+			}
+			if elapsed > timeout+time.Second {
+				t.Errorf("%s: returned after %v, want about %v", name, elapsed, timeout)
+			}
+		}
+	})
+}
+
+// calls returns one call of every method of b on valid arguments.
+func calls(b *etcdbackend.Backend, l backend.Lease) map[string]func(context.Context) error {
+	return map[string]func(context.Context) error{
+		"Acquire": func(ctx context.Context) error {
+			_, err := b.Acquire(ctx, backend.AcquireRequest{Key: l.Key, HolderID: l.HolderID, TTL: l.TTL})
+			return err
+		},
+		"Renew":        func(ctx context.Context) error { return b.Renew(ctx, l) },
+		"Release":      func(ctx context.Context) error { return b.Release(ctx, l) },
+		"Get":          func(ctx context.Context) error { _, err := b.Get(ctx, l.Key); return err },
+		"Heartbeat":    func(ctx context.Context) error { return b.Heartbeat(ctx, l.Key, l.HolderID, l.TTL) },
+		"Members":      func(ctx context.Context) error { _, err := b.Members(ctx, l.Key); return err },
+		"RemoveMember": func(ctx context.Context) error { return b.RemoveMember(ctx, l.Key, l.HolderID) },
+		"Watch":        func(ctx context.Context) error { _, err := b.Watch(ctx, l.Key); return err },
+	}
+}
+
+func TestWatchTellsReleaseFromExpiry(t *testing.T) {
+	ctx := testCtx(t)
+	opts := &etcdbackend.Options{Prefix: newPrefix()}
+	w := newBackend(t, newClient(t, nil, nil), opts)
+	a := newBackend(t, newClient(t, nil, nil), opts)
+	events, err := w.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	want := func(what string, typ backend.EventType) {
+		t.Helper()
+		e := nextEvent(t, events, what, 10*time.Second)
+		if e.Type != typ || e.Key != "k" {
+			t.Fatalf("%s: got %v on %q, want %v on %q", what, e.Type, e.Key, typ, "k")
+		}
+	}
+
+	l, err := a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	want("acquire", backend.EventChanged)
+	if err := a.Renew(ctx, l); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	if err := a.Release(ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	// The renewal wrote nothing, so the next event is the release.
+	want("release", backend.EventReleased)
+
+	l, err = a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Second})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	want("acquire", backend.EventChanged)
+	want("expiry", backend.EventExpired)
+
+	l, err = a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	want("acquire", backend.EventChanged)
+	if _, err := a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "b", TTL: time.Minute, ReplaceTerm: l.Term}); err != nil {
+		t.Fatalf("takeover: %v", err)
+	}
+	want("takeover, deleting half", backend.EventExpired)
+	want("takeover, creating half", backend.EventChanged)
+}
+
+func TestWatchSurvivesCompaction(t *testing.T) {
+	ctx := testCtx(t)
+	opts := &etcdbackend.Options{Prefix: newPrefix()}
+	p := startProxy(t, shared.Endpoint(0))
+	watcherCli := newClient(t, nil, func(cfg *clientv3.Config) { cfg.Endpoints = []string{p.endpoint()} })
+	w := newBackend(t, watcherCli, opts)
+	writerCli := newClient(t, nil, nil)
+	a := newBackend(t, writerCli, opts)
+
+	events, err := w.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	// Cut the watcher off, change the key while it cannot hear, and
+	// compact the history past the watch's revision.
+	p.setCut(true)
+	l, err := a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := a.Release(ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	rev, err := shared.Compact(ctx, writerCli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("compacted to revision %d; acquired at %d", rev, l.Term)
+	p.setCut(false)
+
+	// The missed changes cannot be replayed; the watch is re-established
+	// from the current revision and says something may have changed.
+	start := time.Now()
+	if e := nextEvent(t, events, "hint after compaction", 20*time.Second); e.Type != backend.EventChanged {
+		t.Fatalf("first event after compaction: got %v, want %v", e.Type, backend.EventChanged)
+	}
+	t.Logf("re-established after %v", time.Since(start))
+
+	// And it is live again.
+	l, err = a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if e := nextEvent(t, events, "acquire after re-establishment", 10*time.Second); e.Type != backend.EventChanged {
+		t.Fatalf("got %v, want %v", e.Type, backend.EventChanged)
+	}
+	if err := a.Release(ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if e := nextEvent(t, events, "release after re-establishment", 10*time.Second); e.Type != backend.EventReleased {
+		t.Fatalf("got %v, want %v", e.Type, backend.EventReleased)
+	}
+}
+
+func TestWatchResumesWithoutLoss(t *testing.T) {
+	ctx := testCtx(t)
+	opts := &etcdbackend.Options{Prefix: newPrefix()}
+	p := startProxy(t, shared.Endpoint(0))
+	w := newBackend(t, newClient(t, nil, func(cfg *clientv3.Config) { cfg.Endpoints = []string{p.endpoint()} }), opts)
+	a := newBackend(t, newClient(t, nil, nil), opts)
+	events, err := w.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	p.setCut(true)
+	l, err := a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := a.Release(ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	p.setCut(false)
+	// Without compaction, the changes made while cut off are delivered
+	// as they happened.
+	for _, want := range []backend.EventType{backend.EventChanged, backend.EventReleased} {
+		if e := nextEvent(t, events, want.String()+" missed while cut off", 20*time.Second); e.Type != want {
+			t.Fatalf("got %v, want %v", e.Type, want)
+		}
+	}
+}
+
+func TestWatchBufferNeverBlocks(t *testing.T) {
+	ctx := testCtx(t)
+	opts := &etcdbackend.Options{Prefix: newPrefix()}
+	w := newBackend(t, newClient(t, nil, nil), opts)
+	a := newBackend(t, newClient(t, nil, nil), opts)
+	events, err := w.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	// Nobody reads while 40 changes happen: the watch drops what does not
+	// fit instead of blocking, and stays live.
+	for range 20 {
+		l, err := a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		if err := a.Release(ctx, l); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+	// Wait until the last release was delivered or dropped: the buffer
+	// fills up to its capacity.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(events) < cap(events) {
+		if time.Now().After(deadline) {
+			t.Fatalf("buffered events: got %d, want %d", len(events), cap(events))
+		}
+		time.Sleep(10 * time.Millisecond) // polling an observable condition
+	}
+	for range cap(events) {
+		<-events
+	}
+	l, err := a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	defer a.Release(ctx, l)
+	if e := nextEvent(t, events, "acquire after an overflow", 10*time.Second); e.Type != backend.EventChanged {
+		t.Fatalf("got %v, want %v", e.Type, backend.EventChanged)
+	}
+}
+
+func TestWatchEndsWithoutLeaks(t *testing.T) {
+	ctx := testCtx(t)
+	cli := newClient(t, nil, nil)
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: newPrefix()})
+	wctx, cancel := context.WithCancel(ctx)
+	e1, err := b.Watch(wctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	cancel()
+	waitClosed(t, e1, "context cancelled")
+
+	// Closing the user's client ends the watch too.
+	cli2 := newClient(t, nil, nil)
+	b2 := newBackend(t, cli2, &etcdbackend.Options{Prefix: newPrefix()})
+	e2, err := b2.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	cli2.Close()
+	waitClosed(t, e2, "client closed")
+	// goleak in TestMain checks that no goroutine is left.
+}
+
+func waitClosed(t *testing.T, ch <-chan backend.Event, what string) {
+	t.Helper()
+	timer := time.NewTimer(10 * time.Second)
+	defer timer.Stop()
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		case <-timer.C:
+			t.Fatalf("watch channel still open 10s after %s", what)
+		}
+	}
+}
+
+func TestHeartbeatKeepsItsLease(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	opts := &etcdbackend.Options{Prefix: newPrefix()}
+	b := newBackend(t, newClient(t, nil, n.configure), opts)
+	other := newBackend(t, newClient(t, nil, nil), opts)
+
+	steps := []struct {
+		name string
+		do   func() error
+		want int64 // requests
+	}{
+		{"first heartbeat: grant and put", func() error { return b.Heartbeat(ctx, "k", "a", 5*time.Second) }, 2},
+		{"refresh: one keep-alive", func() error { return b.Heartbeat(ctx, "k", "a", 5*time.Second) }, 1},
+		{"refresh, TTL rounds the same: one keep-alive", func() error { return b.Heartbeat(ctx, "k", "a", 4500*time.Millisecond) }, 1},
+		{"new TTL: keep-alive skipped, grant, put, revoke the old lease", func() error { return b.Heartbeat(ctx, "k", "a", 7*time.Second) }, 3},
+		{"removed by another instance: failed keep-alive, grant, put", func() error {
+			if err := other.RemoveMember(ctx, "k", "a"); err != nil {
+				return err
+			}
+			n.unary.Store(0)
+			n.streams.Store(0)
+			return b.Heartbeat(ctx, "k", "a", 7*time.Second)
+		}, 3},
+	}
+	for _, s := range steps {
+		n.unary.Store(0)
+		n.streams.Store(0)
+		if err := s.do(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if got := n.total(); got != s.want {
+			t.Errorf("%s: got %d requests, want %d", s.name, got, s.want)
+		}
+		ms, err := other.Members(ctx, "k")
+		if err != nil || len(ms) != 1 || ms[0].ID != "a" {
+			t.Fatalf("%s: Members: got %+v, %v; want a", s.name, ms, err)
+		}
+	}
+}
+
+func TestRoundTrips(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	opts := &etcdbackend.Options{Prefix: newPrefix()}
+	b := newBackend(t, newClient(t, nil, n.configure), opts)
+	other := newBackend(t, newClient(t, nil, nil), opts)
+	if err := other.Heartbeat(ctx, "held", "holder", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Acquire(ctx, backend.AcquireRequest{Key: "held", HolderID: "holder", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	var l backend.Lease
+	steps := []struct {
+		name string
+		do   func() error
+		want int64
+	}{
+		{"Acquire of a free key (grant, txn)", func() (err error) {
+			l, err = b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+			return err
+		}, 2},
+		{"Renew (txn, keep-alive)", func() error { return b.Renew(ctx, l) }, 2},
+		{"Get (txn, 2 lease look-ups)", func() error {
+			_, err := b.Get(ctx, "held")
+			return err
+		}, 3},
+		{"Acquire of a held key (grant, txn, revoke, 2 lease look-ups)", func() error {
+			_, err := b.Acquire(ctx, backend.AcquireRequest{Key: "held", HolderID: "a", TTL: time.Minute})
+			if !errors.Is(err, backend.ErrHeld) {
+				return err
+			}
+			return nil
+		}, 5},
+		{"Release (txn, revoke)", func() error { return b.Release(ctx, l) }, 2},
+		{"Renew of a lost lease (txn)", func() error {
+			if err := b.Renew(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+				return err
+			}
+			return nil
+		}, 1},
+	}
+	for _, s := range steps {
+		n.unary.Store(0)
+		n.streams.Store(0)
+		if err := s.do(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if got := n.total(); got != s.want {
+			t.Errorf("%s: got %d requests, want %d", s.name, got, s.want)
+		}
+	}
+}

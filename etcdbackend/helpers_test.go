@@ -1,0 +1,160 @@
+package etcdbackend_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// counter counts the gRPC requests a client makes: unary calls and streams
+// opened (a lease keep-alive or a watch is a stream).
+type counter struct {
+	unary   atomic.Int64
+	streams atomic.Int64
+}
+
+// total returns the number of requests so far.
+func (c *counter) total() int64 { return c.unary.Load() + c.streams.Load() }
+
+// configure adds the counting interceptors to cfg.
+func (c *counter) configure(cfg *clientv3.Config) {
+	cfg.DialOptions = append(cfg.DialOptions,
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			c.unary.Add(1)
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			c.streams.Add(1)
+			return streamer(ctx, desc, cc, method, opts...)
+		}),
+	)
+}
+
+// proxy is a TCP proxy on 127.0.0.1 whose connections a test can cut, to
+// break a client's connection to etcd without stopping the server.
+type proxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex // guards conns and cut
+	conns map[net.Conn]struct{}
+	cut   bool
+
+	wg sync.WaitGroup
+}
+
+// startProxy starts a proxy to the host of endpoint (a URL), closed when the
+// test ends.
+func startProxy(t testing.TB, endpoint string) *proxy {
+	t.Helper()
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		t.Fatalf("parse endpoint: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("proxy listen: %v", err)
+	}
+	p := &proxy{ln: ln, target: u.Host, conns: make(map[net.Conn]struct{})}
+	p.wg.Go(p.accept)
+	t.Cleanup(p.close)
+	return p
+}
+
+// endpoint returns the proxy's URL.
+func (p *proxy) endpoint() string { return "http://" + p.ln.Addr().String() }
+
+func (p *proxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.cut {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		p.mu.Unlock()
+		up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[c] = struct{}{}
+		p.conns[up] = struct{}{}
+		p.mu.Unlock()
+		pipe := func(dst, src net.Conn) {
+			_, _ = io.Copy(dst, src)
+			dst.Close()
+			src.Close()
+			p.mu.Lock()
+			delete(p.conns, dst)
+			delete(p.conns, src)
+			p.mu.Unlock()
+		}
+		p.wg.Go(func() { pipe(up, c) })
+		p.wg.Go(func() { pipe(c, up) })
+	}
+}
+
+// setCut closes every connection and refuses new ones (cut) or accepts them
+// again.
+func (p *proxy) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if cut {
+		for c := range p.conns {
+			c.Close()
+		}
+	}
+}
+
+func (p *proxy) close() {
+	p.ln.Close()
+	p.setCut(true)
+	p.wg.Wait()
+}
+
+// nextEvent waits up to bound for an event on ch and fails the test if none
+// comes or the channel closes.
+func nextEvent(t testing.TB, ch <-chan backend.Event, what string, bound time.Duration) backend.Event {
+	t.Helper()
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	select {
+	case e, ok := <-ch:
+		if !ok {
+			t.Fatalf("%s: watch channel closed, want an event", what)
+		}
+		return e
+	case <-timer.C:
+		t.Fatalf("%s: no event within %v", what, bound)
+		return backend.Event{}
+	}
+}
+
+// noEvent fails the test if an event arrives on ch within d.
+func noEvent(t testing.TB, ch <-chan backend.Event, what string, d time.Duration) {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case e, ok := <-ch:
+		t.Fatalf("%s: got event %+v (open %v), want none", what, e, ok)
+	case <-timer.C:
+	}
+}
