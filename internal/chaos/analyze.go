@@ -1,0 +1,472 @@
+package chaos
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Proc is what the checker knows of one candidate process.
+type Proc struct {
+	// ID is the instance ID the process campaigned as.
+	ID string
+	// Lines is its log.
+	Lines []Line
+	// KilledAt, when not zero, is when the checker saw the process dead
+	// after sending it SIGKILL (an upper bound of its death).
+	KilledAt int64
+	// Stops are the [SIGSTOP, SIGCONT] windows of the process.
+	Stops [][2]int64
+}
+
+// Fault is one injected fault.
+type Fault struct {
+	// Kind names the fault: kill, stop, cut, drop, latency, redis-restart,
+	// redis-crash.
+	Kind string
+	// Target is the instance ID the fault hit ("" for a server fault).
+	Target string
+	// At is when it was injected, Healed when it was undone (SIGCONT, proxy
+	// healed, server answering again; At for a kill).
+	At, Healed int64
+	// Short marks a fault shorter than the renew deadline, which the leader
+	// may survive.
+	Short bool
+}
+
+// Run is everything a run produced.
+type Run struct {
+	Procs  []Proc
+	Faults []Fault
+	Writes []Write // from the fenced store, in arrival order
+	// End is when the checker stopped injecting faults and began shutting
+	// the candidates down.
+	End int64
+	// Bound is the longest time without a leader allowed after a fault
+	// (TTL + margin + scheduling slack).
+	Bound time.Duration
+}
+
+// Interval is one acquisition of the lease, as a process's log tells it.
+type Interval struct {
+	ID   string
+	Term uint64
+	// Start is when the successful Acquire returned: no later than the
+	// moment the elector became leader.
+	Start int64
+	// End is an upper bound of the moment the process stopped believing it
+	// led: the earliest of its renew deadline (derived from the send times
+	// of its successful renewals and heartbeats, as the elector computes
+	// it), the LeadershipLost event, the leader function's return, the
+	// release of the lease, its death.
+	End int64
+	// Led reports whether the leader function ran (otherwise the
+	// acquisition failed double verification, or the process died first).
+	Led bool
+	// EndedBy says which bound gave End.
+	EndedBy string
+
+	deadlines []step // the renew deadline as a step function of time
+}
+
+// step is one piece of a deadline step function: from From on, the deadline
+// is D.
+type step struct{ From, D int64 }
+
+// deadlineAt returns the renew deadline in force at time t (as far as
+// successful calls that had returned by t can tell).
+func (iv *Interval) deadlineAt(t int64) int64 {
+	d := iv.deadlines[0].D
+	for _, s := range iv.deadlines[1:] {
+		if s.From > t {
+			break
+		}
+		d = s.D
+	}
+	return d
+}
+
+// Report is the outcome of Analyze.
+type Report struct {
+	Faults       map[string]int // by kind (short ones as "<kind>(short)")
+	Acquisitions int            // successful Acquire calls
+	Terms        int            // terms whose leader function ran
+	Changes      int            // Terms - 1
+	Writes       int            // writes that reached the store
+	Accepted     int
+	Rejected     int // fenced: term below the highest seen
+	// LateWrites are writes that reached the store after their writer's
+	// leadership had ended (the pause hit between check and write):
+	// LateRejected of them were fenced, LateAccepted reached the store
+	// before any newer term had written and are ordered before all of its
+	// writes.
+	LateAccepted, LateRejected int
+	StaleAccepted              int // accepted writes with a term below an earlier accepted one: must be 0
+	PastDeadline               int // writes whose check passed after the writer's deadline: must be 0
+	Overlaps                   int // pairs of overlapping intervals: must be 0
+	CtxLags                    int
+	CtxLagMax                  time.Duration // IsLeader false → leader context cancelled, running processes only
+	FailoverMax                map[string]time.Duration
+	FailoverN                  map[string]int
+	HealGapMax                 time.Duration // longest time without a leader after a fault healed
+	GapMax                     time.Duration // longest time without a leader, whole run after the first leader
+	Violations                 []string
+	Intervals                  []Interval
+}
+
+// OK reports whether the run had no violation.
+func (r *Report) OK() bool { return len(r.Violations) == 0 }
+
+func (r *Report) violate(format string, args ...any) {
+	r.Violations = append(r.Violations, fmt.Sprintf(format, args...))
+}
+
+func ms(ns int64) string { return fmt.Sprintf("%.1fms", float64(ns)/1e6) }
+
+// Analyze checks a run. See README.md for the properties and why they are
+// the right ones.
+func Analyze(run Run) *Report {
+	r := &Report{Faults: map[string]int{}, FailoverMax: map[string]time.Duration{}, FailoverN: map[string]int{}}
+	var ivs []*Interval
+	byKey := map[string]*Interval{} // id/term
+	for _, p := range run.Procs {
+		for _, iv := range procIntervals(p, r) {
+			ivs = append(ivs, iv)
+			byKey[fmt.Sprintf("%s/%d", iv.ID, iv.Term)] = iv
+		}
+	}
+	slices.SortFunc(ivs, func(a, b *Interval) int { return cmp.Compare(a.Start, b.Start) })
+	r.Acquisitions = len(ivs)
+	for _, iv := range ivs {
+		r.Intervals = append(r.Intervals, *iv)
+		if iv.Led {
+			r.Terms++
+		}
+	}
+	r.Changes = max(r.Terms-1, 0)
+
+	// Terms strictly increase with time, and intervals never overlap.
+	var prev *Interval
+	var maxEnd *Interval
+	for _, iv := range ivs {
+		if prev != nil && iv.Term <= prev.Term {
+			r.violate("term order: %s term %d acquired at %s after %s term %d (acquired at %s)",
+				iv.ID, iv.Term, ms(iv.Start), prev.ID, prev.Term, ms(prev.Start))
+		}
+		if maxEnd != nil && iv.Start < maxEnd.End {
+			r.Overlaps++
+			r.violate("overlap: %s term %d started at %s, %s before %s term %d ended (%s)",
+				iv.ID, iv.Term, ms(iv.Start), ms(maxEnd.End-iv.Start), maxEnd.ID, maxEnd.Term, maxEnd.EndedBy)
+		}
+		if maxEnd == nil || iv.End > maxEnd.End {
+			maxEnd = iv
+		}
+		prev = iv
+	}
+
+	// (a) A running process acts only before its deadline.
+	for _, p := range run.Procs {
+		for _, l := range p.Lines {
+			switch l.Ev {
+			case EvWrite:
+				iv := byKey[fmt.Sprintf("%s/%d", p.ID, l.Term)]
+				if iv == nil {
+					r.violate("write: %s wrote with term %d, which it never acquired", p.ID, l.Term)
+					continue
+				}
+				if d := iv.deadlineAt(l.Post); l.Pre >= d {
+					r.PastDeadline++
+					r.violate("past deadline: %s term %d seq %d passed its leadership check at %s, %s after its renew deadline",
+						p.ID, l.Term, l.Seq, ms(l.Pre), ms(l.Pre-d))
+				}
+				if l.Pre < iv.Start {
+					r.violate("early write: %s term %d seq %d checked at %s, before its Acquire returned at %s",
+						p.ID, l.Term, l.Seq, ms(l.Pre), ms(iv.Start))
+				}
+			case EvCtxLag:
+				if stoppedDuring(p, l.Pre, l.T) {
+					continue
+				}
+				r.CtxLags++
+				r.CtxLagMax = max(r.CtxLagMax, time.Duration(l.T-l.Pre))
+			}
+		}
+	}
+
+	// The fenced store.
+	writers := map[uint64]string{}
+	var top uint64
+	for _, w := range run.Writes {
+		r.Writes++
+		if w.Accepted {
+			r.Accepted++
+			if w.Term < top {
+				r.StaleAccepted++
+				r.violate("stale write accepted: %s term %d seq %d after term %d", w.ID, w.Term, w.Seq, top)
+			}
+			top = max(top, w.Term)
+		} else {
+			r.Rejected++
+			if w.Term >= top {
+				r.violate("store rejected %s term %d seq %d although the highest term was %d", w.ID, w.Term, w.Seq, top)
+			}
+		}
+		if id, ok := writers[w.Term]; ok && id != w.ID {
+			r.violate("two writers of term %d: %s and %s", w.Term, id, w.ID)
+		}
+		writers[w.Term] = w.ID
+		iv := byKey[fmt.Sprintf("%s/%d", w.ID, w.Term)]
+		if iv == nil {
+			r.violate("store got a write of %s with term %d, which it never acquired", w.ID, w.Term)
+			continue
+		}
+		if w.At >= iv.End {
+			if w.Accepted {
+				r.LateAccepted++
+			} else {
+				r.LateRejected++
+			}
+		}
+	}
+
+	// Faults and failover.
+	faults := slices.Clone(run.Faults)
+	slices.SortFunc(faults, func(a, b Fault) int { return cmp.Compare(a.At, b.At) })
+	covering := func(t int64) *Interval {
+		for _, iv := range ivs {
+			if iv.Led && iv.Start <= t && t < iv.End {
+				return iv
+			}
+		}
+		return nil
+	}
+	nextStart := func(t int64) *Interval {
+		for _, iv := range ivs {
+			if iv.Led && iv.Start >= t {
+				return iv
+			}
+		}
+		return nil
+	}
+	for i, f := range faults {
+		kind := f.Kind
+		if f.Short {
+			kind += "(short)"
+		}
+		r.Faults[kind]++
+		until := run.End
+		if i+1 < len(faults) {
+			until = faults[i+1].At
+		}
+		// Failover: from the injection to the next leader, when the
+		// incumbent lost its leadership.
+		if inc := covering(f.At); inc != nil && inc.End < until {
+			if nx := nextStart(inc.End); nx != nil {
+				d := time.Duration(nx.Start - f.At)
+				r.FailoverN[kind]++
+				r.FailoverMax[kind] = max(r.FailoverMax[kind], d)
+				switch f.Kind {
+				case "kill", "stop", "cut", "drop":
+					if d > run.Bound {
+						r.violate("slow failover: %s of %s at %s: next leader %s term %d after %v, bound %v",
+							f.Kind, f.Target, ms(f.At), nx.ID, nx.Term, d, run.Bound)
+					}
+				}
+			}
+		}
+		// Time without a leader once the fault has healed.
+		if covering(f.Healed) == nil {
+			nx := nextStart(f.Healed)
+			if nx == nil || nx.Start > until {
+				// The checker waits for a leader before the next fault, so
+				// this is a leader that never came.
+				r.violate("no leader after %s of %s healed at %s", f.Kind, f.Target, ms(f.Healed))
+				continue
+			}
+			d := time.Duration(nx.Start - f.Healed)
+			r.HealGapMax = max(r.HealGapMax, d)
+			if d > run.Bound {
+				r.violate("no leader for %v after %s of %s healed at %s (bound %v)", d, f.Kind, f.Target, ms(f.Healed), run.Bound)
+			}
+		}
+	}
+	var end int64
+	for _, iv := range ivs {
+		if !iv.Led {
+			continue
+		}
+		if end != 0 && iv.Start > end {
+			r.GapMax = max(r.GapMax, time.Duration(iv.Start-end))
+		}
+		end = max(end, iv.End)
+	}
+	return r
+}
+
+func stoppedDuring(p Proc, from, to int64) bool {
+	for _, s := range p.Stops {
+		if s[0] < to && from < s[1] {
+			return true
+		}
+	}
+	return false
+}
+
+type call struct {
+	renew     bool
+	term      uint64
+	sent      int64
+	done      int64
+	heartbeat bool
+}
+
+// procIntervals derives one process's leadership intervals from its log.
+func procIntervals(p Proc, r *Report) []*Interval {
+	var (
+		ttl, rd, hbTTL int64
+		calls          []call // successful renewals and heartbeats
+		acquires       []Line
+		ends           = map[uint64][]struct {
+			t   int64
+			why string
+		}{}
+		led  = map[uint64]bool{}
+		exit int64
+	)
+	addEnd := func(term uint64, t int64, why string) {
+		ends[term] = append(ends[term], struct {
+			t   int64
+			why string
+		}{t, why})
+	}
+	for _, l := range p.Lines {
+		switch l.Ev {
+		case EvStart:
+			ttl, rd, hbTTL = l.OptTTL, l.OptRenewDeadline, l.OptHeartbeatTTL
+		case EvAcquire:
+			acquires = append(acquires, l)
+		case EvRenew:
+			if l.Err == "" {
+				calls = append(calls, call{renew: true, term: l.Term, sent: l.Sent, done: l.Done})
+			}
+		case EvHeartbeat:
+			if l.Err == "" {
+				calls = append(calls, call{heartbeat: true, sent: l.Sent, done: l.Done})
+			}
+		case EvRelease:
+			addEnd(l.Term, l.Sent, "release")
+		case EvLost:
+			addEnd(l.Term, l.T, "lost event ("+l.Reason+")")
+		case EvFnEnd:
+			addEnd(l.Term, l.T, "leader function returned")
+			led[l.Term] = true
+		case EvCtxLag:
+			addEnd(l.Term, l.T, "context cancelled")
+		case EvLead, EvWrite:
+			led[l.Term] = true
+		case EvAcquired:
+			led[l.Term] = true
+		case EvExit:
+			exit = l.T
+		}
+	}
+	if ttl == 0 {
+		if len(acquires) > 0 {
+			r.violate("%s: log without a start line", p.ID)
+		}
+		return nil
+	}
+	margin := ttl - rd
+	slices.SortStableFunc(calls, func(a, b call) int { return cmp.Compare(a.done, b.done) })
+	var out []*Interval
+	for _, a := range acquires {
+		iv := &Interval{ID: p.ID, Term: a.Term, Start: a.Done, Led: led[a.Term]}
+		renewSent := a.Sent
+		hbSent := int64(-1)
+		for _, c := range calls {
+			if c.heartbeat && c.done <= a.Done {
+				hbSent = c.sent
+			}
+		}
+		formula := func() int64 {
+			d := renewSent + min(rd, a.TTL-margin)
+			if hbSent >= 0 {
+				d = min(d, hbSent+hbTTL-margin)
+			}
+			return d
+		}
+		cur := formula()
+		iv.deadlines = []step{{a.Done, cur}}
+		for _, c := range calls {
+			if c.done <= a.Done || (c.renew && c.term != a.Term) {
+				continue
+			}
+			if c.done >= cur {
+				break // the deadline passed: the elector never extends it again
+			}
+			if c.renew {
+				renewSent = c.sent
+			} else {
+				hbSent = c.sent
+			}
+			cur = formula()
+			iv.deadlines = append(iv.deadlines, step{c.done, cur})
+		}
+		iv.End, iv.EndedBy = cur, "renew deadline"
+		for _, e := range ends[a.Term] {
+			if e.t < iv.End {
+				iv.End, iv.EndedBy = e.t, e.why
+			}
+		}
+		if p.KilledAt != 0 && p.KilledAt < iv.End {
+			iv.End, iv.EndedBy = p.KilledAt, "killed"
+		}
+		if exit != 0 && exit < iv.End {
+			iv.End, iv.EndedBy = exit, "exit"
+		}
+		out = append(out, iv)
+	}
+	return out
+}
+
+// String returns the summary the checker prints.
+func (r *Report) String() string {
+	var b strings.Builder
+	kinds := make([]string, 0, len(r.Faults))
+	total := 0
+	for k, n := range r.Faults {
+		kinds = append(kinds, k)
+		total += n
+	}
+	slices.Sort(kinds)
+	fmt.Fprintf(&b, "faults injected: %d\n", total)
+	for _, k := range kinds {
+		line := fmt.Sprintf("  %-22s %4d", k, r.Faults[k])
+		if n := r.FailoverN[k]; n > 0 {
+			line += fmt.Sprintf("   leader lost %d times, failover max %v", n, r.FailoverMax[k].Round(time.Millisecond))
+		}
+		fmt.Fprintln(&b, line)
+	}
+	fmt.Fprintf(&b, "acquisitions: %d, terms that led: %d, leadership changes: %d\n", r.Acquisitions, r.Terms, r.Changes)
+	fmt.Fprintf(&b, "overlapping leadership intervals: %d\n", r.Overlaps)
+	fmt.Fprintf(&b, "checks passed after the renew deadline: %d\n", r.PastDeadline)
+	fmt.Fprintf(&b, "store: %d writes, %d accepted, %d rejected (fenced); stale-term writes accepted: %d\n",
+		r.Writes, r.Accepted, r.Rejected, r.StaleAccepted)
+	fmt.Fprintf(&b, "writes arriving after their leadership ended: %d rejected, %d accepted before any newer term wrote\n",
+		r.LateRejected, r.LateAccepted)
+	fmt.Fprintf(&b, "leader context cancelled after IsLeader turned false: %d times, max lag %v (running processes)\n",
+		r.CtxLags, r.CtxLagMax.Round(time.Microsecond))
+	fmt.Fprintf(&b, "max time without a leader after a fault healed: %v; longest leaderless gap: %v\n",
+		r.HealGapMax.Round(time.Millisecond), r.GapMax.Round(time.Millisecond))
+	fmt.Fprintf(&b, "violations: %d\n", len(r.Violations))
+	for i, v := range r.Violations {
+		if i == 20 {
+			fmt.Fprintf(&b, "  ... and %d more\n", len(r.Violations)-20)
+			break
+		}
+		fmt.Fprintf(&b, "  %s\n", v)
+	}
+	return b.String()
+}

@@ -1,0 +1,332 @@
+// Command candidate is one contender of the chaos checker (package
+// internal/chaos): it campaigns on one election through redisbackend or
+// etcdbackend, reaching the server through the address it is given (its own
+// fault proxy), and while it leads it writes to the checker's fenced store
+// with its fencing term. It logs every backend call that matters for the
+// safety argument, every leadership event and every write as JSON lines
+// (chaos.Line) on CLOCK_MONOTONIC, and exits 0 on SIGTERM after a clean
+// shutdown with no goroutine left behind.
+//
+// It is built and started by the checker's tests; it is not a user tool.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+
+	"github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/etcdbackend"
+	"github.com/sovereign-go/sovereign/internal/chaos"
+	"github.com/sovereign-go/sovereign/redisbackend"
+)
+
+// Exit codes other than 0.
+const (
+	exitUsage  = 2
+	exitLeak   = 3
+	exitFailed = 4
+)
+
+type config struct {
+	backend       string
+	addr          string
+	store         string
+	id            string
+	election      string
+	logPath       string
+	ttl           time.Duration
+	renewDeadline time.Duration
+	renewInterval time.Duration
+	work          time.Duration
+	pause         time.Duration
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.backend, "backend", "redis", "redis or etcd")
+	flag.StringVar(&c.addr, "addr", "", "host:port of the backend (the candidate's fault proxy)")
+	flag.StringVar(&c.store, "store", "", "base URL of the fenced store")
+	flag.StringVar(&c.id, "id", "", "instance ID")
+	flag.StringVar(&c.election, "election", "chaos", "election name")
+	flag.StringVar(&c.logPath, "log", "", "file for the JSON-lines log (default stdout)")
+	flag.DurationVar(&c.ttl, "ttl", 2*time.Second, "lease TTL")
+	flag.DurationVar(&c.renewDeadline, "renew-deadline", 1400*time.Millisecond, "renew deadline")
+	flag.DurationVar(&c.renewInterval, "renew-interval", 400*time.Millisecond, "renew interval")
+	flag.DurationVar(&c.work, "work", 15*time.Millisecond, "time between the leadership check and the write it guards (the window a pause can hit)")
+	flag.DurationVar(&c.pause, "pause", 25*time.Millisecond, "time between two writes")
+	flag.Parse()
+	if c.addr == "" || c.store == "" || c.id == "" || (c.backend != "redis" && c.backend != "etcd") {
+		fmt.Fprintln(os.Stderr, "candidate: -addr, -store, -id and -backend redis|etcd are required")
+		os.Exit(exitUsage)
+	}
+	os.Exit(run(c))
+}
+
+func run(c config) int {
+	var out io.Writer = os.Stdout
+	if c.logPath != "" {
+		f, err := os.OpenFile(c.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "candidate:", err)
+			return exitFailed
+		}
+		defer f.Close()
+		out = f
+	}
+	lg := chaos.NewLogger(out)
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	baseline := runtime.NumGoroutine()
+
+	code := campaign(ctx, c, lg)
+	stop()
+	if code != 0 {
+		return code
+	}
+	// Everything the candidate started must be gone: the elector, the
+	// backend, the client, the store client. Give asynchronous teardown
+	// (gRPC, closing sockets) a few seconds.
+	left := runtime.NumGoroutine()
+	for end := time.Now().Add(5 * time.Second); left > baseline && time.Now().Before(end); left = runtime.NumGoroutine() {
+		time.Sleep(20 * time.Millisecond) // polling the goroutine count, nothing to synchronise with
+	}
+	lg.Log(chaos.Line{Ev: chaos.EvExit, T: chaos.Now(), Goroutines: left})
+	if left > baseline {
+		buf := make([]byte, 1<<20)
+		fmt.Fprintf(os.Stderr, "candidate: %d goroutines left, %d at start:\n%s\n", left, baseline, buf[:runtime.Stack(buf, true)])
+		return exitLeak
+	}
+	if err := lg.Err(); err != nil {
+		fmt.Fprintln(os.Stderr, "candidate: log:", err)
+		return exitFailed
+	}
+	return 0
+}
+
+// campaign runs the elector until ctx ends and returns the exit code.
+func campaign(ctx context.Context, c config, lg *chaos.Logger) int {
+	inner, closeClient, err := newBackend(c)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "candidate:", err)
+		return exitFailed
+	}
+	defer closeClient()
+	b := &recorder{inner: inner, w: inner.(backend.Watcher), lg: lg}
+	defer b.Close()
+
+	opts := &sovereign.Options{
+		TTL:           c.ttl,
+		RenewDeadline: c.renewDeadline,
+		RenewInterval: c.renewInterval,
+		Metadata:      map[string]string{"pid": fmt.Sprint(os.Getpid())},
+	}
+	el, err := sovereign.New(b, c.election, c.id, opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "candidate:", err)
+		return exitFailed
+	}
+	o := el.Options()
+	lg.Log(chaos.Line{
+		Ev: chaos.EvStart, ID: c.id, Pid: os.Getpid(), T: chaos.Now(),
+		OptTTL: int64(o.TTL), OptRenewDeadline: int64(o.RenewDeadline),
+		OptRenewInterval: int64(o.RenewInterval), OptHeartbeatTTL: int64(o.HeartbeatTTL),
+	})
+	unsubscribe := el.Subscribe(func(ev sovereign.Event) {
+		switch ev := ev.(type) {
+		case sovereign.LeadershipAcquired:
+			lg.Log(chaos.Line{Ev: chaos.EvAcquired, Term: ev.Term, T: chaos.Now()})
+		case sovereign.LeadershipLost:
+			l := chaos.Line{Ev: chaos.EvLost, Term: ev.Term, T: chaos.Now(), Reason: ev.Reason.String()}
+			if ev.Err != nil {
+				l.Err = ev.Err.Error()
+			}
+			lg.Log(l)
+		}
+	})
+	defer unsubscribe()
+
+	sc := chaos.NewStoreClient(c.store)
+	defer sc.Close()
+	w := &writer{c: c, el: el, sc: sc, lg: lg}
+	if err := el.Run(ctx, w.lead); err != nil {
+		fmt.Fprintln(os.Stderr, "candidate: run:", err)
+		return exitFailed
+	}
+	return 0
+}
+
+func newBackend(c config) (backend.Backend, func(), error) {
+	switch c.backend {
+	case "redis":
+		cli := redis.NewClient(&redis.Options{
+			Addr:                  c.addr,
+			ContextTimeoutEnabled: true,
+			DialTimeout:           c.renewInterval,
+			PoolSize:              4,
+		})
+		b, err := redisbackend.New(cli, nil)
+		if err != nil {
+			cli.Close()
+			return nil, nil, err
+		}
+		return b, func() { cli.Close() }, nil
+	default:
+		cli, err := clientv3.New(clientv3.Config{
+			Endpoints: []string{c.addr},
+			Logger:    zap.NewNop(),
+			// Reconnect promptly after a cut, instead of gRPC's default
+			// backoff of up to two minutes.
+			DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+				MinConnectTimeout: time.Second,
+			})},
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		b, err := etcdbackend.New(cli, nil)
+		if err != nil {
+			cli.Close()
+			return nil, nil, err
+		}
+		return b, func() { cli.Close() }, nil
+	}
+}
+
+// writer is the leader's work: writes to the fenced store, each guarded by a
+// leadership check.
+type writer struct {
+	c  config
+	el *sovereign.Elector
+	sc *chaos.StoreClient
+	lg *chaos.Logger
+}
+
+// lead is the leader function. Before each write it checks the leader
+// context and IsLeader, then spends c.work before sending the write (with a
+// context that is NOT the leader context): the gap between a check and the
+// action it guards, which a stop-the-world pause can hit. Such a write
+// arrives late with a stale term, and the fenced store must reject it.
+func (w *writer) lead(ctx context.Context) error {
+	term, ok := sovereign.TermFromContext(ctx)
+	if !ok {
+		return errors.New("candidate: leader context without a term")
+	}
+	w.lg.Log(chaos.Line{Ev: chaos.EvLead, Term: term, T: chaos.Now()})
+	defer func() { w.lg.Log(chaos.Line{Ev: chaos.EvFnEnd, Term: term, T: chaos.Now()}) }()
+	for seq := uint64(1); ; seq++ {
+		pre := chaos.Now()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !w.el.IsLeader() {
+			// The deadline has passed but the context is not cancelled yet:
+			// how late is it?
+			<-ctx.Done()
+			w.lg.Log(chaos.Line{Ev: chaos.EvCtxLag, Term: term, Pre: pre, T: chaos.Now()})
+			return nil
+		}
+		post := chaos.Now()
+		time.Sleep(w.c.work) // the guarded action's preparation: deliberately not cancellable
+		wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sent := chaos.Now()
+		accepted, err := w.sc.Write(wctx, w.c.id, term, seq)
+		done := chaos.Now()
+		cancel()
+		l := chaos.Line{Ev: chaos.EvWrite, Term: term, Seq: seq, Pre: pre, Post: post, Sent: sent, Done: done, Status: chaos.StatusAccepted}
+		switch {
+		case err != nil:
+			l.Status, l.Err = chaos.StatusError, err.Error()
+		case !accepted:
+			l.Status = chaos.StatusRejected
+		}
+		w.lg.Log(l)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(w.c.pause):
+		}
+	}
+}
+
+// recorder is a backend.Backend (and backend.Watcher) that logs the send and
+// completion times of the calls the leader's deadline is computed from.
+type recorder struct {
+	inner backend.Backend
+	w     backend.Watcher
+	lg    *chaos.Logger
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func (r *recorder) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+	sent := chaos.Now()
+	l, err := r.inner.Acquire(ctx, req)
+	done := chaos.Now()
+	if err == nil {
+		r.lg.Log(chaos.Line{Ev: chaos.EvAcquire, Term: l.Term, TTL: int64(l.TTL), Sent: sent, Done: done})
+	}
+	return l, err
+}
+
+func (r *recorder) Renew(ctx context.Context, l backend.Lease) error {
+	sent := chaos.Now()
+	err := r.inner.Renew(ctx, l)
+	r.lg.Log(chaos.Line{Ev: chaos.EvRenew, Term: l.Term, Sent: sent, Done: chaos.Now(), Err: errString(err)})
+	return err
+}
+
+func (r *recorder) Release(ctx context.Context, l backend.Lease) error {
+	sent := chaos.Now()
+	err := r.inner.Release(ctx, l)
+	r.lg.Log(chaos.Line{Ev: chaos.EvRelease, Term: l.Term, Sent: sent, Done: chaos.Now(), Err: errString(err)})
+	return err
+}
+
+func (r *recorder) Heartbeat(ctx context.Context, key, id string, ttl time.Duration) error {
+	sent := chaos.Now()
+	err := r.inner.Heartbeat(ctx, key, id, ttl)
+	r.lg.Log(chaos.Line{Ev: chaos.EvHeartbeat, Sent: sent, Done: chaos.Now(), Err: errString(err)})
+	return err
+}
+
+func (r *recorder) Get(ctx context.Context, key string) (backend.Record, error) {
+	return r.inner.Get(ctx, key)
+}
+
+func (r *recorder) Members(ctx context.Context, key string) ([]backend.Member, error) {
+	return r.inner.Members(ctx, key)
+}
+
+func (r *recorder) RemoveMember(ctx context.Context, key, id string) error {
+	return r.inner.RemoveMember(ctx, key, id)
+}
+
+func (r *recorder) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
+	return r.w.Watch(ctx, key)
+}
+
+func (r *recorder) Close() error { return r.inner.Close() }

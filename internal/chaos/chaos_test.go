@@ -1,0 +1,493 @@
+package chaos_test
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sovereign-go/sovereign/internal/chaos"
+	"github.com/sovereign-go/sovereign/internal/testetcd"
+	"github.com/sovereign-go/sovereign/internal/testredis"
+)
+
+var (
+	flagDuration = flag.Duration("chaos.duration", 20*time.Second,
+		"how long to inject faults, per backend (env SOVEREIGN_CHAOS_DURATION overrides the default)")
+	flagSeed       = flag.Uint64("chaos.seed", 0, "random seed (0: from the clock; the seed is printed)")
+	flagCandidates = flag.Int("chaos.candidates", 5, "number of candidate processes")
+	flagLogs       = flag.String("chaos.logs", "", "keep the candidates' logs in this directory (default: a temporary directory, kept only on failure)")
+	flagAnalyze    = flag.String("chaos.analyze", "", "directory of a kept run to analyse again (TestAnalyzeSaved)")
+	flagSlack      = flag.Duration("chaos.slack", 1500*time.Millisecond,
+		"scheduling slack added to TTL + (TTL - RenewDeadline) for the longest time without a leader after a fault")
+)
+
+// Timing of the candidates: short, so that many faults fit in a run.
+const (
+	ttl           = 2 * time.Second
+	renewDeadline = 1400 * time.Millisecond
+	renewInterval = 400 * time.Millisecond
+	// leaderWait bounds every wait for a leader to appear; far longer than
+	// any failover should take, so that only a stuck election trips it.
+	leaderWait = 20 * time.Second
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, testetcd.IgnoredGoroutines()...)
+}
+
+func duration() time.Duration {
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "chaos.duration" })
+	if !explicit {
+		if s := os.Getenv("SOVEREIGN_CHAOS_DURATION"); s != "" {
+			if d, err := time.ParseDuration(s); err == nil {
+				return d
+			}
+		}
+	}
+	return *flagDuration
+}
+
+// TestAnalyzeSaved analyses a run kept with -chaos.logs again, with the
+// analysis of this source tree: go test ./internal/chaos -run AnalyzeSaved
+// -chaos.analyze=DIR/redis -v.
+func TestAnalyzeSaved(t *testing.T) {
+	if *flagAnalyze == "" {
+		t.Skip("no -chaos.analyze directory given")
+	}
+	run, err := chaos.LoadRun(*flagAnalyze)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := chaos.Analyze(run)
+	t.Logf("summary of %s:\n%s", *flagAnalyze, r)
+	if !r.OK() {
+		t.Errorf("%d violations", len(r.Violations))
+	}
+}
+
+// TestChaosRedis runs the checker against a real redis-server (with an
+// append-only file, fsync always, so that a restart keeps leases and term
+// counters).
+func TestChaosRedis(t *testing.T) {
+	srv := testredis.StartConfig(t, testredis.Config{Persistent: true})
+	runChaos(t, "redis", srv.Addr(), []faultKind{
+		kill, stop, cut, drop, latency,
+		{name: "redis-restart", server: func(t *testing.T) { srv.Restart(t) }},
+		{name: "redis-crash", server: func(t *testing.T) { srv.Kill(t); srv.Start(t) }},
+	})
+}
+
+// TestChaosEtcd runs the checker against an embedded one-member etcd.
+func TestChaosEtcd(t *testing.T) {
+	c := testetcd.Start(t)
+	u, err := url.Parse(c.Endpoint(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runChaos(t, "etcd", u.Host, []faultKind{kill, stop, cut, drop, latency})
+}
+
+// faultKind is a kind of fault: on the leader process, on its proxy, or on
+// the server.
+type faultKind struct {
+	name   string
+	proxy  chaos.Mode         // for proxy faults
+	signal bool               // SIGSTOP/SIGCONT
+	server func(t *testing.T) // for server faults
+	isKill bool               // SIGKILL and a replacement
+}
+
+var (
+	kill    = faultKind{name: "kill", isKill: true}
+	stop    = faultKind{name: "stop", signal: true}
+	cut     = faultKind{name: "cut", proxy: chaos.Cut}
+	drop    = faultKind{name: "drop", proxy: chaos.Drop}
+	latency = faultKind{name: "latency", proxy: chaos.Latency}
+)
+
+// proc is one candidate process.
+type proc struct {
+	id      string
+	slot    int
+	cmd     *exec.Cmd
+	logPath string
+	errPath string
+	done    chan struct{} // closed when the process has exited
+	err     error         // exit error, set before done is closed
+
+	killedAt int64
+	stops    [][2]int64
+}
+
+// harness runs one chaos test.
+type harness struct {
+	t       *testing.T
+	backend string
+	bin     string
+	logs    string
+	store   *chaos.Store
+	proxies []*chaos.Proxy
+	gens    []int
+	rng     *rand.Rand
+
+	mu    sync.Mutex // guards procs, cur
+	procs []*proc
+	cur   map[int]*proc // running process of each slot
+}
+
+func runChaos(t *testing.T, backendName, target string, kinds []faultKind) {
+	seed := *flagSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	dur := duration()
+	t.Logf("chaos %s: seed %d (-chaos.seed=%d), %d candidates, faults for %v, TTL %v, renew deadline %v, renew interval %v",
+		backendName, seed, seed, *flagCandidates, dur, ttl, renewDeadline, renewInterval)
+
+	h := &harness{t: t, backend: backendName, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), cur: map[int]*proc{}}
+	h.bin = buildCandidate(t)
+	h.logs = logDir(t, backendName)
+
+	store, err := chaos.NewStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	h.store = store
+	n := *flagCandidates
+	h.gens = make([]int, n)
+	for range n {
+		p, err := chaos.NewProxy(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		h.proxies = append(h.proxies, p)
+	}
+	// However the test ends, no candidate outlives it.
+	t.Cleanup(h.killAll)
+	for slot := range n {
+		h.start(slot)
+	}
+	if _, ok := h.waitLeader(0); !ok {
+		t.Fatalf("no leader within %v of starting %d candidates; logs in %s", leaderWait, n, h.logs)
+	}
+
+	var faults []chaos.Fault
+	end := time.Now().Add(dur)
+	for time.Now().Before(end) && !t.Failed() {
+		pause(300*time.Millisecond + rand.N(700*time.Millisecond))
+		leader, ok := h.leaderNow()
+		if !ok {
+			if leader, ok = h.waitLeader(0); !ok {
+				t.Fatalf("no leader for %v; logs in %s", leaderWait, h.logs)
+			}
+		}
+		k := kinds[h.rng.IntN(len(kinds))]
+		f := h.inject(k, leader)
+		faults = append(faults, f)
+		if len(faults)%25 == 0 {
+			t.Logf("chaos %s: %d faults injected, %v left", backendName, len(faults), time.Until(end).Round(time.Second))
+		}
+		if _, ok := h.waitLeader(f.Healed); !ok {
+			t.Errorf("no leader within %v after %s of %s healed; logs in %s", leaderWait, f.Kind, f.Target, h.logs)
+			break
+		}
+	}
+	runEnd := chaos.Now()
+	h.stopAll()
+
+	run := chaos.Run{Faults: faults, Writes: store.Writes(), End: runEnd, Bound: ttl + (ttl - renewDeadline) + *flagSlack}
+	h.mu.Lock()
+	procs := h.procs
+	h.mu.Unlock()
+	for _, p := range procs {
+		lines, err := chaos.ReadLines(p.logPath)
+		if err != nil {
+			t.Errorf("log of %s: %v", p.id, err)
+		}
+		run.Procs = append(run.Procs, chaos.Proc{ID: p.id, Lines: lines, KilledAt: p.killedAt, Stops: p.stops})
+	}
+	if err := chaos.SaveRun(filepath.Join(h.logs, "run.json"), run); err != nil {
+		t.Errorf("save run: %v", err)
+	}
+	r := chaos.Analyze(run)
+	t.Logf("chaos %s summary (seed %d, %v of faults, %d processes):\n%s", backendName, seed, dur, len(procs), r)
+	if !r.OK() {
+		t.Errorf("chaos %s: %d safety or liveness violations (see summary); logs in %s", backendName, len(r.Violations), h.logs)
+	}
+	if r.Terms < 2 && len(faults) > 0 {
+		t.Errorf("chaos %s: got %d terms that led, want at least 2: no failover was exercised", backendName, r.Terms)
+	}
+}
+
+// pause waits d: the duration of a fault or of a quiet period between two
+// faults, not a synchronisation.
+func pause(d time.Duration) { time.Sleep(d) }
+
+func buildCandidate(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed to build the candidate: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "candidate")
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	args = append(args, "./candidate")
+	cmd := exec.Command(goBin, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out.String())
+	}
+	t.Logf("built the candidate (race %v) in %v", raceEnabled, time.Since(start).Round(time.Millisecond))
+	return bin
+}
+
+func logDir(t *testing.T, name string) string {
+	if *flagLogs != "" {
+		dir := filepath.Join(*flagLogs, name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	dir, err := os.MkdirTemp("", "sovereign-chaos-"+name+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			os.RemoveAll(dir)
+		}
+	})
+	return dir
+}
+
+// start starts a new generation of the candidate of slot.
+func (h *harness) start(slot int) *proc {
+	h.gens[slot]++
+	id := fmt.Sprintf("c%d.%d", slot+1, h.gens[slot])
+	p := &proc{
+		id:      id,
+		slot:    slot,
+		logPath: filepath.Join(h.logs, id+".jsonl"),
+		errPath: filepath.Join(h.logs, id+".stderr"),
+		done:    make(chan struct{}),
+	}
+	stderr, err := os.Create(p.errPath)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	p.cmd = exec.Command(h.bin,
+		"-backend", h.backend,
+		"-addr", h.proxies[slot].Addr(),
+		"-store", h.store.URL(),
+		"-id", id,
+		"-log", p.logPath,
+		"-ttl", ttl.String(),
+		"-renew-deadline", renewDeadline.String(),
+		"-renew-interval", renewInterval.String(),
+	)
+	p.cmd.Stderr = stderr
+	// Die with the test process, should it die without cleaning up.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		stderr.Close()
+		h.t.Fatalf("start candidate %s: %v", id, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		stderr.Close()
+		close(p.done)
+	}()
+	h.mu.Lock()
+	h.procs = append(h.procs, p)
+	h.cur[slot] = p
+	h.mu.Unlock()
+	return p
+}
+
+func (h *harness) byID(id string) *proc {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, p := range h.cur {
+		if p.id == id {
+			return p
+		}
+	}
+	return nil
+}
+
+// leaderNow returns the ID of the process whose write the store accepted in
+// the last 250 ms: the process that acts as leader.
+func (h *harness) leaderNow() (string, bool) {
+	w, ok := h.store.Last()
+	if !ok || chaos.Now()-w.At > int64(250*time.Millisecond) {
+		return "", false
+	}
+	return w.ID, h.byID(w.ID) != nil
+}
+
+// waitLeader waits until a running process has had a write accepted after
+// since, and returns its ID.
+func (h *harness) waitLeader(since int64) (string, bool) {
+	deadline := time.Now().Add(leaderWait)
+	for time.Now().Before(deadline) {
+		if w, ok := h.store.Last(); ok && w.At > since && chaos.Now()-w.At < int64(250*time.Millisecond) && h.byID(w.ID) != nil {
+			return w.ID, true
+		}
+		time.Sleep(10 * time.Millisecond) // polling the store for an observable condition
+	}
+	return "", false
+}
+
+// faultDuration returns how long a fault lasts: mostly longer than the TTL
+// (the leader must lose), sometimes shorter than the renew deadline (it may
+// survive).
+func (h *harness) faultDuration() (time.Duration, bool) {
+	if h.rng.IntN(5) == 0 {
+		return 100*time.Millisecond + time.Duration(h.rng.Int64N(int64(600*time.Millisecond))), true
+	}
+	return ttl + 300*time.Millisecond + time.Duration(h.rng.Int64N(int64(1200*time.Millisecond))), false
+}
+
+func (h *harness) inject(k faultKind, leader string) chaos.Fault {
+	t := h.t
+	f := chaos.Fault{Kind: k.name, Target: leader}
+	p := h.byID(leader)
+	switch {
+	case k.server != nil:
+		f.Target = ""
+		f.At = chaos.Now()
+		k.server(t)
+		f.Healed = chaos.Now()
+	case k.isKill:
+		f.At = chaos.Now()
+		f.Healed = f.At
+		if p == nil {
+			break
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+		p.killedAt = chaos.Now()
+		f.Healed = p.killedAt
+		h.start(p.slot)
+	case k.signal:
+		d, short := h.faultDuration()
+		f.Short = short
+		f.At = chaos.Now()
+		if p == nil {
+			f.Healed = f.At
+			break
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+		pause(d)
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		f.Healed = chaos.Now()
+		p.stops = append(p.stops, [2]int64{f.At, f.Healed})
+	default:
+		d, short := h.faultDuration()
+		f.Short = short
+		var delay time.Duration
+		if k.proxy == chaos.Latency {
+			// Above the request timeout (the renew interval), so every
+			// call through the proxy times out.
+			delay = renewInterval + 100*time.Millisecond + time.Duration(h.rng.Int64N(int64(500*time.Millisecond)))
+		}
+		slot := -1
+		if p != nil {
+			slot = p.slot
+		}
+		f.At = chaos.Now()
+		if slot >= 0 {
+			h.proxies[slot].Set(k.proxy, delay)
+			pause(d)
+			h.proxies[slot].Heal()
+		}
+		f.Healed = chaos.Now()
+	}
+	return f
+}
+
+// stopAll heals everything, then stops every candidate with SIGTERM and
+// checks that each exits 0 in time.
+func (h *harness) stopAll() {
+	t := h.t
+	for _, p := range h.proxies {
+		p.Heal()
+	}
+	h.mu.Lock()
+	var running []*proc
+	for _, p := range h.cur {
+		running = append(running, p)
+	}
+	h.mu.Unlock()
+	for _, p := range running {
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	timeout := time.After(20 * time.Second)
+	for _, p := range running {
+		select {
+		case <-p.done:
+		case <-timeout:
+			t.Errorf("candidate %s did not exit within 20s of SIGTERM; logs in %s", p.id, h.logs)
+			_ = p.cmd.Process.Kill()
+			<-p.done
+			continue
+		}
+		if p.err != nil {
+			msg, _ := os.ReadFile(p.errPath)
+			code := -1
+			var ee *exec.ExitError
+			if errors.As(p.err, &ee) {
+				code = ee.ExitCode()
+			}
+			t.Errorf("candidate %s: got exit %v (code %d), want exit 0 after SIGTERM; stderr:\n%s", p.id, p.err, code, tail(msg, 4000))
+		}
+	}
+	h.mu.Lock()
+	clear(h.cur)
+	h.mu.Unlock()
+}
+
+// killAll kills whatever is still running (after a failed test).
+func (h *harness) killAll() {
+	h.mu.Lock()
+	procs := h.procs
+	h.mu.Unlock()
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		return "..." + string(b[len(b)-n:])
+	}
+	return string(b)
+}

@@ -1,0 +1,15 @@
+// Package chaos is Sovereign's fault-injection checker: real candidate
+// processes (package candidate, built by the test) campaign on one election,
+// each through its own TCP fault proxy, in front of a real redis-server or an
+// embedded etcd; the test kills, pauses, cuts off and slows down the leader
+// (and restarts redis-server) at random, and then checks, from the
+// processes' own logs on the machine's monotonic clock and from a fenced
+// store every leader writes to, that no two leaderships ever overlapped and
+// that no stale write got through. See README.md for what exactly is checked
+// and how to run the long form.
+//
+// The package holds the pieces the test and the candidate binary share: the
+// clock (Now), the log record (Line), the fault proxy (Proxy), the fenced
+// store (Store) and the analysis of a run (Analyze). It is internal and
+// exists only for tests.
+package chaos
