@@ -199,8 +199,9 @@ func (b *Backend) heldError(ctx context.Context, key string, resp *clientv3.TxnR
 		return fmt.Errorf("etcdbackend: %s: %w", op, backend.ErrNotHeld)
 	case errors.Is(err, errLeaseGone):
 		// The holder released or expired just after the transaction saw
-		// it. The record is as of the transaction, with no TTL left and
-		// no heartbeat; a takeover of its term can no longer succeed.
+		// it. The record is as of the transaction, with no TTL left, so
+		// the caller retries at once; a takeover of its term can no longer
+		// succeed.
 	case err != nil:
 		return fail(ctx, op, err)
 	}
@@ -316,7 +317,7 @@ func (b *Backend) Get(ctx context.Context, key string) (backend.Record, error) {
 // and of its heartbeat records (hbKVs), looking up the remaining TTLs of the
 // lease and of the holder's heartbeat in parallel. It returns
 // backend.ErrNotHeld if there is no record, and the record as read (no TTL
-// left, no heartbeat) with errLeaseGone if its lease has gone since.
+// left) with errLeaseGone if its lease has gone since.
 func (b *Backend) record(ctx context.Context, key string, recKVs, hbKVs []*mvccpb.KeyValue) (backend.Record, error) {
 	if len(recKVs) == 0 {
 		return backend.Record{}, backend.ErrNotHeld
@@ -344,6 +345,16 @@ func (b *Backend) record(ctx context.Context, key string, recKVs, hbKVs []*mvccp
 	}
 	ttls := b.lookup(ctx, ids)
 	now := time.Now()
+	if len(ttls) > 1 {
+		ht := ttls[1]
+		if ht.err != nil {
+			return backend.Record{}, fmt.Errorf("look up heartbeat of %q: %w", holder, ht.err)
+		}
+		if ht.remaining >= 0 {
+			rec.HeartbeatAge = ht.age()
+			rec.HeartbeatAt = now.Add(-rec.HeartbeatAge)
+		}
+	}
 	lt := ttls[0]
 	if lt.err != nil {
 		return backend.Record{}, fmt.Errorf("look up lease of %q: %w", key, lt.err)
@@ -356,16 +367,6 @@ func (b *Backend) record(ctx context.Context, key string, recKVs, hbKVs []*mvccp
 	rec.RenewedAt = now.Add(-lt.age())
 	if rec.RenewedAt.Before(rec.AcquiredAt) {
 		rec.RenewedAt = rec.AcquiredAt
-	}
-	if len(ttls) > 1 {
-		ht := ttls[1]
-		if ht.err != nil {
-			return backend.Record{}, fmt.Errorf("look up heartbeat of %q: %w", holder, ht.err)
-		}
-		if ht.remaining >= 0 {
-			rec.HeartbeatAge = ht.age()
-			rec.HeartbeatAt = now.Add(-rec.HeartbeatAge)
-		}
 	}
 	return rec, nil
 }

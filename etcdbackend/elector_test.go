@@ -1,0 +1,379 @@
+package etcdbackend_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	sovereign "github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/etcdbackend"
+	"github.com/sovereign-go/sovereign/internal/testetcd"
+)
+
+// electorTTL is the lease TTL of the elector tests, etcd's smallest with the
+// test servers' timing: RenewDeadline 700ms, RenewInterval 200ms by the
+// elector's default ratios.
+const electorTTL = time.Second
+
+// bound is how long the elector tests wait for a state they expect.
+const bound = 20 * time.Second
+
+// term is one leadership term as seen by the leader function.
+type term struct {
+	id         string
+	term       uint64
+	start, end time.Time // leader function entered; leader context seen cancelled
+}
+
+// candidates is a set of electors campaigning for one election over etcd,
+// each with its own etcd client.
+type candidates struct {
+	t      testing.TB
+	ec     *testetcd.Cluster
+	prefix string
+	name   string
+	opts   sovereign.Options
+	cands  []*candidate
+
+	mu     sync.Mutex // guards terms and starts
+	terms  []term     // finished terms
+	starts []term     // every term begun (end unset)
+}
+
+type candidate struct {
+	id     string
+	cli    *clientv3.Client
+	n      *counter
+	e      *sovereign.Elector
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// newCandidates starts n candidates on ec (the shared server when nil);
+// endpoints(i) gives the endpoints of candidate i's client (all members when
+// nil).
+func newCandidates(t testing.TB, ec *testetcd.Cluster, n int, opts *sovereign.Options, endpoints func(i int) []string) *candidates {
+	t.Helper()
+	if ec == nil {
+		ec = shared
+	}
+	c := &candidates{t: t, ec: ec, prefix: newPrefix(), name: "election"}
+	if opts != nil {
+		c.opts = *opts
+	}
+	if c.opts.TTL == 0 {
+		c.opts.TTL = electorTTL
+	}
+	c.opts.NoStartupJitter = true
+	c.opts.Logger = testLogger()
+	for i := range n {
+		var eps []string
+		if endpoints != nil {
+			eps = endpoints(i)
+		}
+		c.add(fmt.Sprintf("cand-%d", i), eps)
+	}
+	return c
+}
+
+// add starts a candidate whose client talks to eps (all members when nil).
+func (c *candidates) add(id string, eps []string) *candidate {
+	t := c.t
+	t.Helper()
+	cand := &candidate{id: id, n: new(counter), done: make(chan struct{})}
+	cfg := c.ec.ClientConfig(eps...)
+	cand.n.configure(&cfg)
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatalf("clientv3.New: %v", err)
+	}
+	cand.cli = cli
+	b, err := etcdbackend.New(cli, &etcdbackend.Options{Prefix: c.prefix})
+	if err != nil {
+		t.Fatalf("etcdbackend.New: %v", err)
+	}
+	opts := c.opts
+	e, err := sovereign.New(b, c.name, id, &opts)
+	if err != nil {
+		t.Fatalf("sovereign.New: %v", err)
+	}
+	cand.e = e
+	runCtx, cancel := context.WithCancel(context.Background())
+	cand.cancel = cancel
+	go func() {
+		defer close(cand.done)
+		_ = e.Run(runCtx, func(leaderCtx context.Context) error {
+			n, _ := sovereign.TermFromContext(leaderCtx)
+			tm := term{id: id, term: n, start: time.Now()}
+			c.mu.Lock()
+			c.starts = append(c.starts, tm)
+			c.mu.Unlock()
+			<-leaderCtx.Done()
+			tm.end = time.Now()
+			c.mu.Lock()
+			c.terms = append(c.terms, tm)
+			c.mu.Unlock()
+			return nil
+		})
+	}()
+	t.Cleanup(func() {
+		cand.stop()
+		b.Close()
+		cli.Close()
+	})
+	c.cands = append(c.cands, cand)
+	return cand
+}
+
+// stop ends the candidate's Run and waits for it.
+func (cand *candidate) stop() {
+	cand.cancel()
+	<-cand.done
+}
+
+// crash closes the candidate's etcd client without releasing anything, as
+// if its process died: its lease and heartbeat stay until they expire.
+func (cand *candidate) crash() { cand.cli.Close() }
+
+// stopAll stops every candidate.
+func (c *candidates) stopAll() {
+	for _, cand := range c.cands {
+		cand.stop()
+	}
+}
+
+// leader waits until exactly one candidate other than except leads, and
+// returns it.
+func (c *candidates) leader(except *candidate) *candidate {
+	c.t.Helper()
+	var got *candidate
+	eventually(c.t, "one leader", func() bool {
+		got = nil
+		n := 0
+		for _, cand := range c.cands {
+			if cand.e.IsLeader() {
+				got = cand
+				n++
+			}
+		}
+		return n == 1 && got != except
+	})
+	return got
+}
+
+// ended returns the finished term of id with the given term number.
+func (c *candidates) ended(id string, n uint64) term {
+	c.t.Helper()
+	var got term
+	eventually(c.t, fmt.Sprintf("end of term %d of %s", n, id), func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, tm := range c.terms {
+			if tm.id == id && tm.term == n {
+				got = tm
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+// startOf returns when the leader function of cand's current term began.
+func (c *candidates) startOf(cand *candidate) time.Time {
+	c.t.Helper()
+	n := cand.e.Term()
+	var got time.Time
+	eventually(c.t, fmt.Sprintf("start of term %d of %s", n, cand.id), func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, tm := range c.starts {
+			if tm.id == cand.id && tm.term == n {
+				got = tm.start
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+// checkNoOverlap fails if two finished terms overlap in time, or terms do
+// not increase with time. Call it after stopAll, so every term has ended
+// (stopping the leader first may let another candidate lead briefly).
+func (c *candidates) checkNoOverlap() {
+	c.t.Helper()
+	c.mu.Lock()
+	terms := slices.Clone(c.terms)
+	c.mu.Unlock()
+	slices.SortFunc(terms, func(a, b term) int { return a.start.Compare(b.start) })
+	if len(terms) == 0 {
+		c.t.Error("no term ended, want at least one")
+	}
+	for i := 1; i < len(terms); i++ {
+		prev, cur := terms[i-1], terms[i]
+		if cur.start.Before(prev.end) {
+			c.t.Errorf("term %d of %s started at %v, before term %d of %s ended at %v",
+				cur.term, cur.id, cur.start.Format("15:04:05.000"), prev.term, prev.id, prev.end.Format("15:04:05.000"))
+		}
+		if cur.term <= prev.term {
+			c.t.Errorf("term %d of %s followed term %d of %s: got no increase", cur.term, cur.id, prev.term, prev.id)
+		}
+	}
+}
+
+// eventually polls cond until it holds, failing the test after bound.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached within %v", what, bound)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a real server's state
+	}
+}
+
+func testLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.Default()
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// TestElectorGracefulHandover: three candidates over etcd; the leader
+// resigns and another takes over within milliseconds (the release reaches
+// the followers' watches), with a higher term and no overlap.
+func TestElectorGracefulHandover(t *testing.T) {
+	c := newCandidates(t, nil, 3, nil, nil)
+	var took []time.Duration
+	for range 3 {
+		old := c.leader(nil)
+		oldTerm := old.e.Term()
+		// Pacing, not synchronisation: let an earlier resigner's sit-out
+		// end, so each hand-over has two eligible followers.
+		<-time.After(old.e.Options().ResignSitOut)
+		start := time.Now()
+		if err := old.e.Resign(testCtx(t)); err != nil {
+			t.Fatalf("Resign: %v", err)
+		}
+		next := c.leader(old)
+		d := c.startOf(next).Sub(start)
+		took = append(took, d)
+		if d > electorTTL/2 {
+			t.Errorf("hand-over took %v, want well below the TTL %v (a release wakes the followers)", d, electorTTL)
+		}
+		if next.e.Term() <= oldTerm {
+			t.Errorf("term after hand-over: got %d, want > %d", next.e.Term(), oldTerm)
+		}
+	}
+	c.stopAll()
+	c.checkNoOverlap()
+	t.Logf("hand-overs took %v", took)
+}
+
+// TestElectorLeaderCrash: the leader's etcd client is closed without
+// releasing anything, as if the process died; another candidate leads within
+// the TTL plus a margin (etcd checks for expired leases every 500ms), with a
+// higher term, after the crashed leader stepped down.
+func TestElectorLeaderCrash(t *testing.T) {
+	c := newCandidates(t, nil, 3, nil, nil)
+	old := c.leader(nil)
+	oldTerm := old.e.Term()
+	crash := time.Now()
+	old.crash()
+	next := c.leader(old)
+	took := c.startOf(next).Sub(crash)
+	const margin = time.Second
+	if took > electorTTL+margin {
+		t.Errorf("failover took %v, want within TTL %v + %v", took, electorTTL, margin)
+	}
+	ended := c.ended(old.id, oldTerm)
+	renewDeadline := old.e.Options().RenewDeadline
+	if d := ended.end.Sub(crash); d > renewDeadline+200*time.Millisecond {
+		t.Errorf("crashed leader's own view: stepped down %v after the crash, want within its renew deadline %v", d, renewDeadline)
+	}
+	if next.e.Term() <= oldTerm {
+		t.Errorf("term after failover: got %d, want > %d", next.e.Term(), oldTerm)
+	}
+	c.stopAll()
+	c.checkNoOverlap()
+	t.Logf("failover after a crash: %v (TTL %v)", took, electorTTL)
+}
+
+// TestElectorMemberLoss: three candidates, each talking to its own member of
+// a three-member etcd cluster. The member the leader talks to is stopped:
+// the leader can no longer renew and steps down by its renew deadline,
+// another candidate leads once the lease has expired (etcd may extend
+// leases by a TTL when the raft leader changes), never two at once, with a
+// higher term. After the member restarts, the old candidate follows again.
+func TestElectorMemberLoss(t *testing.T) {
+	ec := testetcd.StartCluster(t, 3)
+	c := newCandidates(t, ec, 3, nil, func(i int) []string { return []string{ec.Endpoint(i)} })
+	old := c.leader(nil)
+	oldTerm := old.e.Term()
+	member := slices.Index(c.cands, old)
+	raftLeader := ec.LeaderIndex() == member
+
+	// Watch for two leaders at once while the cluster changes.
+	stopWatch := make(chan struct{})
+	watchDone := make(chan int)
+	go func() {
+		most := 0
+		for {
+			select {
+			case <-stopWatch:
+				watchDone <- most
+				return
+			case <-time.After(time.Millisecond):
+			}
+			n := 0
+			for _, cand := range c.cands {
+				if cand.e.IsLeader() {
+					n++
+				}
+			}
+			most = max(most, n)
+		}
+	}()
+
+	down := time.Now()
+	ec.Stop(member)
+	next := c.leader(old)
+	newTerm := next.e.Term()
+	took := c.startOf(next).Sub(down)
+	ended := c.ended(old.id, oldTerm)
+	renewDeadline := old.e.Options().RenewDeadline
+	if d := ended.end.Sub(down); d > renewDeadline+200*time.Millisecond {
+		t.Errorf("leader cut off with its member stepped down %v after the stop, want within its renew deadline %v", d, renewDeadline)
+	}
+	if newTerm <= oldTerm {
+		t.Errorf("term after the member loss: got %d, want > %d", newTerm, oldTerm)
+	}
+
+	restart := time.Now()
+	if err := ec.Restart(member); err != nil {
+		t.Fatal(err)
+	}
+	// The old candidate rejoins as a follower that knows the new leader.
+	ctx := testCtx(t)
+	eventually(t, "old leader follows the new one", func() bool {
+		rec, err := old.e.Leader(ctx)
+		return err == nil && rec.HolderID == next.id && !old.e.IsLeader()
+	})
+	rejoined := time.Since(restart)
+	close(stopWatch)
+	if most := <-watchDone; most > 1 {
+		t.Errorf("leaders at once (sampled): got %d, want at most 1", most)
+	}
+	c.stopAll()
+	c.checkNoOverlap()
+	t.Logf("member %d (raft leader: %v) stopped: old leader stepped down after %v, %s leads (term %d → %d) after %v; old leader follows %v after the restart",
+		member, raftLeader, ended.end.Sub(down), next.id, oldTerm, newTerm, took, rejoined)
+}
