@@ -1,0 +1,220 @@
+package chaos_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sovereign-go/sovereign/internal/chaos"
+)
+
+// Synthetic histories for Analyze, in milliseconds on a made-up clock, with
+// the options of the real runs: TTL 2 s, renew deadline 1.4 s, heartbeat TTL
+// 7 s.
+
+func msT(v int64) int64 { return v * int64(time.Millisecond) }
+
+func startLine(id string) chaos.Line {
+	return chaos.Line{Ev: chaos.EvStart, ID: id, T: 1,
+		OptTTL: int64(2 * time.Second), OptRenewDeadline: int64(1400 * time.Millisecond),
+		OptRenewInterval: int64(400 * time.Millisecond), OptHeartbeatTTL: int64(7 * time.Second)}
+}
+
+func hb(sent, done int64) chaos.Line {
+	return chaos.Line{Ev: chaos.EvHeartbeat, Sent: msT(sent), Done: msT(done)}
+}
+
+func acquire(term uint64, sent, done int64) chaos.Line {
+	return chaos.Line{Ev: chaos.EvAcquire, Term: term, TTL: int64(2 * time.Second), Sent: msT(sent), Done: msT(done)}
+}
+
+func renew(term uint64, sent, done int64) chaos.Line {
+	return chaos.Line{Ev: chaos.EvRenew, Term: term, Sent: msT(sent), Done: msT(done)}
+}
+
+func lead(term uint64, t int64) chaos.Line {
+	return chaos.Line{Ev: chaos.EvLead, Term: term, T: msT(t)}
+}
+
+func write(term, seq uint64, pre int64) chaos.Line {
+	return chaos.Line{Ev: chaos.EvWrite, Term: term, Seq: seq, Pre: msT(pre), Post: msT(pre) + 1,
+		Sent: msT(pre + 15), Done: msT(pre + 16), Status: chaos.StatusAccepted}
+}
+
+func lost(term uint64, t int64, reason string) chaos.Line {
+	return chaos.Line{Ev: chaos.EvLost, Term: term, T: msT(t), Reason: reason}
+}
+
+func release(term uint64, sent int64) chaos.Line {
+	return chaos.Line{Ev: chaos.EvRelease, Term: term, Sent: msT(sent), Done: msT(sent + 1)}
+}
+
+func storeWrite(id string, term, seq uint64, at int64, accepted bool) chaos.Write {
+	return chaos.Write{ID: id, Term: term, Seq: seq, At: msT(at), Accepted: accepted}
+}
+
+// handOver is a clean history: a resigns at 1000, b takes over at 1020.
+func handOver() chaos.Run {
+	return chaos.Run{
+		Procs: []chaos.Proc{
+			{ID: "a", Lines: []chaos.Line{
+				startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25), write(1, 1, 30),
+				renew(1, 400, 410), write(1, 2, 500), lost(1, 1000, "resigned"), release(1, 1002),
+			}},
+			{ID: "b", Lines: []chaos.Line{
+				startLine("b"), hb(0, 5), acquire(2, 1010, 1020), lead(2, 1025), write(2, 1, 1030),
+			}},
+		},
+		Writes: []chaos.Write{
+			storeWrite("a", 1, 1, 50, true), storeWrite("a", 1, 2, 520, true), storeWrite("b", 2, 1, 1050, true),
+		},
+		End:   msT(2000),
+		Bound: 4100 * time.Millisecond,
+	}
+}
+
+// TestAnalyzeCatches proves that each check fails on a history that breaks
+// its property, and passes on the same history without the break.
+func TestAnalyzeCatches(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(r *chaos.Run)
+		want   string // substring of a violation; "" means none
+	}{
+		{name: "clean hand-over", modify: func(*chaos.Run) {}},
+		{
+			name: "successor acquires before the resignation",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].Lines[2] = acquire(2, 900, 910)
+			},
+			want: "overlap",
+		},
+		{
+			// a's renewal was sent at 400 but returned at 1300: the deadline
+			// counts from the send (1800), so a check at 1850 is late, even
+			// though 1300 + 1.4 s would still be ahead.
+			name: "deadline counts from the send time",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = []chaos.Line{
+					startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25),
+					renew(1, 400, 1300), write(1, 1, 1850), lost(1, 2700, "renew deadline passed"),
+				}
+				r.Procs[1].Lines[2] = acquire(2, 2800, 2810)
+				r.Procs[1].Lines[4] = write(2, 1, 2820)
+				r.Writes = []chaos.Write{storeWrite("a", 1, 1, 1870, true), storeWrite("b", 2, 1, 2840, true)}
+			},
+			want: "past deadline",
+		},
+		{
+			name: "lease kept by a renewal after the deadline is not counted",
+			modify: func(r *chaos.Run) {
+				// The renewal sent at 1500 returned after the deadline of
+				// 1410: the elector does not extend a passed deadline, so
+				// neither does the analysis, and a successor at 1500 is fine.
+				r.Procs[0].Lines = []chaos.Line{
+					startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25),
+					renew(1, 1500, 1600),
+				}
+				r.Procs[1].Lines[2] = acquire(2, 1490, 1500)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 1505), write(2, 1, 1510)
+				r.Writes = r.Writes[:0]
+			},
+		},
+		{
+			name: "stale write accepted by the store",
+			modify: func(r *chaos.Run) {
+				r.Writes = append(r.Writes, storeWrite("a", 1, 3, 1100, true))
+			},
+			want: "stale write accepted",
+		},
+		{
+			name: "stale write rejected by the store",
+			modify: func(r *chaos.Run) {
+				r.Writes = append(r.Writes, storeWrite("a", 1, 3, 1100, false))
+			},
+		},
+		{
+			name: "terms out of order",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines[2] = acquire(3, 10, 20)
+				r.Procs[0].Lines[4], r.Procs[0].Lines[6] = write(3, 1, 30), write(3, 2, 500)
+				r.Procs[0].Lines[5], r.Procs[0].Lines[7], r.Procs[0].Lines[8] = renew(3, 400, 410), lost(3, 1000, "resigned"), release(3, 1002)
+				r.Writes = []chaos.Write{storeWrite("a", 3, 1, 50, true), storeWrite("b", 2, 1, 1050, false)}
+			},
+			want: "term order",
+		},
+		{
+			name: "two writers of one term",
+			modify: func(r *chaos.Run) {
+				r.Writes = append(r.Writes, storeWrite("c", 2, 1, 1060, true))
+			},
+			want: "two writers of term 2",
+		},
+		{
+			name: "slow failover after a kill",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = r.Procs[0].Lines[:7]
+				r.Procs[0].KilledAt = msT(600)
+				r.Procs[1].Lines[2] = acquire(2, 5000, 5010)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 5015), write(2, 1, 5020)
+				r.Writes[2] = storeWrite("b", 2, 1, 5040, true)
+				r.End = msT(6000)
+				r.Faults = []chaos.Fault{{Kind: "kill", Target: "a", At: msT(590), Healed: msT(600)}}
+			},
+			want: "slow failover",
+		},
+		{
+			name: "paused leader's late write is fenced",
+			modify: func(r *chaos.Run) {
+				// a is stopped at 450 after its check at 440; its last
+				// renewal was sent at 400 (deadline 1800); b takes over at
+				// 2500; a's write arrives at 3100 and is rejected.
+				r.Procs[0].Lines = []chaos.Line{
+					startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25), write(1, 1, 30),
+					renew(1, 400, 410), write(1, 2, 440),
+				}
+				r.Procs[0].Stops = [][2]int64{{msT(450), msT(3000)}}
+				r.Procs[1].Lines[2] = acquire(2, 2490, 2500)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 2505), write(2, 1, 2510)
+				r.Writes = []chaos.Write{
+					storeWrite("a", 1, 1, 50, true), storeWrite("b", 2, 1, 2530, true), storeWrite("a", 1, 2, 3100, false),
+				}
+				r.End = msT(4000)
+				r.Faults = []chaos.Fault{{Kind: "stop", Target: "a", At: msT(450), Healed: msT(3000)}}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			run := handOver()
+			tt.modify(&run)
+			r := chaos.Analyze(run)
+			if tt.want == "" {
+				if !r.OK() {
+					t.Fatalf("got violations %q, want none", r.Violations)
+				}
+				return
+			}
+			for _, v := range r.Violations {
+				if strings.Contains(v, tt.want) {
+					return
+				}
+			}
+			t.Fatalf("got violations %q, want one containing %q", r.Violations, tt.want)
+		})
+	}
+}
+
+// TestAnalyzeCounts checks the figures of the summary on the clean
+// hand-over.
+func TestAnalyzeCounts(t *testing.T) {
+	run := handOver()
+	r := chaos.Analyze(run)
+	if r.Terms != 2 || r.Changes != 1 || r.Writes != 3 || r.Accepted != 3 || r.Rejected != 0 {
+		t.Fatalf("got terms %d, changes %d, writes %d, accepted %d, rejected %d; want 2, 1, 3, 3, 0",
+			r.Terms, r.Changes, r.Writes, r.Accepted, r.Rejected)
+	}
+	if got, want := r.GapMax, 20*time.Millisecond; got != want {
+		t.Fatalf("got leaderless gap %v, want %v (b's Acquire returned at 1020, a's lost event at 1000)", got, want)
+	}
+}

@@ -1,0 +1,54 @@
+package chaos_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/sovereign-go/sovereign/internal/chaos"
+)
+
+func TestStoreFences(t *testing.T) {
+	s, err := chaos.NewStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := chaos.NewStoreClient(s.URL())
+	defer c.Close()
+	steps := []struct {
+		id         string
+		term, seq  uint64
+		wantAccept bool
+	}{
+		{"a", 3, 1, true},
+		{"a", 3, 2, true},  // same term again
+		{"b", 5, 1, true},  // newer term
+		{"a", 3, 3, false}, // stale: fenced
+		{"b", 5, 2, true},
+		{"c", 4, 1, false}, // newer than a's, older than b's
+		{"d", 6, 1, true},
+	}
+	for _, st := range steps {
+		got, err := c.Write(context.Background(), st.id, st.term, st.seq)
+		if err != nil || got != st.wantAccept {
+			t.Fatalf("write %s term %d seq %d: got %v, %v, want %v, nil", st.id, st.term, st.seq, got, err, st.wantAccept)
+		}
+	}
+	ws := s.Writes()
+	if len(ws) != len(steps) {
+		t.Fatalf("got %d recorded writes, want %d", len(ws), len(steps))
+	}
+	for i, w := range ws {
+		st := steps[i]
+		if w.ID != st.id || w.Term != st.term || w.Seq != st.seq || w.Accepted != st.wantAccept {
+			t.Fatalf("write %d: got %+v, want %+v", i, w, st)
+		}
+		if i > 0 && w.At < ws[i-1].At {
+			t.Fatalf("write %d: arrival %d before the previous one's %d", i, w.At, ws[i-1].At)
+		}
+	}
+	last, ok := s.Last()
+	if !ok || last.ID != "d" || last.Term != 6 {
+		t.Fatalf("Last: got %+v, %v, want d term 6", last, ok)
+	}
+}
