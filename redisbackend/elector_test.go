@@ -76,7 +76,11 @@ func (c *cluster) add(id string) {
 	go func() {
 		defer close(cand.done)
 		_ = e.Run(runCtx, func(leaderCtx context.Context) error {
-			tm := term{id: id, term: e.Term(), start: time.Now()}
+			n, ok := sovereign.TermFromContext(leaderCtx)
+			if !ok {
+				t.Errorf("%s: leader context carries no term", id)
+			}
+			tm := term{id: id, term: n, start: time.Now()}
 			c.mu.Lock()
 			c.starts = append(c.starts, tm)
 			c.mu.Unlock()
