@@ -69,6 +69,9 @@ type Interval struct {
 	EndedBy string
 
 	deadlines []step // the renew deadline as a step function of time
+	lostAt    int64  // when the LeadershipLost event was seen, if it was
+	reason    string // its reason
+	stops     [][2]int64
 }
 
 // step is one piece of a deadline step function: from From on, the deadline
@@ -108,12 +111,17 @@ type Report struct {
 	Overlaps                   int // pairs of overlapping intervals: must be 0
 	CtxLags                    int
 	CtxLagMax                  time.Duration // IsLeader false → leader context cancelled, running processes only
-	FailoverMax                map[string]time.Duration
-	FailoverN                  map[string]int
-	HealGapMax                 time.Duration // longest time without a leader after a fault healed
-	GapMax                     time.Duration // longest time without a leader, whole run after the first leader
-	Violations                 []string
-	Intervals                  []Interval
+	// StepDowns counts terms ended by their renew deadline in a process
+	// that was not paused around it; StepDownLagMax is the longest time
+	// from the derived deadline to the LeadershipLost event among them.
+	StepDowns      int
+	StepDownLagMax time.Duration
+	FailoverMax    map[string]time.Duration
+	FailoverN      map[string]int
+	HealGapMax     time.Duration // longest time without a leader after a fault healed
+	GapMax         time.Duration // longest time without a leader, whole run after the first leader
+	Violations     []string
+	Intervals      []Interval
 }
 
 // OK reports whether the run had no violation.
@@ -193,6 +201,18 @@ func Analyze(run Run) *Report {
 				r.CtxLagMax = max(r.CtxLagMax, time.Duration(l.T-l.Pre))
 			}
 		}
+	}
+
+	for _, iv := range ivs {
+		if iv.reason != "renew deadline passed" {
+			continue
+		}
+		d := iv.deadlines[len(iv.deadlines)-1].D
+		if stoppedDuring(Proc{Stops: iv.stops}, d-int64(time.Second), iv.lostAt) {
+			continue
+		}
+		r.StepDowns++
+		r.StepDownLagMax = max(r.StepDownLagMax, time.Duration(iv.lostAt-d))
 	}
 
 	// The fenced store.
@@ -334,6 +354,7 @@ func procIntervals(p Proc, r *Report) []*Interval {
 		}{}
 		led  = map[uint64]bool{}
 		exit int64
+		lost = map[uint64]Line{}
 	)
 	addEnd := func(term uint64, t int64, why string) {
 		ends[term] = append(ends[term], struct {
@@ -359,6 +380,7 @@ func procIntervals(p Proc, r *Report) []*Interval {
 			addEnd(l.Term, l.Sent, "release")
 		case EvLost:
 			addEnd(l.Term, l.T, "lost event ("+l.Reason+")")
+			lost[l.Term] = l
 		case EvFnEnd:
 			addEnd(l.Term, l.T, "leader function returned")
 			led[l.Term] = true
@@ -382,7 +404,10 @@ func procIntervals(p Proc, r *Report) []*Interval {
 	slices.SortStableFunc(calls, func(a, b call) int { return cmp.Compare(a.done, b.done) })
 	var out []*Interval
 	for _, a := range acquires {
-		iv := &Interval{ID: p.ID, Term: a.Term, Start: a.Done, Led: led[a.Term]}
+		iv := &Interval{ID: p.ID, Term: a.Term, Start: a.Done, Led: led[a.Term], stops: p.Stops}
+		if l, ok := lost[a.Term]; ok {
+			iv.lostAt, iv.reason = l.T, l.Reason
+		}
 		renewSent := a.Sent
 		hbSent := int64(-1)
 		for _, c := range calls {
@@ -458,6 +483,8 @@ func (r *Report) String() string {
 		r.LateRejected, r.LateAccepted)
 	fmt.Fprintf(&b, "leader context cancelled after IsLeader turned false: %d times, max lag %v (running processes)\n",
 		r.CtxLags, r.CtxLagMax.Round(time.Microsecond))
+	fmt.Fprintf(&b, "step-downs at the renew deadline: %d, max lag from deadline to LeadershipLost event %v (running processes)\n",
+		r.StepDowns, r.StepDownLagMax.Round(time.Microsecond))
 	fmt.Fprintf(&b, "max time without a leader after a fault healed: %v; longest leaderless gap: %v\n",
 		r.HealGapMax.Round(time.Millisecond), r.GapMax.Round(time.Millisecond))
 	fmt.Fprintf(&b, "violations: %d\n", len(r.Violations))

@@ -24,7 +24,7 @@ import (
 )
 
 var (
-	flagDuration = flag.Duration("chaos.duration", 20*time.Second,
+	flagDuration = flag.Duration("chaos.duration", 15*time.Second,
 		"how long to inject faults, per backend (env SOVEREIGN_CHAOS_DURATION overrides the default)")
 	flagSeed       = flag.Uint64("chaos.seed", 0, "random seed (0: from the clock; the seed is printed)")
 	flagCandidates = flag.Int("chaos.candidates", 5, "number of candidate processes")
