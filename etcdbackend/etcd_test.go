@@ -504,14 +504,12 @@ func TestHeartbeatKeepsItsLease(t *testing.T) {
 			if err := other.RemoveMember(ctx, "k", "a"); err != nil {
 				return err
 			}
-			n.unary.Store(0)
-			n.streams.Store(0)
+			n.reset()
 			return b.Heartbeat(ctx, "k", "a", 7*time.Second)
 		}, 3},
 	}
 	for _, s := range steps {
-		n.unary.Store(0)
-		n.streams.Store(0)
+		n.reset()
 		if err := s.do(); err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
@@ -559,6 +557,13 @@ func TestRoundTrips(t *testing.T) {
 			}
 			return nil
 		}, 5},
+		{"Acquire of a key found held before (probe txn, 2 lease look-ups)", func() error {
+			_, err := b.Acquire(ctx, backend.AcquireRequest{Key: "held", HolderID: "a", TTL: time.Minute})
+			if !errors.Is(err, backend.ErrHeld) {
+				return err
+			}
+			return nil
+		}, 3},
 		{"Release (txn, revoke)", func() error { return b.Release(ctx, l) }, 2},
 		{"Renew of a lost lease (txn)", func() error {
 			if err := b.Renew(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
@@ -568,8 +573,7 @@ func TestRoundTrips(t *testing.T) {
 		}, 1},
 	}
 	for _, s := range steps {
-		n.unary.Store(0)
-		n.streams.Store(0)
+		n.reset()
 		if err := s.do(); err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}

@@ -39,16 +39,21 @@
 // *backend.HeldError). A takeover of a free key fails with an error wrapping
 // backend.ErrNotHeld.
 //
-// Round trips: Acquire 2 (grant, transaction) when it wins, 3 for a takeover;
-// a failed Acquire adds the revocation of the unused grant and two lease
-// look-ups for the holder's remaining TTL and heartbeat age, run in parallel.
-// The unused grant is revoked rather than kept for the next attempt: a kept
-// lease would have to be refreshed before reuse (a round trip, like a new
-// grant) or its TTL would already be running when the elector starts counting.
-// Renew 2 (an owner-checked read-only transaction, then a keep-alive of the
-// etcd lease, in this order so a wrong lease never extends the real one);
-// Release 2 (an owner-checked delete, then revoking the lease); Get 1 read
-// plus 2 parallel lease look-ups.
+// Round trips: Acquire 2 (grant, transaction) when it wins, 3 for a
+// takeover. A failed Acquire adds the revocation of the unused grant and two
+// lease look-ups (the holder's remaining TTL and heartbeat age), run in
+// parallel. The unused grant is revoked rather than kept for the next
+// attempt: a kept lease would have to be refreshed before reuse (a round
+// trip, like a new grant) or its TTL would already be running when the
+// elector starts counting. And once an Acquire has found a key held, the
+// next Acquire of that key by the same Backend first probes with a read-only
+// transaction (no grant, no revocation: no raft writes) unless one of its
+// watches has seen the key deleted since; a waiting follower's periodic
+// attempt thus costs 3 requests and no writes. Renew 2 (an owner-checked
+// read-only transaction, then a keep-alive of the etcd lease, in this order
+// so a wrong lease never extends the real one); Release 2 (an owner-checked
+// delete, then revoking the lease); Get 1 read plus 2 parallel lease
+// look-ups; a heartbeat refresh 1.
 //
 // # Heartbeats
 //
@@ -134,9 +139,10 @@ type Backend struct {
 	life context.Context    // cancelled by Close; ends watch goroutines
 	stop context.CancelFunc // cancels life
 
-	mu     sync.Mutex          // guards closed and hb
+	mu     sync.Mutex          // guards closed, hb and held
 	closed bool                // set by Close
 	hb     map[string]*hbEntry // heartbeat leases by heartbeat key
+	held   map[string]struct{} // keys last seen held (see seenHeld)
 
 	watches sync.WaitGroup // watch goroutines
 }
@@ -179,6 +185,7 @@ func New(client *clientv3.Client, opts *Options) (*Backend, error) {
 		life:    life,
 		stop:    stop,
 		hb:      make(map[string]*hbEntry),
+		held:    make(map[string]struct{}),
 	}, nil
 }
 

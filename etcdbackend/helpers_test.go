@@ -3,8 +3,10 @@ package etcdbackend_test
 import (
 	"context"
 	"io"
+	"maps"
 	"net"
 	"net/url"
+	"path"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,6 +23,35 @@ import (
 type counter struct {
 	unary   atomic.Int64
 	streams atomic.Int64
+
+	mu      sync.Mutex       // guards methods
+	methods map[string]int64 // requests by gRPC method
+}
+
+// count records a request of method.
+func (c *counter) count(method string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.methods == nil {
+		c.methods = make(map[string]int64)
+	}
+	c.methods[path.Base(method)]++
+}
+
+// reset sets every count to zero.
+func (c *counter) reset() {
+	c.unary.Store(0)
+	c.streams.Store(0)
+	c.mu.Lock()
+	c.methods = nil
+	c.mu.Unlock()
+}
+
+// byMethod returns the requests by method since the last reset.
+func (c *counter) byMethod() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.methods)
 }
 
 // total returns the number of requests so far.
@@ -31,10 +62,12 @@ func (c *counter) configure(cfg *clientv3.Config) {
 	cfg.DialOptions = append(cfg.DialOptions,
 		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 			c.unary.Add(1)
+			c.count(method)
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 			c.streams.Add(1)
+			c.count(method)
 			return streamer(ctx, desc, cc, method, opts...)
 		}),
 	)

@@ -116,6 +116,24 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	}
 	defer cancel()
 
+	if req.ReplaceTerm == 0 && b.seenHeld(req.Key) {
+		// The last attempt here found the key held and no watch here has
+		// seen it deleted since: most likely it is still held, and a
+		// read-only probe answers that without a grant and a revocation
+		// (two raft writes).
+		k := b.leaseKey(req.Key)
+		resp, err := b.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+			Else(b.holderReads(req.Key)...).
+			Commit()
+		if err != nil {
+			return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q: probe", req.Key), err)
+		}
+		if !resp.Succeeded {
+			return backend.Lease{}, b.heldError(ctx, req.Key, resp, 0, "")
+		}
+	}
+
 	grant, err := b.cli.Grant(ctx, secs)
 	if err != nil {
 		return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q: grant lease", req.Key), err)
@@ -127,17 +145,47 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		// ctx has ended, the grant expires on its own.
 		_, _ = b.cli.Revoke(ctx, grant.ID)
 	}
+	if err == nil {
+		b.setSeenHeld(req.Key, false)
+	}
 	return lease, err
+}
+
+// holderReads returns the reads of a key's record and heartbeats that the
+// else-branch of an acquisition makes.
+func (b *Backend) holderReads(key string) []clientv3.Op {
+	return []clientv3.Op{
+		clientv3.OpGet(b.leaseKey(key)),
+		clientv3.OpGet(b.heartbeatPrefix(key), clientv3.WithPrefix()),
+	}
+}
+
+// seenHeld reports whether the last acquisition of key by this backend
+// found it held, with no deletion seen by a watch since. It is a hint for
+// saving requests, never for correctness.
+func (b *Backend) seenHeld(key string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.held[key]
+	return ok
+}
+
+// setSeenHeld records whether key was last seen held.
+func (b *Backend) setSeenHeld(key string, held bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if held {
+		b.held[key] = struct{}{}
+	} else {
+		delete(b.held, key)
+	}
 }
 
 // acquireWith runs the transactions of Acquire with an etcd lease already
 // granted. On failure, revoked reports whether it has revoked the grant.
 func (b *Backend) acquireWith(ctx context.Context, req backend.AcquireRequest, grant *clientv3.LeaseGrantResponse) (_ backend.Lease, revoked bool, _ error) {
 	k := b.leaseKey(req.Key)
-	reads := []clientv3.Op{
-		clientv3.OpGet(k),
-		clientv3.OpGet(b.heartbeatPrefix(req.Key), clientv3.WithPrefix()),
-	}
+	reads := b.holderReads(req.Key)
 	if req.ReplaceTerm != 0 {
 		resp, err := b.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(k), "=", int64(req.ReplaceTerm))).
@@ -180,12 +228,14 @@ func (b *Backend) acquireWith(ctx context.Context, req backend.AcquireRequest, g
 
 // heldError turns the else-branch reads of a failed acquisition into a
 // *backend.HeldError, looking up the holder's remaining TTL and heartbeat age
-// while it revokes the unused grant. A free key (only possible for a
+// while it revokes the unused grant (if any). A free key (only possible for a
 // takeover) gives an error wrapping backend.ErrNotHeld.
 func (b *Backend) heldError(ctx context.Context, key string, resp *clientv3.TxnResponse, grant clientv3.LeaseID, what string) error {
 	var revokeErr error
 	var wg sync.WaitGroup
-	wg.Go(func() { _, revokeErr = b.cli.Revoke(ctx, grant) })
+	if grant != 0 {
+		wg.Go(func() { _, revokeErr = b.cli.Revoke(ctx, grant) })
+	}
 	rec, err := b.record(ctx, key, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs)
 	wg.Wait()
 	_ = revokeErr // an unrevoked grant holds nothing and expires on its own
@@ -205,6 +255,7 @@ func (b *Backend) heldError(ctx context.Context, key string, resp *clientv3.TxnR
 	case err != nil:
 		return fail(ctx, op, err)
 	}
+	b.setSeenHeld(key, true)
 	return &backend.HeldError{Holder: rec}
 }
 

@@ -189,6 +189,7 @@ func (w *watch) run(s stream, out chan<- backend.Event) {
 			}
 			backoff = minWatchBackoff
 			if lost {
+				w.b.setSeenHeld(w.key, false)
 				w.send(out, backend.EventChanged)
 			}
 			s = next
@@ -217,6 +218,7 @@ func (w *watch) drain(s stream, out chan<- backend.Event) (lost bool) {
 			case mvccpb.PUT:
 				w.send(out, backend.EventChanged)
 			case mvccpb.DELETE:
+				w.b.setSeenHeld(w.key, false)
 				typ := backend.EventExpired
 				for _, o := range resp.Events {
 					if o.Type == mvccpb.PUT && string(o.Kv.Key) == marker && o.Kv.ModRevision == ev.Kv.ModRevision {
