@@ -1,0 +1,375 @@
+// Command bench measures Sovereign against the election and lock libraries
+// people use today, on servers it starts itself: a redis-server on a free
+// loopback port and an embedded etcd. It prints one markdown table, each
+// figure the median of several interleaved runs. See README.md.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// config is what the flags select.
+type config struct {
+	only        map[string]bool
+	rounds      int
+	handoverN   int
+	crashN      int
+	ttl         time.Duration
+	idleSettle  time.Duration
+	idleWindow  time.Duration
+	many        []manySpec
+	manyBound   time.Duration
+	manySettle  time.Duration
+	manyWindow  time.Duration
+	manyWindows int
+	lockDur     time.Duration
+	redisBin    string
+	out         string
+}
+
+// manySpec is one many-elections run: a kind and a number of elections.
+type manySpec struct {
+	kind string
+	n    int
+}
+
+var scenarios = []string{"handover", "crash", "idle", "lock", "many"}
+
+func parseFlags(args []string) (config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var c config
+	only := fs.String("only", strings.Join(scenarios, ","), "comma-separated scenarios to run: "+strings.Join(scenarios, ","))
+	fs.IntVar(&c.rounds, "rounds", 3, "interleaved rounds of the latency and lock scenarios (each figure is the median over rounds)")
+	fs.IntVar(&c.handoverN, "handover-samples", 15, "hand-overs per implementation per round")
+	fs.IntVar(&c.crashN, "crash-samples", 5, "crash failovers per implementation per round")
+	fs.DurationVar(&c.ttl, "ttl", 2*time.Second, "lease/session TTL of the hand-over and crash scenarios (whole seconds, for etcd)")
+	fs.DurationVar(&c.idleSettle, "idle-settle", 12*time.Second, "wait before counting idle requests")
+	fs.DurationVar(&c.idleWindow, "idle-window", time.Minute, "window over which idle requests are counted (scaled to a minute)")
+	many := fs.String("many", "redis:1000,redis:10000,election:1000,election:10000,etcd:1000,etcd:10000",
+		"many-elections runs, kind:n with kind redis, etcd (Sovereign) or election (etcd concurrency.Election)")
+	fs.DurationVar(&c.manyBound, "many-bound", time.Minute, "how long every election may take to get its leader before a many-elections run is reported failed")
+	fs.DurationVar(&c.manySettle, "many-settle", 6*time.Second, "wait after every election has its leader")
+	fs.DurationVar(&c.manyWindow, "many-window", 5*time.Second, "length of one many-elections measurement window")
+	fs.IntVar(&c.manyWindows, "many-windows", 3, "many-elections windows (CPU figures are the median over windows)")
+	fs.DurationVar(&c.lockDur, "lock-duration", 2*time.Second, "length of one lock run")
+	fs.StringVar(&c.redisBin, "redis-server", "/usr/bin/redis-server", "redis-server binary")
+	fs.StringVar(&c.out, "o", "", "also write the report (machine, table, notes) to this file")
+	quick := fs.Bool("quick", false, "a short smoke run: 1 round, few samples, short windows, 1,000 elections")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if *quick {
+		c.rounds, c.handoverN, c.crashN = 1, 5, 2
+		c.idleSettle, c.idleWindow = 3*time.Second, 20*time.Second
+		*many = "redis:1000,etcd:1000,election:1000"
+		c.manySettle, c.manyWindow, c.manyWindows = 3*time.Second, 3*time.Second, 1
+		c.lockDur = 500 * time.Millisecond
+	}
+	c.only = make(map[string]bool)
+	for _, s := range strings.Split(*only, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		if !slices.Contains(scenarios, s) {
+			return c, fmt.Errorf("unknown scenario %q (want some of %s)", s, strings.Join(scenarios, ","))
+		}
+		c.only[s] = true
+	}
+	for _, s := range strings.Split(*many, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		k, n, ok := strings.Cut(s, ":")
+		num, err := strconv.Atoi(n)
+		if !ok || err != nil || num <= 0 || (k != "redis" && k != "etcd" && k != "election") {
+			return c, fmt.Errorf("bad -many entry %q (want kind:n, kind redis, etcd or election)", s)
+		}
+		c.many = append(c.many, manySpec{k, num})
+	}
+	switch {
+	case c.rounds < 1 || c.handoverN < 1 || c.crashN < 1 || c.manyWindows < 1:
+		return c, fmt.Errorf("rounds, samples and windows must be positive")
+	case c.ttl < time.Second || c.ttl%time.Second != 0:
+		return c, fmt.Errorf("-ttl %v: want whole seconds, at least 1s (etcd leases count in seconds)", c.ttl)
+	}
+	return c, nil
+}
+
+func main() {
+	if childMain(os.Args[1:]) {
+		return
+	}
+	cfg, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	if err := run(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func run(cfg config) error {
+	began := time.Now()
+	rs, err := startRedis(cfg.redisBin)
+	if err != nil {
+		return err
+	}
+	defer rs.stop()
+	es, err := startEtcd()
+	if err != nil {
+		return err
+	}
+	defer es.stop()
+	e := &env{redis: rs, etcd: es, log: slog.New(slog.DiscardHandler)}
+	if os.Getenv("BENCH_LOG") != "" { // the electors' own logs, for debugging
+		e.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	machine := machineInfo(cfg.redisBin, es)
+	progress("redis-server on %s, etcd on %s", rs.addr, es.endpoint())
+
+	r := newResults()
+	if cfg.only["handover"] || cfg.only["crash"] {
+		if err := latencies(e, cfg, r); err != nil {
+			return err
+		}
+	}
+	if cfg.only["idle"] {
+		progress("idle requests: settle %v, window %v", cfg.idleSettle, cfg.idleWindow)
+		m, err := e.idle(cfg.idleSettle, cfg.idleWindow)
+		if err != nil {
+			return err
+		}
+		for _, col := range []string{colSovRedis, colSovEtcd, colElection} {
+			r.add("Idle leader: backend requests/min (default options)", col, "%.1f", m[col].leader)
+			r.add("Idle follower: backend requests/min (default options)", col, "%.1f", m[col].follower)
+		}
+	}
+	if cfg.only["lock"] {
+		if err := locks(e, cfg, r); err != nil {
+			return err
+		}
+	}
+	if cfg.only["many"] {
+		if err := manyElections(e, cfg, r); err != nil {
+			return err
+		}
+	}
+	notes(cfg, r)
+	table := r.markdown()
+	fmt.Println(table)
+	progress("done in %v", time.Since(began).Round(time.Second))
+	if cfg.out != "" {
+		report := machine + "\n" + table
+		if err := os.WriteFile(cfg.out, []byte(report), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// latencies runs the hand-over and crash scenarios, interleaved: each round
+// runs every implementation once, in a rotating order.
+func latencies(e *env, cfg config, r *results) error {
+	type impl struct {
+		col      string
+		handover func() ([]time.Duration, error)
+		crash    func() ([]time.Duration, error)
+	}
+	impls := []impl{
+		{colSovRedis, func() ([]time.Duration, error) { return e.sovHandover(kindRedis, cfg.handoverN, cfg.ttl) },
+			func() ([]time.Duration, error) { return e.sovCrash(kindRedis, cfg.crashN, cfg.ttl) }},
+		{colSovEtcd, func() ([]time.Duration, error) { return e.sovHandover(kindEtcd, cfg.handoverN, cfg.ttl) },
+			func() ([]time.Duration, error) { return e.sovCrash(kindEtcd, cfg.crashN, cfg.ttl) }},
+		{colElection, func() ([]time.Duration, error) { return e.electionHandover(cfg.handoverN, cfg.ttl) },
+			func() ([]time.Duration, error) { return e.electionCrash(cfg.crashN, cfg.ttl) }},
+	}
+	add := func(what string, col string, ds []time.Duration) {
+		xs := make([]float64, len(ds))
+		for i, d := range ds {
+			xs[i] = ms(d)
+		}
+		r.add(what+" p50 (ms)", col, "%.1f", percentile(xs, 50))
+		r.add(what+" p99 (ms)", col, "%.1f", percentile(xs, 99))
+	}
+	for round := range cfg.rounds {
+		for i := range impls {
+			im := impls[(i+round)%len(impls)]
+			if cfg.only["handover"] {
+				progress("round %d/%d: hand-over, %s (%d samples)", round+1, cfg.rounds, im.col, cfg.handoverN)
+				ds, err := im.handover()
+				if err != nil {
+					return err
+				}
+				add("Graceful hand-over", im.col, ds)
+			}
+		}
+		for i := range impls {
+			im := impls[(i+round)%len(impls)]
+			if cfg.only["crash"] {
+				progress("round %d/%d: crash failover, %s (%d samples)", round+1, cfg.rounds, im.col, cfg.crashN)
+				ds, err := im.crash()
+				if err != nil {
+					return err
+				}
+				add(fmt.Sprintf("Crash failover − TTL (TTL %v)", cfg.ttl), im.col, ds)
+			}
+		}
+	}
+	return nil
+}
+
+func manyElections(e *env, cfg config, r *results) error {
+	for _, s := range cfg.many {
+		progress("many elections: %s × %d", s.kind, s.n)
+		mc := manyConfig{Kind: s.kind, N: s.n, Redis: e.redis.addr, Etcd: e.etcd.endpoint(),
+			Bound: cfg.manyBound, Settle: cfg.manySettle, Window: cfg.manyWindow, Windows: cfg.manyWindows}
+		col := colSovRedis
+		switch s.kind {
+		case "redis":
+			mc.ServerPID = e.redis.pid()
+		case "etcd":
+			mc.ServerPID, col = os.Getpid(), colSovEtcd
+		case "election":
+			mc.ServerPID, col = os.Getpid(), colElection
+		}
+		res, err := runMany(mc)
+		if err != nil {
+			// Report it in the table's notes and go on: 10,000 elections
+			// may be more than a small machine's etcd can serve.
+			progress("  failed: %v", err)
+			r.note("%s × %d elections failed: %v", col, s.n, err)
+			continue
+		}
+		progress("  started in %v; client CPU %v, server CPU %v, %.0f req/s, %.0f B/election, leaders at end %d, losses %d",
+			res.Startup.Round(time.Millisecond), res.ClientCPU, res.ServerCPU, res.ReqPerSec, res.HeapPerElection, res.LeadersAtEnd, res.LeadershipLosses)
+		n := humanInt(s.n)
+		pct := func(xs []float64) float64 { return 100 * median(xs) }
+		r.add(n+" elections: client CPU, % of one core", col, "%.1f", pct(res.ClientCPU))
+		r.add(n+" elections: server CPU, % of one core", col, "%.1f", pct(res.ServerCPU))
+		r.add(n+" elections: heap per election (KiB)", col, "%.1f", res.HeapPerElection/1024)
+		r.add(n+" elections: goroutines per election", col, "%.1f", res.GoroutinesPerEl)
+		r.add(n+" elections: backend requests/s", col, "%.1f", res.ReqPerSec)
+		if res.LeadersAtEnd != s.n || res.LeadershipLosses != 0 {
+			r.note("%s × %d elections: %d of %d led at the end; %d lost their leader while measured.",
+				col, s.n, res.LeadersAtEnd, s.n, res.LeadershipLosses)
+		}
+	}
+	return nil
+}
+
+func locks(e *env, cfg config, r *results) error {
+	ls, err := e.lockers()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, l := range ls {
+			l.close()
+		}
+	}()
+	for round := range cfg.rounds {
+		for i := range ls {
+			l := ls[(i+round)%len(ls)]
+			var cmds []float64
+			for _, g := range []int{1, 16} {
+				progress("round %d/%d: lock pairs, %s, %d goroutine(s)", round+1, cfg.rounds, l.col, g)
+				res, err := l.run(e.name("lock"), g, cfg.lockDur)
+				if err != nil {
+					return err
+				}
+				r.add(fmt.Sprintf("Lock acquire+release pairs/s, %d goroutine%s", g, plural(g)), l.col, "%.0f", res.pairsPerSec)
+				cmds = append(cmds, res.cmdsPerPair)
+			}
+			r.add("Lock: Redis commands per pair", l.col, "%.2f", median(cmds))
+		}
+	}
+	return nil
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+// humanInt writes n with thousands separators.
+func humanInt(n int) string {
+	s := strconv.Itoa(n)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+func notes(cfg config, r *results) {
+	if cfg.only["handover"] || cfg.only["crash"] || cfg.only["lock"] {
+		r.note("Each latency and lock figure is the median over %d interleaved rounds (implementations in rotating order, on the same servers); "+
+			"p50/p99 are per round over %d hand-overs and %d crashes per implementation (nearest rank, so with few samples p99 is the round's maximum).",
+			cfg.rounds, cfg.handoverN, cfg.crashN)
+	}
+	if cfg.only["handover"] || cfg.only["crash"] {
+		r.note("Hand-over and crash use TTL %v for everyone (Sovereign Options.TTL, etcd session TTL), Sovereign defaults otherwise "+
+			"(no startup jitter). Hand-over: Resign called → the other candidate's LeadershipAcquired event / Campaign returns. "+
+			"Crash: right after a successful renewal (Sovereign) or keep-alive response (etcd session) the leader stops talking to the "+
+			"store without releasing (Sovereign: its backend fails every call; etcd: its client is closed without revoking); figure = "+
+			"crash → the next leader's acquisition − TTL, i.e. the delay beyond the lease's expiry.", cfg.ttl)
+	}
+	if cfg.only["idle"] {
+		r.note("Idle: two candidates of one election at default options (Sovereign TTL 10 s; etcd session TTL 60 s), counted over %v after %v "+
+			"of settling, scaled to a minute. Redis: commands counted at the server with MONITOR (each EVALSHA is one; pub/sub PINGs count); "+
+			"etcd: gRPC unary calls plus messages sent on streams.", cfg.idleWindow, cfg.idleSettle)
+	}
+	if cfg.only["many"] {
+		r.note("Many elections: one child process, one client (and one backend; for concurrency.Election one session) shared by every "+
+			"election, one candidate each, default options; after every election has its leader and %v of settling, %d window(s) of %v. "+
+			"CPU = CPU time / wall time (median over windows; server = redis-server, or the bench's own process for the embedded etcd); "+
+			"heap = live heap after GC minus the baseline, / n; requests = client-side count (go-redis hook, not counting pub/sub PINGs; "+
+			"gRPC interceptors for etcd) over all windows.", cfg.manySettle, cfg.manyWindows, cfg.manyWindow)
+	}
+	if cfg.only["lock"] {
+		r.note("Locks: acquire+release on distinct keys per goroutine, TTL %v, runs of %v; Sovereign through the backend contract "+
+			"(redisbackend Acquire + Release), redsync/v4 with one go-redis pool (WithTries(1)), bsm/redislock Obtain + Release; "+
+			"commands counted with a go-redis hook.", lockTTL, cfg.lockDur)
+	}
+}
+
+// machineInfo describes the machine and the servers.
+func machineInfo(redisBin string, es *etcdServer) string {
+	cpu := "?"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	rv := "?"
+	if out, err := exec.Command(redisBin, "--version").Output(); err == nil {
+		rv = strings.TrimSpace(string(out))
+	}
+	return fmt.Sprintf("- Machine: %d CPUs (nproc), %s, %s/%s\n- Go: %s\n- %s\n- etcd %s (embedded, go.etcd.io/etcd/server/v3/embed; one member, 10 ms heartbeat)\n",
+		runtime.NumCPU(), cpu, runtime.GOOS, runtime.GOARCH, runtime.Version(), rv, es.version())
+}

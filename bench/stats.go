@@ -1,0 +1,127 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// percentile returns the p-th percentile (0..100) of xs by the nearest-rank
+// method, or NaN when xs is empty.
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	rank := int(math.Ceil(p / 100 * float64(len(s))))
+	rank = min(max(rank, 1), len(s))
+	return s[rank-1]
+}
+
+// median returns the median of xs (the mean of the middle two for an even
+// count), or NaN when xs is empty. NaN entries are ignored.
+func median(xs []float64) float64 {
+	s := make([]float64, 0, len(xs))
+	for _, x := range xs {
+		if !math.IsNaN(x) {
+			s = append(s, x)
+		}
+	}
+	if len(s) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// Column names of the table.
+const (
+	colSovRedis  = "Sovereign-Redis"
+	colSovEtcd   = "Sovereign-etcd"
+	colElection  = "etcd concurrency.Election"
+	colRedsync   = "redsync/v4"
+	colRedislock = "bsm/redislock"
+)
+
+var columns = []string{colSovRedis, colSovEtcd, colElection, colRedsync, colRedislock}
+
+// results collects, for each row and column, one figure per run; the table
+// shows the median of each cell's figures.
+type results struct {
+	rows  []string                        // in order of first use
+	cells map[string]map[string][]float64 // row -> column -> figure per run
+	fmts  map[string]string               // row -> format verb
+	notes []string
+}
+
+func newResults() *results {
+	return &results{cells: make(map[string]map[string][]float64), fmts: make(map[string]string)}
+}
+
+// add records one run's figure for row and column; format is the Printf verb
+// used to show the row's medians.
+func (r *results) add(row, col, format string, v float64) {
+	if _, ok := r.cells[row]; !ok {
+		r.rows = append(r.rows, row)
+		r.cells[row] = make(map[string][]float64)
+		r.fmts[row] = format
+	}
+	r.cells[row][col] = append(r.cells[row][col], v)
+}
+
+// note adds a line printed under the table.
+func (r *results) note(format string, args ...any) {
+	r.notes = append(r.notes, fmt.Sprintf(format, args...))
+}
+
+// get returns the median of a cell and whether it has figures.
+func (r *results) get(row, col string) (float64, bool) {
+	v, ok := r.cells[row][col]
+	if !ok || len(v) == 0 {
+		return 0, false
+	}
+	return median(v), true
+}
+
+// markdown renders one markdown table: a row per measure, a column per
+// implementation, "—" where a measure does not apply or was not run.
+func (r *results) markdown() string {
+	var b strings.Builder
+	b.WriteString("| Measure |")
+	for _, c := range columns {
+		b.WriteString(" " + c + " |")
+	}
+	b.WriteString("\n|---|")
+	for range columns {
+		b.WriteString("---:|")
+	}
+	b.WriteString("\n")
+	for _, row := range r.rows {
+		b.WriteString("| " + row + " |")
+		for _, c := range columns {
+			v, ok := r.get(row, c)
+			switch {
+			case !ok:
+				b.WriteString(" — |")
+			case math.IsNaN(v):
+				b.WriteString(" n/a |")
+			default:
+				b.WriteString(" " + fmt.Sprintf(r.fmts[row], v) + " |")
+			}
+		}
+		b.WriteString("\n")
+	}
+	for _, n := range r.notes {
+		b.WriteString("\n" + n + "\n")
+	}
+	return b.String()
+}
