@@ -15,13 +15,16 @@ import (
 
 // Example acquires a lease, shows that a second holder is refused with the
 // holder's record, and reads the lease with plain commands as redis-cli
-// would. miniredis stands in for a Redis server.
+// would. miniredis stands in for a Redis server, its clock set so that the
+// output is fixed: a term is the server's clock in microseconds (or the last
+// term plus one, when that is larger), an opaque increasing integer.
 func Example() {
 	mr, err := miniredis.Run()
 	if err != nil {
 		panic(err)
 	}
 	defer mr.Close()
+	mr.SetTime(time.Date(2025, 11, 22, 3, 13, 54, 567890000, time.UTC))
 
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	defer client.Close()
@@ -47,8 +50,8 @@ func Example() {
 	fmt.Println("HGET sovereign:{billing} holder =", client.HGet(ctx, "sovereign:{billing}", "holder").Val())
 	fmt.Println("GET sovereign:{billing}:term =", client.Get(ctx, "sovereign:{billing}:term").Val())
 	// Output:
-	// node-1 holds term 1
-	// node-2 refused; holder: node-1 term 1
+	// node-1 holds term 1763781234567890
+	// node-2 refused; holder: node-1 term 1763781234567890
 	// HGET sovereign:{billing} holder = node-1
-	// GET sovereign:{billing}:term = 1
+	// GET sovereign:{billing}:term = 1763781234567890
 }

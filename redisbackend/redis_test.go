@@ -192,6 +192,9 @@ func TestWrongType(t *testing.T) {
 			[]op{acquire, renew, release, get}},
 		{"list at term", ":term", func(k string) error { return c.RPush(ctx, k, "x").Err() }, []op{acquire}},
 		{"non-integer string at term", ":term", func(k string) error { return c.Set(ctx, k, "abc", 0).Err() }, []op{acquire}},
+		{"negative integer at term", ":term", func(k string) error { return c.Set(ctx, k, "-5", 0).Err() }, []op{acquire}},
+		// Terms are Lua numbers in the scripts, exact only below 2^53.
+		{"integer 2^53-1 at term", ":term", func(k string) error { return c.Set(ctx, k, "9007199254740991", 0).Err() }, []op{acquire}},
 		{"string at heartbeat", ":heartbeat:a", func(k string) error { return c.Set(ctx, k, "user data", 0).Err() },
 			[]op{heartbeat, remove}},
 		{"string at members", ":members", func(k string) error { return c.Set(ctx, k, "user data", 0).Err() },
@@ -348,11 +351,22 @@ func TestWaitReplicas(t *testing.T) {
 		if !errors.Is(err, redisbackend.ErrNotReplicated) {
 			t.Fatalf("Acquire: got %v, want an error wrapping ErrNotReplicated", err)
 		}
-		if !strings.Contains(err.Error(), "0 of 1 replicas") {
-			t.Errorf("Acquire: got message %q, want it to say 0 of 1 replicas", err)
+		if !strings.Contains(err.Error(), "0 of 1 replicas") || !strings.Contains(err.Error(), "released") {
+			t.Errorf("Acquire: got message %q, want it to say 0 of 1 replicas and that the lease was released", err)
+		}
+		// The lease the failed Acquire took on the primary was released, so
+		// the key is free for the same candidate's next attempt.
+		if n := c.Exists(ctx, "w0:{k}").Val(); n != 0 {
+			t.Errorf("EXISTS w0:{k} after the failed Acquire: got %d, want 0", n)
+		}
+		if _, err := b.Get(ctx, "k"); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("Get after the failed Acquire: got %v, want ErrNotHeld", err)
+		}
+		plain := newBackend(t, c, &redisbackend.Options{Prefix: "w0:"})
+		if _, err := plain.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute}); err != nil {
+			t.Errorf("next Acquire of the same candidate (without WAIT): got %v, want nil", err)
 		}
 		// Renew of a lease acquired without WAIT fails the same way.
-		plain := newBackend(t, c, &redisbackend.Options{Prefix: "w0:"})
 		l, err := plain.Acquire(ctx, backend.AcquireRequest{Key: "k2", HolderID: "a", TTL: time.Minute})
 		if err != nil {
 			t.Fatalf("Acquire without WAIT: %v", err)
@@ -410,7 +424,8 @@ func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 }
 
 // TestOneRoundTrip checks that each operation is one round trip once its
-// script is loaded, with and without WAIT.
+// script is loaded, with and without WAIT. An Acquire whose WAIT fails takes
+// a second one, to release the lease again.
 func TestOneRoundTrip(t *testing.T) {
 	srv := testredis.Start(t)
 	ctx := ctxBound(t)
@@ -422,8 +437,10 @@ func TestOneRoundTrip(t *testing.T) {
 			if err := c.ScriptFlush(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
-			b := newBackend(t, c, &redisbackend.Options{Prefix: fmt.Sprintf("rt%d:", wait), WaitReplicas: wait,
+			prefix := fmt.Sprintf("rt%d:", wait)
+			b := newBackend(t, c, &redisbackend.Options{Prefix: prefix, WaitReplicas: wait,
 				WaitTimeout: time.Millisecond})
+			plain := newBackend(t, c, &redisbackend.Options{Prefix: prefix})
 			var l backend.Lease
 			ops := []struct {
 				name string
@@ -447,17 +464,17 @@ func TestOneRoundTrip(t *testing.T) {
 					if err != nil && !errors.Is(err, redisbackend.ErrNotReplicated) {
 						t.Fatalf("round %d %s: %v", round, op.name, err)
 					}
-					if round == 1 {
-						if got := hook.n.Load(); got != 1 {
-							t.Errorf("%s: got %d round trips, want 1", op.name, got)
-						}
+					want := int64(1)
+					if op.name == "Acquire" && wait > 0 {
+						want = 2 // EVALSHA+WAIT, then the release after WAIT failed
 					}
-					if op.name == "Acquire" && err != nil { // WAIT failed: take the lease to go on
-						rec, gerr := b.Get(ctx, "k")
-						if gerr != nil {
-							t.Fatal(gerr)
+					if got := hook.n.Load(); round == 1 && got != want {
+						t.Errorf("%s: got %d round trips, want %d", op.name, got, want)
+					}
+					if op.name == "Acquire" && err != nil { // WAIT failed and the lease was released: take it without WAIT to go on
+						if l, err = plain.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute}); err != nil {
+							t.Fatalf("round %d Acquire without WAIT: %v", round, err)
 						}
-						l = backend.Lease{Key: "k", HolderID: "a", Token: rec.Token, Term: rec.Term, TTL: time.Minute}
 					}
 				}
 			}
@@ -772,4 +789,148 @@ func TestWatchHealthCheck(t *testing.T) {
 	if took := time.Since(start); took > 10*interval+time.Second {
 		t.Errorf("watch closed %v after the server froze, want about 2 intervals (%v)", took, 2*interval)
 	}
+}
+
+// TestTermsFromServerClock walks one key through the cases of the term rule
+// on miniredis, whose clock the test sets: a new term is the larger of the
+// counter plus one and the server's clock in microseconds (and above a
+// replaced lease's term), written back to the counter as a decimal string.
+func TestTermsFromServerClock(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	b := newBackend(t, c, nil)
+	ctx := ctxBound(t)
+	t0 := time.Date(2025, 11, 22, 3, 13, 54, 567890000, time.UTC)
+	us := uint64(t0.UnixMicro()) // 1763781234567890
+	var l backend.Lease          // the current lease, zero when the key is free
+	release := func(t *testing.T) {
+		if l.Token != "" {
+			if err := b.Release(ctx, l); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+		}
+		l = backend.Lease{}
+	}
+	steps := []struct {
+		name     string
+		before   func(t *testing.T) (replace uint64) // prepares the step; a non-zero result makes it a takeover
+		wantTerm func(prev uint64) uint64
+	}{
+		{"fresh key: the clock", func(t *testing.T) uint64 { mr.SetTime(t0); return 0 },
+			func(uint64) uint64 { return us }},
+		{"same microsecond: counter plus one", func(t *testing.T) uint64 { release(t); return 0 },
+			func(prev uint64) uint64 { return prev + 1 }},
+		{"clock stepped back, counter intact: counter plus one", func(t *testing.T) uint64 {
+			release(t)
+			mr.SetTime(t0.Add(-time.Hour))
+			return 0
+		}, func(prev uint64) uint64 { return prev + 1 }},
+		{"data lost, clock later: the clock", func(t *testing.T) uint64 {
+			l = backend.Lease{}
+			mr.FlushAll()
+			mr.SetTime(t0.Add(time.Second + time.Microsecond))
+			return 0
+		}, func(uint64) uint64 { return us + 1_000_001 }},
+		{"takeover: the clock", func(t *testing.T) uint64 {
+			mr.SetTime(t0.Add(2 * time.Second))
+			return l.Term
+		}, func(uint64) uint64 { return us + 2_000_000 }},
+		{"takeover, counter lost, clock behind: above the replaced term", func(t *testing.T) uint64 {
+			mr.Del("sovereign:{k}:term")
+			mr.SetTime(t0.Add(-time.Hour))
+			return l.Term
+		}, func(prev uint64) uint64 { return prev + 1 }},
+	}
+	var prev uint64
+	for _, st := range steps {
+		ok := t.Run(st.name, func(t *testing.T) {
+			replace := st.before(t)
+			var err error
+			l, err = b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute, ReplaceTerm: replace})
+			if err != nil {
+				t.Fatalf("Acquire: got %v, want nil", err)
+			}
+			if want := st.wantTerm(prev); l.Term != want {
+				t.Fatalf("term: got %d, want %d", l.Term, want)
+			}
+			if l.Term <= prev {
+				t.Fatalf("term: got %d, want > %d", l.Term, prev)
+			}
+			want := strconv.FormatUint(l.Term, 10)
+			if got := c.Get(ctx, "sovereign:{k}:term").Val(); got != want {
+				t.Errorf("GET sovereign:{k}:term: got %q, want %q", got, want)
+			}
+			if got := c.HGet(ctx, "sovereign:{k}", "term").Val(); got != want {
+				t.Errorf("HGET sovereign:{k} term: got %q, want %q", got, want)
+			}
+			if rec, err := b.Get(ctx, "k"); err != nil || rec.Term != l.Term {
+				t.Errorf("Get: got term %d (error %v), want %d", rec.Term, err, l.Term)
+			}
+			prev = l.Term
+		})
+		if !ok { // each step builds on the one before
+			break
+		}
+	}
+}
+
+// TestTermsAcrossDataLoss: a redis-server without persistence is restarted,
+// losing the term counter; the next term is still greater than every term
+// handed out before, because terms follow the server's clock and never run
+// ahead of it.
+func TestTermsAcrossDataLoss(t *testing.T) {
+	srv := testredis.Start(t) // no persistence
+	c := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
+	b := newBackend(t, c, nil)
+	ctx := ctxBound(t)
+	serverMicros := func() uint64 {
+		t.Helper()
+		tm, err := c.Time(ctx).Result()
+		if err != nil {
+			t.Fatalf("TIME: %v", err)
+		}
+		return uint64(tm.UnixMicro())
+	}
+	acquire := func() backend.Lease {
+		t.Helper()
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+		if err != nil {
+			t.Fatalf("Acquire: got %v, want nil", err)
+		}
+		return l
+	}
+	// Acquire and release as fast as one client can: the terms stay within
+	// the server's clock readings taken around them.
+	from := serverMicros()
+	var last backend.Lease
+	for i := range 50 {
+		l := acquire()
+		if i > 0 && l.Term <= last.Term {
+			t.Fatalf("term %d: got %d, want > %d", i, l.Term, last.Term)
+		}
+		last = l
+		if i < 49 {
+			if err := b.Release(ctx, l); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+		}
+	}
+	if to := serverMicros(); last.Term < from || last.Term > to {
+		t.Fatalf("last of 50 terms: got %d, want within the server clock's [%d, %d] µs", last.Term, from, to)
+	}
+	if got, want := c.Get(ctx, "sovereign:{k}:term").Val(), strconv.FormatUint(last.Term, 10); got != want {
+		t.Fatalf("GET sovereign:{k}:term: got %q, want %q (decimal digits, no exponent)", got, want)
+	}
+
+	srv.Restart(t)
+	eventually(t, "client reconnected after the restart", func() bool { return c.Ping(ctx).Err() == nil })
+	if n := c.Exists(ctx, "sovereign:{k}", "sovereign:{k}:term").Val(); n != 0 {
+		t.Fatalf("EXISTS lease and counter after the restart: got %d, want 0 (no persistence)", n)
+	}
+	next := acquire()
+	if next.Term <= last.Term {
+		t.Fatalf("term after the restart lost the counter: got %d, want > %d", next.Term, last.Term)
+	}
+	t.Logf("term before the restart %d, after %d", last.Term, next.Term)
 }

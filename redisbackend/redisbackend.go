@@ -19,8 +19,9 @@
 //	                                     term, acquired_at and renewed_at (unix ms), ttl (ms)
 //	                                     and one field meta:<name> per metadata entry;
 //	                                     PEXPIRE ttl. Absent when nobody holds the key.
-//	sovereign:{billing}:term             string: the fencing term counter (INCR), no TTL;
-//	                                     survives release and expiry.
+//	sovereign:{billing}:term             string: the fencing term counter, no TTL; survives
+//	                                     release and expiry. Holds the last term handed
+//	                                     out, an integer below 2^53-1 (see Fencing terms).
 //	sovereign:{billing}:heartbeat:<id>   hash: fields at (unix ms) and ttl (ms, as granted),
 //	                                     PEXPIRE ttl; the age is ttl - PTTL.
 //	sovereign:{billing}:members          set of the IDs that sent heartbeats (an index;
@@ -60,20 +61,48 @@
 // lease's remaining TTL), plus 4 PINGs a minute each on the watch
 // connection.
 //
+// # Fencing terms
+//
+// A term is an opaque, increasing integer: compare terms, never do arithmetic
+// on them or expect them to count 1, 2, 3. Acquire sets the new term to the
+// larger of the key's counter plus one (INCR) and the Redis server's clock in
+// microseconds since 1970 (TIME, seconds*1000000 + microseconds), and stores
+// it back in the counter, so terms look like 1763781234567890 and the next
+// INCR continues above the last one. On one server whose data survives (or
+// with persistence) terms strictly increase whatever the clock does, since the
+// counter only grows. The clock matters only when the counter is lost (see
+// Replication): the next acquisition then starts from the new server's clock,
+// which is above every term the old server handed out as long as that clock is
+// later than the time of the last acquisition on the old server. Terms do not
+// run ahead of the clock: two acquisitions of one key are two script
+// executions (each needs a round trip), well over a microsecond apart, so by
+// the next acquisition the clock has passed the previous term and the term is
+// the clock's reading. A restart or failover takes far longer than any skew
+// NTP leaves between two servers, so in practice the new clock is later; a
+// clock stepped back by more than the downtime (or a replica whose clock is
+// behind the old primary's by more than the time the failover took) breaks the
+// guarantee and can hand out a term that was used before. A Lua number holds
+// these values exactly until 2^53 (the year 2255); the scripts write them as
+// decimal strings.
+//
 // # Replication
 //
-// Redis replicates asynchronously. If the primary fails after acknowledging
-// an acquisition or renewal and before a replica has it, a replica promoted by
-// Sentinel or Cluster may not know the lease (nor the latest term): another
-// candidate can then acquire it while the old leader still believes it leads,
-// until the old leader's renew deadline passes, and a term can be handed out
-// twice. Options.WaitReplicas makes Acquire and Renew wait (WAIT) until that
-// many replicas have the write, which narrows the window but, as the Redis
-// documentation says, does not make Redis strongly consistent: a failover can
-// still pick a replica that missed the write. A restart of a server without
-// persistence loses every lease and term counter in the same way. When two
-// leaders for even a moment are unacceptable and the downstream store cannot
-// check fencing terms, use etcd (package etcdbackend).
+// Redis replicates asynchronously. If the primary fails after acknowledging an
+// acquisition or renewal and before a replica has it, a replica promoted by
+// Sentinel or Cluster may not know the lease: another candidate can then
+// acquire it while the old leader still believes it leads, until the old
+// leader's renew deadline passes. The old leader's writes then carry a lower
+// term than the new leader's, so a downstream store that checks fencing terms
+// rejects them once the new leader has written: the promoted replica may also
+// have missed the term counter, but the new term comes from its clock (see
+// Fencing terms). Options.WaitReplicas makes Acquire and Renew wait (WAIT)
+// until that many replicas have the write, which narrows the window but, as
+// the Redis documentation says, does not make Redis strongly consistent: a
+// failover can still pick a replica that missed the write. A restart of a
+// server without persistence loses every lease and term counter in the same
+// way; terms still increase across it, for the same reason. When two leaders
+// for even a moment are unacceptable and the downstream store cannot check
+// fencing terms, use etcd (package etcdbackend).
 //
 // # Time limits
 //
@@ -106,7 +135,9 @@ var (
 
 	// ErrNotReplicated is returned by Acquire and Renew, with
 	// Options.WaitReplicas set, when fewer replicas than asked confirmed the
-	// write within Options.WaitTimeout.
+	// write within Options.WaitTimeout. Acquire has then released the lease
+	// it had just taken on the primary (best effort, within the call's
+	// context), so the key is free again.
 	ErrNotReplicated = errors.New("redisbackend: write not confirmed by enough replicas")
 )
 
@@ -145,7 +176,10 @@ type Options struct {
 
 	// WaitReplicas, when positive, makes Acquire and Renew send WAIT in the
 	// same round trip and fail with an error wrapping ErrNotReplicated unless
-	// at least that many replicas confirm the write. default: 0 (no WAIT)
+	// at least that many replicas confirm the write. When an acquisition is
+	// not confirmed, Acquire releases the lease again (one more round trip,
+	// bounded by its context) before returning the error. default: 0 (no
+	// WAIT)
 	WaitReplicas int
 
 	// WaitTimeout bounds WAIT. Used only with WaitReplicas; it must stay well
@@ -335,13 +369,20 @@ func (b *Backend) bounded(ctx context.Context, fn func(ctx context.Context) erro
 }
 
 // run evaluates s and returns its reply array. With wait, WAIT follows in
-// the same pipeline (one round trip) and its reply is returned as replicas.
-func (b *Backend) run(ctx context.Context, s *redis.Script, wait bool, keys []string, args ...any) (reply []any, replicas int64, err error) {
+// the same pipeline (one round trip); waitErr is then not nil when the script
+// ran but WAIT failed or fewer than Options.WaitReplicas replicas confirmed
+// the write (wrapping ErrNotReplicated). err is not nil when the script's
+// reply was not received.
+func (b *Backend) run(ctx context.Context, s *redis.Script, wait bool, keys []string, args ...any) (reply []any, waitErr, err error) {
+	// The closure may still run after bounded returned at ctx's deadline, so
+	// it writes only its own variables, read here only after it returned.
+	var got []any
+	var gotWaitErr error
 	err = b.bounded(ctx, func(ctx context.Context) error {
 		var v any
-		var err error
+		var werr, err error
 		if wait {
-			v, replicas, err = b.runWait(ctx, s, keys, args)
+			v, werr, err = b.runWait(ctx, s, keys, args)
 		} else {
 			v, err = s.Run(ctx, b.client, keys, args...).Result()
 		}
@@ -352,24 +393,25 @@ func (b *Backend) run(ctx context.Context, s *redis.Script, wait bool, keys []st
 		if !ok || len(arr) == 0 {
 			return fmt.Errorf("redisbackend: unexpected script reply %#v", v)
 		}
-		reply = arr
+		got, gotWaitErr = arr, werr
 		return nil
 	})
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
-	return reply, replicas, nil
+	return got, gotWaitErr, nil
 }
 
 // runWait sends EVALSHA and WAIT in one pipeline on the connection that
 // serves the key (WAIT counts the replicas that have this connection's
-// writes), falling back to EVAL after NOSCRIPT.
-func (b *Backend) runWait(ctx context.Context, s *redis.Script, keys []string, args []any) (any, int64, error) {
+// writes), falling back to EVAL after NOSCRIPT. It returns the script's
+// reply, what went wrong with WAIT (see run), and the script's error.
+func (b *Backend) runWait(ctx context.Context, s *redis.Script, keys []string, args []any) (v any, waitErr, err error) {
 	var p redis.Pipeliner
 	if b.cluster != nil {
 		node, err := b.cluster.MasterForKey(ctx, keys[0])
 		if err != nil {
-			return nil, 0, err
+			return nil, nil, err
 		}
 		p = node.Pipeline()
 	} else {
@@ -389,13 +431,16 @@ func (b *Backend) runWait(ctx context.Context, s *redis.Script, keys []string, a
 		}
 		v, err := ev.Result()
 		if err != nil {
-			return nil, 0, err
+			return nil, nil, err
 		}
 		n, err := w.Int64()
-		if err != nil {
-			return nil, 0, fmt.Errorf("WAIT: %w", err)
+		switch {
+		case err != nil:
+			return v, fmt.Errorf("WAIT: %w", err), nil
+		case n < int64(b.waitN):
+			return v, fmt.Errorf("%w: %d of %d replicas within %v", ErrNotReplicated, n, b.waitN, b.waitTimeout), nil
 		}
-		return v, n, nil
+		return v, nil, nil
 	}
 }
 
@@ -430,7 +475,7 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
 	}
-	reply, replicas, err := b.run(ctx, acquireScript, b.waitN > 0, []string{lease, term, hb}, args...)
+	reply, waitErr, err := b.run(ctx, acquireScript, b.waitN > 0, []string{lease, term, hb}, args...)
 	if err != nil {
 		return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
 	}
@@ -443,9 +488,13 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		if len(reply) < 2 {
 			break
 		}
-		l := backend.Lease{Key: req.Key, HolderID: req.HolderID, Token: token, Term: uint64(num(reply[1])), TTL: millis(ttl)}
-		if err := b.checkReplicas("acquire", req.Key, replicas); err != nil {
-			return backend.Lease{}, err
+		n, err := parseTerm(reply[1])
+		if err != nil {
+			return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
+		}
+		l := backend.Lease{Key: req.Key, HolderID: req.HolderID, Token: token, Term: n, TTL: millis(ttl)}
+		if waitErr != nil {
+			return backend.Lease{}, b.dropUnreplicated(ctx, l, waitErr)
 		}
 		return l, nil
 	case "HELD":
@@ -461,12 +510,17 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: unexpected reply %#v", req.Key, reply)
 }
 
-func (b *Backend) checkReplicas(op, key string, replicas int64) error {
-	if b.waitN > 0 && replicas < int64(b.waitN) {
-		return fmt.Errorf("redisbackend: %s %q: %w: %d of %d replicas within %v",
-			op, key, ErrNotReplicated, replicas, b.waitN, b.waitTimeout)
+// dropUnreplicated releases l, just acquired on the primary but not
+// confirmed by enough replicas (waitErr), so that the caller's next attempt
+// does not find its own lease held until the TTL ends. The release is owner
+// checked, best effort and bounded by ctx; its failure is reported in the
+// message only. The returned error wraps waitErr.
+func (b *Backend) dropUnreplicated(ctx context.Context, l backend.Lease, waitErr error) error {
+	if err := b.Release(ctx, l); err != nil {
+		return fmt.Errorf("redisbackend: acquire %q: %w (term %d left on the primary until its TTL ends: release failed: %v)",
+			l.Key, waitErr, l.Term, err)
 	}
-	return nil
+	return fmt.Errorf("redisbackend: acquire %q: %w (term %d released)", l.Key, waitErr, l.Term)
 }
 
 // Renew implements backend.Backend.
@@ -478,7 +532,7 @@ func (b *Backend) Renew(ctx context.Context, l backend.Lease) error {
 		return err
 	}
 	lease, _, _ := b.leaseKeys(l.Key)
-	reply, replicas, err := b.run(ctx, renewScript, b.waitN > 0, []string{lease}, l.HolderID, l.Token, ttlMillis(l.TTL))
+	reply, waitErr, err := b.run(ctx, renewScript, b.waitN > 0, []string{lease}, l.HolderID, l.Token, ttlMillis(l.TTL))
 	if err != nil {
 		return fmt.Errorf("redisbackend: renew %q: %w", l.Key, err)
 	}
@@ -488,7 +542,10 @@ func (b *Backend) Renew(ctx context.Context, l backend.Lease) error {
 	}
 	switch status {
 	case "OK":
-		return b.checkReplicas("renew", l.Key, replicas)
+		if waitErr != nil {
+			return fmt.Errorf("redisbackend: renew %q: %w", l.Key, waitErr)
+		}
+		return nil
 	case "LOST":
 		return fmt.Errorf("redisbackend: renew %q (term %d): %w", l.Key, l.Term, backend.ErrLeaseLost)
 	}
@@ -653,11 +710,15 @@ func parseRecord(key string, reply []any) (backend.Record, error) {
 	if len(reply) < 10 {
 		return backend.Record{}, fmt.Errorf("short record reply %#v", reply)
 	}
+	term, err := parseTerm(reply[3])
+	if err != nil {
+		return backend.Record{}, err
+	}
 	rec := backend.Record{
 		Key:        key,
 		HolderID:   str(reply[1]),
 		Token:      str(reply[2]),
-		Term:       uint64(num(reply[3])),
+		Term:       term,
 		AcquiredAt: time.UnixMilli(num(reply[4])),
 		RenewedAt:  time.UnixMilli(num(reply[5])),
 		TTL:        millis(max(0, num(reply[6]))),
@@ -673,6 +734,23 @@ func parseRecord(key string, reply []any) (backend.Record, error) {
 		}
 	}
 	return rec, nil
+}
+
+// parseTerm decodes a term from a script reply: the decimal string the
+// script wrote with string.format('%d'), or an integer reply.
+func parseTerm(v any) (uint64, error) {
+	switch v := v.(type) {
+	case string:
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err == nil && n > 0 {
+			return n, nil
+		}
+	case int64:
+		if v > 0 {
+			return uint64(v), nil
+		}
+	}
+	return 0, fmt.Errorf("bad term %#v in script reply", v)
 }
 
 func str(v any) string {

@@ -25,6 +25,14 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- now_us is the server's clock in microseconds since 1970: about 1.8e15,
+-- exact in a Lua number (a double) until 2^53 (the year 2255).
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- fmt writes an integer as decimal digits, never with an exponent
+-- (tostring would write 1.7637812345679e+15).
 local function fmt(n) return string.format('%d', n) end
 local function ktype(k)
   local t = redis.call('TYPE', k)
@@ -60,12 +68,18 @@ local function set_state(k)
   if t ~= 'set' then return 'a ' .. t end
   return 'ok'
 end
+-- max_term is the largest integer a Lua number holds exactly (2^53 - 1).
+local max_term = 9007199254740991
 -- term_state is 'none', 'ok', or a description of the foreign data at k.
 local function term_state(k)
   local t = ktype(k)
   if t == 'none' then return 'none' end
   if t ~= 'string' then return 'a ' .. t end
-  if not tonumber(redis.call('GET', k)) then return 'a string that is not an integer' end
+  local s = redis.call('GET', k)
+  if s ~= '0' and not string.match(s, '^[1-9]%d*$') then
+    return 'a string that is not a non-negative integer'
+  end
+  if tonumber(s) >= max_term then return 'an integer at or above 2^53-1' end
   return 'ok'
 end
 -- record returns status followed by the record of the lease at lease.
@@ -93,28 +107,36 @@ end
 `
 
 // acquireScript: KEYS lease, term, heartbeat base; ARGV holder, token,
-// ttl ms, replace term, publish command (empty for none), channel, then
-// metadata name/value pairs.
+// ttl ms, replace term (decimal, "0" for none), publish command (empty for
+// none), channel, then metadata name/value pairs. Returns OK and the new
+// term as a decimal string.
 var acquireScript = redis.NewScript(luaPrelude + `
 local ls = lease_state(KEYS[1])
 if ls ~= 'ok' and ls ~= 'none' then return {'WRONGTYPE', KEYS[1], ls} end
 local ts = term_state(KEYS[2])
 if ts ~= 'ok' and ts ~= 'none' then return {'WRONGTYPE', KEYS[2], ts} end
-local replace = tonumber(ARGV[4])
 local old = 0
 if ls == 'ok' then
-  local cur = tonumber(redis.call('HGET', KEYS[1], 'term'))
-  if replace == 0 or cur ~= replace then
+  -- Terms are compared as the decimal strings both sides wrote, exactly.
+  local cur = redis.call('HGET', KEYS[1], 'term')
+  if ARGV[4] == '0' or cur ~= ARGV[4] then
     return record('HELD', KEYS[1], KEYS[3])
   end
-  old = cur
+  old = tonumber(cur)
   redis.call('DEL', KEYS[1])
-elseif replace ~= 0 then
+elseif ARGV[4] ~= '0' then
   return {'NOTHELD'}
 end
+-- The term is the counter plus one, but at least the server's clock in
+-- microseconds (and above the replaced lease's term): a counter lost with
+-- the data (a restart without persistence, a failover to a replica that
+-- missed it) starts again above every term the old server handed out, as
+-- long as the new server's clock is past the old one's last acquisition.
+-- The chosen term is stored back, so the next INCR continues above it.
 local term = redis.call('INCR', KEYS[2])
-if term <= old then
-  term = old + 1
+local floor = math.max(now_us(), old + 1)
+if term < floor then
+  term = floor
   redis.call('SET', KEYS[2], fmt(term))
 end
 local now = fmt(now_ms())
@@ -125,7 +147,7 @@ for i = 7, #ARGV, 2 do
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 if ARGV[5] ~= '' then redis.call(ARGV[5], ARGV[6], 'acquired:' .. fmt(term)) end
-return {'OK', term}
+return {'OK', fmt(term)}
 `)
 
 // renewScript: KEYS lease; ARGV holder, token, ttl ms.
