@@ -454,3 +454,81 @@ func TestResignFromInsideLeaderFunction(t *testing.T) {
 		e.Close()
 	})
 }
+
+func TestNewLeaderRemovesStaleHeartbeatRecords(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		raw := store.Client()
+		defer raw.Close()
+		// ghost heartbeated once with a long TTL and then went silent; fresh
+		// heartbeated just now.
+		if err := raw.Heartbeat(t.Context(), "election", "ghost", time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		o := fastOpts()
+		time.Sleep(10 * time.Second) // older than HeartbeatTTL - (TTL - RenewDeadline)
+		if err := raw.Heartbeat(t.Context(), "election", "fresh", time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		cl := store.Client()
+		defer cl.Close()
+		e, err := sovereign.New(cl, "election", "a", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if !e.IsLeader() {
+			t.Fatal("a does not lead")
+		}
+		ms, err := e.Members(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, m := range ms {
+			ids = append(ids, m.ID)
+		}
+		if got, want := strings.Join(ids, ","), "a,fresh"; got != want {
+			t.Errorf("members after the new leader's clean-up = %s, want %s (ghost removed)", got, want)
+		}
+	})
+}
+
+func TestUnsubscribeStopsDelivery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, 2, fastOpts())
+		var before, after atomic.Int32
+		var unsubscribe func()
+		unsubscribe = c.es[0].Subscribe(func(ev sovereign.Event) {
+			if _, ok := ev.(sovereign.StateChanged); ok {
+				before.Add(1)
+			}
+		})
+		c.start(t)
+		li := c.leader(t, time.Second)
+		synctest.Wait()
+		unsubscribe()
+		c.es[0].Subscribe(func(ev sovereign.Event) {
+			if _, ok := ev.(sovereign.StateChanged); ok {
+				after.Add(1)
+			}
+		})
+		n := before.Load()
+		if n == 0 {
+			t.Fatal("no StateChanged before unsubscribing")
+		}
+		c.es[li].Resign(t.Context())
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if got := before.Load(); got != n {
+			t.Errorf("unsubscribed listener got %d more events", got-n)
+		}
+		if after.Load() == 0 {
+			t.Error("the other listener got no StateChanged after the resign: the test proves nothing")
+		}
+	})
+}

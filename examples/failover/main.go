@@ -12,6 +12,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -29,19 +30,19 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *ttl); err != nil {
+	if err := run(ctx, os.Stdout, *ttl); err != nil {
 		fmt.Fprintln(os.Stderr, "failover:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, ttl time.Duration) error {
+func run(ctx context.Context, out io.Writer, ttl time.Duration) error {
 	start := time.Now()
 	var mu sync.Mutex // serialises printing
 	say := func(format string, args ...any) {
 		mu.Lock()
 		defer mu.Unlock()
-		fmt.Printf("[%8.3fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+		fmt.Fprintf(out, "[%8.3fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
 
 	store := memorybackend.NewStore()
@@ -145,10 +146,10 @@ func run(ctx context.Context, ttl time.Duration) error {
 	}
 	handover := time.Since(resignAt)
 	rec3, _ := byID(third).e.Leader(ctx)
-	fmt.Println()
-	fmt.Printf("crash failover: %s took over (term %d) %v after %s crashed (TTL %v)\n",
+	fmt.Fprintln(out)
+	fmt.Fprintf(out, "crash failover: %s took over (term %d) %v after %s crashed (TTL %v)\n",
 		second, rec.Term, failover.Round(time.Millisecond), first, ttl)
-	fmt.Printf("graceful hand-over: %s took over (term %d) %v after %s resigned\n",
+	fmt.Fprintf(out, "graceful hand-over: %s took over (term %d) %v after %s resigned\n",
 		third, rec3.Term, handover.Round(10*time.Microsecond), second)
 	return nil
 }
