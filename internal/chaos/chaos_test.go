@@ -86,8 +86,11 @@ func TestChaosRedis(t *testing.T) {
 	srv := testredis.StartConfig(t, testredis.Config{Persistent: true})
 	runChaos(t, "redis", srv.Addr(), []faultKind{
 		kill, stop, cut, drop, latency,
-		{name: "redis-restart", server: func(t *testing.T) { srv.Restart(t) }},
-		{name: "redis-crash", server: func(t *testing.T) { srv.Kill(t); srv.Start(t) }},
+		// The server stays down for a while: mostly longer than the TTL,
+		// so the leader steps down and its lease expires while nobody can
+		// reach the store.
+		{name: "redis-restart", server: func(t *testing.T, down time.Duration) { srv.Stop(); pause(down); srv.Start(t) }},
+		{name: "redis-crash", server: func(t *testing.T, down time.Duration) { srv.Kill(t); pause(down); srv.Start(t) }},
 	})
 }
 
@@ -105,10 +108,10 @@ func TestChaosEtcd(t *testing.T) {
 // the server.
 type faultKind struct {
 	name   string
-	proxy  chaos.Mode         // for proxy faults
-	signal bool               // SIGSTOP/SIGCONT
-	server func(t *testing.T) // for server faults
-	isKill bool               // SIGKILL and a replacement
+	proxy  chaos.Mode                             // for proxy faults
+	signal bool                                   // SIGSTOP/SIGCONT
+	server func(t *testing.T, down time.Duration) // for server faults
+	isKill bool                                   // SIGKILL and a replacement
 }
 
 var (
@@ -376,9 +379,10 @@ func (h *harness) inject(k faultKind, leader string) chaos.Fault {
 	p := h.byID(leader)
 	switch {
 	case k.server != nil:
-		f.Target = ""
+		d, short := h.faultDuration()
+		f.Target, f.Short = "", short
 		f.At = chaos.Now()
-		k.server(t)
+		k.server(t, d)
 		f.Healed = chaos.Now()
 	case k.isKill:
 		f.At = chaos.Now()
