@@ -10,6 +10,7 @@ import (
 
 	"github.com/sovereign-go/sovereign"
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/electortest"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
@@ -42,11 +43,11 @@ func TestOneLeaderAndTransitions(t *testing.T) {
 		}
 		// The leader's own events, in order.
 		var kinds []string
-		for _, s := range c.rec.events() {
-			if s.id != c.es[li].ID() {
+		for _, s := range c.rec.Events() {
+			if s.ID != c.es[li].ID() {
 				continue
 			}
-			switch ev := s.ev.(type) {
+			switch ev := s.Event.(type) {
 			case sovereign.StateChanged:
 				kinds = append(kinds, ev.From.String()+">"+ev.To.String())
 			case sovereign.LeadershipAcquired:
@@ -99,7 +100,7 @@ func TestLeaderKeepsLeadingAndCallsAreFew(t *testing.T) {
 			t.Errorf("idle follower made %d calls in a minute, want 17..20", got)
 		}
 		t.Logf("calls per minute: leader %d %v, follower %d %v", calls(li), c.clients[li].Calls(), calls(fi), c.clients[fi].Calls())
-		checkSafety(t, c.rec.intervals())
+		electortest.CheckNoOverlap(t, c.rec.Intervals())
 	})
 }
 
@@ -128,29 +129,29 @@ func TestPartitionedLeaderStepsDownBeforeAnotherLeads(t *testing.T) {
 			t.Fatalf("partitioned %s leads again", old.ID())
 		}
 		synctest.Wait()
-		ivs := c.rec.intervals()
-		checkSafety(t, ivs)
+		ivs := c.rec.Intervals()
+		electortest.CheckNoOverlap(t, ivs)
 		last := ivs[len(ivs)-1]
-		if last.start.Sub(stepped) < 300*time.Millisecond-time.Millisecond {
-			t.Errorf("new leader acquired %v after the old stepped down, want >= TTL-RenewDeadline (the old lease must expire first)", last.start.Sub(stepped))
+		if last.Start.Sub(stepped) < 300*time.Millisecond-time.Millisecond {
+			t.Errorf("new leader acquired %v after the old stepped down, want >= TTL-RenewDeadline (the old lease must expire first)", last.Start.Sub(stepped))
 		}
-		t.Logf("virtual time: step-down %v after the partition, failover %v (TTL 1s)", stepped.Sub(partitioned), last.start.Sub(partitioned))
-		if failover := last.start.Sub(partitioned); failover > time.Second+50*time.Millisecond {
+		t.Logf("virtual time: step-down %v after the partition, failover %v (TTL 1s)", stepped.Sub(partitioned), last.Start.Sub(partitioned))
+		if failover := last.Start.Sub(partitioned); failover > time.Second+50*time.Millisecond {
 			t.Errorf("failover took %v, want <= TTL + 50ms", failover)
 		}
-		if ivs[0].reason != sovereign.ReasonDeadline {
-			t.Errorf("old leader's loss reason = %v, want %v", ivs[0].reason, sovereign.ReasonDeadline)
+		if ivs[0].Reason != sovereign.ReasonDeadline {
+			t.Errorf("old leader's loss reason = %v, want %v", ivs[0].Reason, sovereign.ReasonDeadline)
 		}
-		if last.term <= ivs[0].term {
-			t.Errorf("new term %d, want > %d", last.term, ivs[0].term)
+		if last.Term <= ivs[0].Term {
+			t.Errorf("new term %d, want > %d", last.Term, ivs[0].Term)
 		}
 		// Heal: the old leader rejoins as a follower, still one leader.
 		c.clients[li].Heal()
 		time.Sleep(5 * time.Second)
-		if ls := leaders(c.es...); len(ls) != 1 || ls[0] != c.es[ni] {
+		if ls := electortest.Leaders(c.es...); len(ls) != 1 || ls[0] != c.es[ni] {
 			t.Errorf("after heal, leaders = %d, want only %s", len(ls), c.es[ni].ID())
 		}
-		checkSafety(t, c.rec.intervals())
+		electortest.CheckNoOverlap(t, c.rec.Intervals())
 	})
 }
 
@@ -227,10 +228,10 @@ func TestResignHandsOverAtOnce(t *testing.T) {
 		if d := time.Since(before); d > 0 {
 			t.Errorf("hand-over took %v of virtual time, want 0 (woken by the watch, not a timer)", d)
 		}
-		ivs := c.rec.intervals()
-		checkSafety(t, ivs)
-		if ivs[0].reason != sovereign.ReasonResigned {
-			t.Errorf("reason = %v, want resigned", ivs[0].reason)
+		ivs := c.rec.Intervals()
+		electortest.CheckNoOverlap(t, ivs)
+		if ivs[0].Reason != sovereign.ReasonResigned {
+			t.Errorf("reason = %v, want resigned", ivs[0].Reason)
 		}
 		if err := c.es[li].Resign(t.Context()); !errors.Is(err, sovereign.ErrNotLeader) {
 			t.Errorf("Resign by a follower = %v, want ErrNotLeader", err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sovereign-go/sovereign"
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/electortest"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
@@ -24,107 +25,24 @@ func fastOpts() *sovereign.Options {
 	return &sovereign.Options{TTL: time.Second, NoStartupJitter: true, Logger: quiet}
 }
 
-// stamped is an event with the (virtual) time it was delivered and the ID of
-// the elector that published it. In a synctest bubble listeners run before
-// time advances, so the delivery time is the time of the event.
-type stamped struct {
-	at time.Time
-	id string
-	ev sovereign.Event
-}
-
-// recorder collects events from several electors.
-type recorder struct {
-	mu  sync.Mutex
-	evs []stamped
-}
-
-func (r *recorder) attach(e *sovereign.Elector) {
-	e.Subscribe(func(ev sovereign.Event) {
-		r.mu.Lock()
-		r.evs = append(r.evs, stamped{time.Now(), e.ID(), ev})
-		r.mu.Unlock()
-	})
-}
-
-func (r *recorder) events() []stamped {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]stamped(nil), r.evs...)
-}
-
-// interval is one term of one elector, as its events tell it.
-type interval struct {
-	id         string
-	term       uint64
-	start, end time.Time // end zero: still leading
-	reason     sovereign.LossReason
-}
-
-func (r *recorder) intervals() []interval {
-	var out []interval
-	open := map[string]int{}
-	for _, s := range r.events() {
-		switch ev := s.ev.(type) {
-		case sovereign.LeadershipAcquired:
-			open[s.id] = len(out)
-			out = append(out, interval{id: s.id, term: ev.Term, start: s.at})
-		case sovereign.LeadershipLost:
-			if i, ok := open[s.id]; ok {
-				out[i].end, out[i].reason = s.at, ev.Reason
-				delete(open, s.id)
-			}
-		}
-	}
-	return out
-}
-
-// checkSafety fails t if two leadership intervals overlap or terms do not
-// strictly increase in order of acquisition.
-func checkSafety(t *testing.T, ivs []interval) {
-	t.Helper()
-	for i, a := range ivs {
-		if i > 0 && a.term <= ivs[i-1].term {
-			t.Errorf("term %d of %s acquired after term %d of %s: terms must strictly increase", a.term, a.id, ivs[i-1].term, ivs[i-1].id)
-		}
-		for _, b := range ivs[i+1:] {
-			if a.end.IsZero() || b.start.Before(a.end) {
-				t.Errorf("%s (term %d) acquired at %v while %s (term %d, %v..%v) still led",
-					b.id, b.term, b.start, a.id, a.term, a.start, a.end)
-			}
-		}
-	}
-}
-
-// leaders returns the electors that report IsLeader.
-func leaders(es ...*sovereign.Elector) []*sovereign.Elector {
-	var out []*sovereign.Elector
-	for _, e := range es {
-		if e.IsLeader() {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
 // cluster starts n electors named "n1".."nN" on clients of one memory store.
 type cluster struct {
 	store   *memorybackend.Store
 	clients []*memorybackend.Backend
 	es      []*sovereign.Elector
-	rec     *recorder
+	rec     *electortest.Recorder
 }
 
 func newCluster(t *testing.T, n int, opts *sovereign.Options) *cluster {
 	t.Helper()
-	c := &cluster{store: memorybackend.NewStore(), rec: &recorder{}}
+	c := &cluster{store: memorybackend.NewStore(), rec: &electortest.Recorder{}}
 	for i := range n {
 		cl := c.store.Client()
 		e, err := sovereign.New(cl, "election", "n"+string(rune('1'+i)), opts)
 		if err != nil {
 			t.Fatalf("New: %v", err)
 		}
-		c.rec.attach(e)
+		c.rec.Attach(e)
 		c.clients = append(c.clients, cl)
 		c.es = append(c.es, e)
 	}
@@ -152,7 +70,7 @@ func (c *cluster) leader(t *testing.T, limit time.Duration) int {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for {
-		if ls := leaders(c.es...); len(ls) == 1 {
+		if ls := electortest.Leaders(c.es...); len(ls) == 1 {
 			for i, e := range c.es {
 				if e == ls[0] {
 					return i

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sovereign-go/sovereign"
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/electortest"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
@@ -95,16 +96,16 @@ func TestDoubleVerificationFailure(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer e.Close()
-		rec := &recorder{}
-		rec.attach(e)
+		rec := &electortest.Recorder{}
+		rec.Attach(e)
 		if err := e.Start(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(time.Second)
 		synctest.Wait()
 		var failed, acquired []string
-		for _, s := range rec.events() {
-			switch ev := s.ev.(type) {
+		for _, s := range rec.Events() {
+			switch ev := s.Event.(type) {
 			case sovereign.ElectionFailed:
 				if errors.Is(ev.Err, sovereign.ErrVerificationFailed) {
 					failed = append(failed, ev.Err.Error())
@@ -133,14 +134,14 @@ func TestSameIDNeverTwoLeaders(t *testing.T) {
 		store := memorybackend.NewStore()
 		var es []*sovereign.Elector
 		var clients []*memorybackend.Backend
-		rec := &recorder{}
+		rec := &electortest.Recorder{}
 		for range 2 {
 			cl := store.Client()
 			e, err := sovereign.New(cl, "election", "same-host", fastOpts())
 			if err != nil {
 				t.Fatal(err)
 			}
-			rec.attach(e)
+			rec.Attach(e)
 			defer cl.Close()
 			defer e.Close()
 			es, clients = append(es, e), append(clients, cl)
@@ -150,7 +151,7 @@ func TestSameIDNeverTwoLeaders(t *testing.T) {
 		}
 		var li int
 		for range 5 { // five crash-and-failover rounds
-			for len(leaders(es...)) == 0 {
+			for len(electortest.Leaders(es...)) == 0 {
 				time.Sleep(time.Millisecond)
 			}
 			li = 0
@@ -158,7 +159,7 @@ func TestSameIDNeverTwoLeaders(t *testing.T) {
 				li = 1
 			}
 			for range 100 {
-				if n := len(leaders(es...)); n > 1 {
+				if n := len(electortest.Leaders(es...)); n > 1 {
 					t.Fatalf("%d leaders with the same ID", n)
 				}
 				time.Sleep(10 * time.Millisecond)
@@ -176,11 +177,11 @@ func TestSameIDNeverTwoLeaders(t *testing.T) {
 			clients[li].Heal()
 		}
 		synctest.Wait()
-		ivs := rec.intervals()
+		ivs := rec.Intervals()
 		if len(ivs) < 5 {
 			t.Fatalf("%d terms, want >= 5", len(ivs))
 		}
-		checkSafety(t, ivs)
+		electortest.CheckNoOverlap(t, ivs)
 	})
 }
 

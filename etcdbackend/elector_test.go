@@ -1,11 +1,8 @@
 package etcdbackend_test
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +10,7 @@ import (
 
 	sovereign "github.com/sovereign-go/sovereign"
 	"github.com/sovereign-go/sovereign/etcdbackend"
+	"github.com/sovereign-go/sovereign/internal/electortest"
 	"github.com/sovereign-go/sovereign/internal/testetcd"
 )
 
@@ -20,16 +18,6 @@ import (
 // test servers' timing: RenewDeadline 700ms, RenewInterval 200ms by the
 // elector's default ratios.
 const electorTTL = time.Second
-
-// bound is how long the elector tests wait for a state they expect.
-const bound = 20 * time.Second
-
-// term is one leadership term as seen by the leader function.
-type term struct {
-	id         string
-	term       uint64
-	start, end time.Time // leader function entered; leader context seen cancelled
-}
 
 // candidates is a set of electors campaigning for one election over etcd,
 // each with its own etcd client.
@@ -40,20 +28,19 @@ type candidates struct {
 	name   string
 	opts   sovereign.Options
 	cands  []*candidate
-
-	mu     sync.Mutex // guards terms and starts
-	terms  []term     // finished terms
-	starts []term     // every term begun (end unset)
+	rec    electortest.Recorder
 }
 
 type candidate struct {
-	id     string
-	cli    *clientv3.Client
-	n      *counter
-	e      *sovereign.Elector
-	cancel context.CancelFunc
-	done   chan struct{}
+	id   string
+	cli  *clientv3.Client
+	n    *counter
+	e    *sovereign.Elector
+	stop func() // ends Run and waits for it
 }
+
+// Elector returns the candidate's elector.
+func (cand *candidate) Elector() *sovereign.Elector { return cand.e }
 
 // newCandidates starts n candidates on ec (the shared server when nil);
 // endpoints(i) gives the endpoints of candidate i's client (all members when
@@ -71,7 +58,7 @@ func newCandidates(t testing.TB, ec *testetcd.Cluster, n int, opts *sovereign.Op
 		c.opts.TTL = electorTTL
 	}
 	c.opts.NoStartupJitter = true
-	c.opts.Logger = testLogger()
+	c.opts.Logger = electortest.Logger()
 	for i := range n {
 		var eps []string
 		if endpoints != nil {
@@ -86,7 +73,7 @@ func newCandidates(t testing.TB, ec *testetcd.Cluster, n int, opts *sovereign.Op
 func (c *candidates) add(id string, eps []string) *candidate {
 	t := c.t
 	t.Helper()
-	cand := &candidate{id: id, n: new(counter), done: make(chan struct{})}
+	cand := &candidate{id: id, n: new(counter)}
 	cfg := c.ec.ClientConfig(eps...)
 	cand.n.configure(&cfg)
 	cli, err := clientv3.New(cfg)
@@ -104,37 +91,14 @@ func (c *candidates) add(id string, eps []string) *candidate {
 		t.Fatalf("sovereign.New: %v", err)
 	}
 	cand.e = e
-	runCtx, cancel := context.WithCancel(context.Background())
-	cand.cancel = cancel
-	go func() {
-		defer close(cand.done)
-		_ = e.Run(runCtx, func(leaderCtx context.Context) error {
-			n, _ := sovereign.TermFromContext(leaderCtx)
-			tm := term{id: id, term: n, start: time.Now()}
-			c.mu.Lock()
-			c.starts = append(c.starts, tm)
-			c.mu.Unlock()
-			<-leaderCtx.Done()
-			tm.end = time.Now()
-			c.mu.Lock()
-			c.terms = append(c.terms, tm)
-			c.mu.Unlock()
-			return nil
-		})
-	}()
+	// Registered before Campaign registers stop, so it runs after it.
 	t.Cleanup(func() {
-		cand.stop()
 		b.Close()
 		cli.Close()
 	})
+	cand.stop = c.rec.Campaign(t, e)
 	c.cands = append(c.cands, cand)
 	return cand
-}
-
-// stop ends the candidate's Run and waits for it.
-func (cand *candidate) stop() {
-	cand.cancel()
-	<-cand.done
 }
 
 // crash closes the candidate's etcd client without releasing anything, as
@@ -152,99 +116,26 @@ func (c *candidates) stopAll() {
 // returns it.
 func (c *candidates) leader(except *candidate) *candidate {
 	c.t.Helper()
-	var got *candidate
-	eventually(c.t, "one leader", func() bool {
-		got = nil
-		n := 0
-		for _, cand := range c.cands {
-			if cand.e.IsLeader() {
-				got = cand
-				n++
-			}
-		}
-		return n == 1 && got != except
-	})
-	return got
-}
-
-// ended returns the finished term of id with the given term number.
-func (c *candidates) ended(id string, n uint64) term {
-	c.t.Helper()
-	var got term
-	eventually(c.t, fmt.Sprintf("end of term %d of %s", n, id), func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, tm := range c.terms {
-			if tm.id == id && tm.term == n {
-				got = tm
-				return true
-			}
-		}
-		return false
-	})
-	return got
+	return electortest.WaitLeader(c.t, except, c.cands)
 }
 
 // startOf returns when the leader function of cand's current term began.
 func (c *candidates) startOf(cand *candidate) time.Time {
 	c.t.Helper()
-	n := cand.e.Term()
-	var got time.Time
-	eventually(c.t, fmt.Sprintf("start of term %d of %s", n, cand.id), func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, tm := range c.starts {
-			if tm.id == cand.id && tm.term == n {
-				got = tm.start
-				return true
-			}
-		}
-		return false
-	})
-	return got
+	return c.rec.Started(c.t, cand.id, cand.e.Term()).Start
 }
 
-// checkNoOverlap fails if two finished terms overlap in time, or terms do
-// not increase with time. Call it after stopAll, so every term has ended
-// (stopping the leader first may let another candidate lead briefly).
+// checkNoOverlap fails if two recorded terms overlap in time, or terms do
+// not increase with time, or no term ended. Call it after stopAll, so every
+// term has ended (stopping the leader first may let another candidate lead
+// briefly).
 func (c *candidates) checkNoOverlap() {
 	c.t.Helper()
-	c.mu.Lock()
-	terms := slices.Clone(c.terms)
-	c.mu.Unlock()
-	slices.SortFunc(terms, func(a, b term) int { return a.start.Compare(b.start) })
-	if len(terms) == 0 {
+	ivs := c.rec.Intervals()
+	if !slices.ContainsFunc(ivs, func(iv electortest.Interval) bool { return !iv.End.IsZero() }) {
 		c.t.Error("no term ended, want at least one")
 	}
-	for i := 1; i < len(terms); i++ {
-		prev, cur := terms[i-1], terms[i]
-		if cur.start.Before(prev.end) {
-			c.t.Errorf("term %d of %s started at %v, before term %d of %s ended at %v",
-				cur.term, cur.id, cur.start.Format("15:04:05.000"), prev.term, prev.id, prev.end.Format("15:04:05.000"))
-		}
-		if cur.term <= prev.term {
-			c.t.Errorf("term %d of %s followed term %d of %s: got no increase", cur.term, cur.id, prev.term, prev.id)
-		}
-	}
-}
-
-// eventually polls cond until it holds, failing the test after bound.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %v", what, bound)
-		}
-		time.Sleep(5 * time.Millisecond) // polling a real server's state
-	}
-}
-
-func testLogger() *slog.Logger {
-	if testing.Verbose() {
-		return slog.Default()
-	}
-	return slog.New(slog.DiscardHandler)
+	electortest.CheckNoOverlap(c.t, ivs)
 }
 
 // TestElectorGracefulHandover: three candidates over etcd; the leader
@@ -294,9 +185,9 @@ func TestElectorLeaderCrash(t *testing.T) {
 	if took > electorTTL+margin {
 		t.Errorf("failover took %v, want within TTL %v + %v", took, electorTTL, margin)
 	}
-	ended := c.ended(old.id, oldTerm)
+	ended := c.rec.Ended(t, old.id, oldTerm)
 	renewDeadline := old.e.Options().RenewDeadline
-	if d := ended.end.Sub(crash); d > renewDeadline+200*time.Millisecond {
+	if d := ended.End.Sub(crash); d > renewDeadline+200*time.Millisecond {
 		t.Errorf("crashed leader's own view: stepped down %v after the crash, want within its renew deadline %v", d, renewDeadline)
 	}
 	if next.e.Term() <= oldTerm {
@@ -348,9 +239,9 @@ func TestElectorMemberLoss(t *testing.T) {
 	next := c.leader(old)
 	newTerm := next.e.Term()
 	took := c.startOf(next).Sub(down)
-	ended := c.ended(old.id, oldTerm)
+	ended := c.rec.Ended(t, old.id, oldTerm)
 	renewDeadline := old.e.Options().RenewDeadline
-	if d := ended.end.Sub(down); d > renewDeadline+200*time.Millisecond {
+	if d := ended.End.Sub(down); d > renewDeadline+200*time.Millisecond {
 		t.Errorf("leader cut off with its member stepped down %v after the stop, want within its renew deadline %v", d, renewDeadline)
 	}
 	if newTerm <= oldTerm {
@@ -363,7 +254,7 @@ func TestElectorMemberLoss(t *testing.T) {
 	}
 	// The old candidate rejoins as a follower that knows the new leader.
 	ctx := testCtx(t)
-	eventually(t, "old leader follows the new one", func() bool {
+	electortest.Eventually(t, "old leader follows the new one", func() bool {
 		rec, err := old.e.Leader(ctx)
 		return err == nil && rec.HolderID == next.id && !old.e.IsLeader()
 	})
@@ -375,5 +266,5 @@ func TestElectorMemberLoss(t *testing.T) {
 	c.stopAll()
 	c.checkNoOverlap()
 	t.Logf("member %d (raft leader: %v) stopped: old leader stepped down after %v, %s leads (term %d → %d) after %v; old leader follows %v after the restart",
-		member, raftLeader, ended.end.Sub(down), next.id, oldTerm, newTerm, took, rejoined)
+		member, raftLeader, ended.End.Sub(down), next.id, oldTerm, newTerm, took, rejoined)
 }

@@ -3,28 +3,19 @@ package redisbackend_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	sovereign "github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/internal/electortest"
 	"github.com/sovereign-go/sovereign/internal/testredis"
 )
 
 // electorTTL is the lease TTL of the elector tests: RenewDeadline 700ms,
 // RenewInterval 200ms by the elector's default ratios.
 const electorTTL = time.Second
-
-// term is one leadership term as seen by the leader function.
-type term struct {
-	id         string
-	term       uint64
-	start, end time.Time // leader function entered; leader context seen cancelled
-}
 
 // cluster is a set of candidates campaigning over one real Redis server,
 // each with its own client and ACL user so that one can be cut off.
@@ -34,18 +25,17 @@ type cluster struct {
 	admin *redis.Client
 	name  string
 	cands []*candidate
-
-	mu     sync.Mutex // guards terms and starts
-	terms  []term     // finished terms
-	starts []term     // every term begun (end unset)
+	rec   electortest.Recorder
 }
 
 type candidate struct {
-	id     string
-	e      *sovereign.Elector
-	cancel context.CancelFunc
-	done   chan struct{}
+	id   string
+	e    *sovereign.Elector
+	stop func() // ends Run and waits for it
 }
+
+// Elector returns the candidate's elector.
+func (cand *candidate) Elector() *sovereign.Elector { return cand.e }
 
 func newCluster(t testing.TB, srv *testredis.Server, n int) *cluster {
 	t.Helper()
@@ -66,37 +56,12 @@ func (c *cluster) add(id string) {
 	e, err := sovereign.New(b, c.name, id, &sovereign.Options{
 		TTL:             electorTTL,
 		NoStartupJitter: true,
-		Logger:          testLogger(),
+		Logger:          electortest.Logger(),
 	})
 	if err != nil {
 		t.Fatalf("sovereign.New: %v", err)
 	}
-	runCtx, cancel := context.WithCancel(context.Background())
-	cand := &candidate{id: id, e: e, cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(cand.done)
-		_ = e.Run(runCtx, func(leaderCtx context.Context) error {
-			n, ok := sovereign.TermFromContext(leaderCtx)
-			if !ok {
-				t.Errorf("%s: leader context carries no term", id)
-			}
-			tm := term{id: id, term: n, start: time.Now()}
-			c.mu.Lock()
-			c.starts = append(c.starts, tm)
-			c.mu.Unlock()
-			<-leaderCtx.Done()
-			tm.end = time.Now()
-			c.mu.Lock()
-			c.terms = append(c.terms, tm)
-			c.mu.Unlock()
-			return nil
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-cand.done
-	})
-	c.cands = append(c.cands, cand)
+	c.cands = append(c.cands, &candidate{id: id, e: e, stop: c.rec.Campaign(t, e)})
 }
 
 // setUser creates (or recreates, after a restart) the ACL user of id.
@@ -111,20 +76,7 @@ func (c *cluster) setUser(id string) {
 // returns it.
 func (c *cluster) leader(except *candidate) *candidate {
 	c.t.Helper()
-	var got *candidate
-	eventually(c.t, "one leader", func() bool {
-		got = nil
-		for _, cand := range c.cands {
-			if cand.e.IsLeader() {
-				if got != nil {
-					c.t.Fatalf("%s and %s lead at once", got.id, cand.id)
-				}
-				got = cand
-			}
-		}
-		return got != nil && got != except
-	})
-	return got
+	return electortest.WaitLeader(c.t, except, c.cands)
 }
 
 // cutOff makes id unable to talk to Redis: its ACL user is disabled and all
@@ -147,61 +99,24 @@ func (c *cluster) reconnect(id string) {
 	}
 }
 
-// ended returns the finished term of id with the given term number.
-func (c *cluster) ended(id string, n uint64) term {
-	c.t.Helper()
-	var got term
-	eventually(c.t, fmt.Sprintf("end of term %d of %s", n, id), func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, tm := range c.terms {
-			if tm.id == id && tm.term == n {
-				got = tm
-				return true
-			}
-		}
-		return false
-	})
-	return got
-}
-
 // startOf returns when the leader function of cand's current term began.
 func (c *cluster) startOf(cand *candidate) time.Time {
 	c.t.Helper()
-	n := cand.e.Term()
-	var got time.Time
-	eventually(c.t, fmt.Sprintf("start of term %d of %s", n, cand.id), func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, tm := range c.starts {
-			if tm.id == cand.id && tm.term == n {
-				got = tm.start
-				return true
-			}
-		}
-		return false
-	})
-	return got
+	return c.rec.Started(c.t, cand.id, cand.e.Term()).Start
+}
+
+// stopAll stops every candidate.
+func (c *cluster) stopAll() {
+	for _, cand := range c.cands {
+		cand.stop()
+	}
 }
 
 // checkNoOverlap fails if two recorded terms overlap in time or terms do
-// not increase with time.
+// not increase with time. Call it after stopAll, so every term has ended.
 func (c *cluster) checkNoOverlap() {
 	c.t.Helper()
-	c.mu.Lock()
-	terms := slices.Clone(c.terms)
-	c.mu.Unlock()
-	slices.SortFunc(terms, func(a, b term) int { return a.start.Compare(b.start) })
-	for i := 1; i < len(terms); i++ {
-		prev, cur := terms[i-1], terms[i]
-		if cur.start.Before(prev.end) {
-			c.t.Errorf("term %d of %s started at %v, before term %d of %s ended at %v",
-				cur.term, cur.id, cur.start.Format("15:04:05.000"), prev.term, prev.id, prev.end.Format("15:04:05.000"))
-		}
-		if cur.term <= prev.term {
-			c.t.Errorf("term %d of %s followed term %d of %s: got no increase", cur.term, cur.id, prev.term, prev.id)
-		}
-	}
+	electortest.CheckNoOverlap(c.t, c.rec.Intervals())
 }
 
 // TestElectorGracefulHandover: three candidates over real Redis; the leader
@@ -226,10 +141,7 @@ func TestElectorGracefulHandover(t *testing.T) {
 			t.Errorf("term after hand-over: got %d, want > %d", next.e.Term(), oldTerm)
 		}
 	}
-	for _, cand := range c.cands {
-		cand.cancel()
-		<-cand.done
-	}
+	c.stopAll()
 	c.checkNoOverlap()
 }
 
@@ -250,22 +162,19 @@ func TestElectorLeaderCutOff(t *testing.T) {
 	if took > electorTTL+margin {
 		t.Errorf("failover took %v, want within TTL %v + %v", took, electorTTL, margin)
 	}
-	ended := c.ended(old.id, oldTerm)
+	ended := c.rec.Ended(t, old.id, oldTerm)
 	renewDeadline := old.e.Options().RenewDeadline
-	if d := ended.end.Sub(cut); d > renewDeadline+200*time.Millisecond {
+	if d := ended.End.Sub(cut); d > renewDeadline+200*time.Millisecond {
 		t.Errorf("cut-off leader stepped down %v after the cut, want within its renew deadline %v", d, renewDeadline)
 	}
 	if newTerm <= oldTerm {
 		t.Errorf("term after failover: got %d, want > %d", newTerm, oldTerm)
 	}
 	c.reconnect(old.id)
-	for _, cand := range c.cands {
-		cand.cancel()
-		<-cand.done
-	}
+	c.stopAll()
 	c.checkNoOverlap()
 	t.Logf("failover after cut-off: %v (TTL %v); old leader stepped down %v after the cut",
-		took, electorTTL, ended.end.Sub(cut))
+		took, electorTTL, ended.End.Sub(cut))
 }
 
 // TestElectorServerRestart: redis-server is killed while a leader holds the
@@ -279,9 +188,9 @@ func TestElectorServerRestart(t *testing.T) {
 	oldTerm := old.e.Term()
 	down := time.Now()
 	srv.Kill(t)
-	ended := c.ended(old.id, oldTerm)
+	ended := c.rec.Ended(t, old.id, oldTerm)
 	renewDeadline := old.e.Options().RenewDeadline
-	if d := ended.end.Sub(down); d > renewDeadline+200*time.Millisecond {
+	if d := ended.End.Sub(down); d > renewDeadline+200*time.Millisecond {
 		t.Errorf("leader stepped down %v after the server died, want within its renew deadline %v", d, renewDeadline)
 	}
 	for _, cand := range c.cands {
@@ -300,18 +209,8 @@ func TestElectorServerRestart(t *testing.T) {
 	if newTerm <= oldTerm {
 		t.Errorf("term after restart: got %d, want > %d (the counter survives in the AOF)", newTerm, oldTerm)
 	}
-	for _, cand := range c.cands {
-		cand.cancel()
-		<-cand.done
-	}
+	c.stopAll()
 	c.checkNoOverlap()
 	t.Logf("leader stepped down %v after the kill; new leader (term %d) %v after the restart",
-		ended.end.Sub(down), newTerm, recovered)
-}
-
-func testLogger() *slog.Logger {
-	if testing.Verbose() {
-		return slog.Default()
-	}
-	return slog.New(slog.DiscardHandler)
+		ended.End.Sub(down), newTerm, recovered)
 }
