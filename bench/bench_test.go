@@ -122,6 +122,13 @@ func TestScenariosSmoke(t *testing.T) {
 	}
 	e := newTestEnv(t)
 	ttl := time.Second
+	delays := func(cs []crashSample, err error) ([]time.Duration, error) {
+		var ds []time.Duration
+		for _, c := range cs {
+			ds = append(ds, c.delay)
+		}
+		return ds, err
+	}
 	for _, tc := range []struct {
 		name string
 		run  func() ([]time.Duration, error)
@@ -130,9 +137,9 @@ func TestScenariosSmoke(t *testing.T) {
 		{"handover/sovereign-redis", func() ([]time.Duration, error) { return e.sovHandover(kindRedis, 1, ttl) }, 5 * time.Second},
 		{"handover/sovereign-etcd", func() ([]time.Duration, error) { return e.sovHandover(kindEtcd, 1, ttl) }, 5 * time.Second},
 		{"handover/election", func() ([]time.Duration, error) { return e.electionHandover(1, ttl) }, 5 * time.Second},
-		{"crash/sovereign-redis", func() ([]time.Duration, error) { return e.sovCrash(kindRedis, 1, ttl) }, 5 * time.Second},
-		{"crash/sovereign-etcd", func() ([]time.Duration, error) { return e.sovCrash(kindEtcd, 1, ttl) }, 5 * time.Second},
-		{"crash/election", func() ([]time.Duration, error) { return e.electionCrash(1, ttl) }, 5 * time.Second},
+		{"crash/sovereign-redis", func() ([]time.Duration, error) { return delays(e.sovCrash(kindRedis, 1, ttl)) }, 5 * time.Second},
+		{"crash/sovereign-etcd", func() ([]time.Duration, error) { return delays(e.sovCrash(kindEtcd, 1, ttl)) }, 5 * time.Second},
+		{"crash/election", func() ([]time.Duration, error) { return delays(e.electionCrash(1, ttl)) }, 5 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ds, err := tc.run()

@@ -96,7 +96,12 @@ func (e *env) electionHandover(n int, ttl time.Duration) ([]time.Duration, error
 		if err := waitCampaigners(l.cli, pfx, 2, 10*time.Second); err != nil {
 			return out, err
 		}
-		time.Sleep(50 * time.Millisecond) // pacing: the follower waits on its predecessor's deletion
+		// Pacing, the same as for Sovereign (its default ResignSitOut, TTL/5,
+		// plus 50 ms): the follower has been waiting that long, as in a
+		// steady state. (A follower whose Campaign started less than 100 ms
+		// ago may still have an unsynced etcd watch, which the server
+		// serves only every 100 ms.)
+		time.Sleep(ttl/5 + 50*time.Millisecond)
 		drain(f.elected)
 		r := make(chan error, 1)
 		t0 := time.Now()
@@ -125,12 +130,20 @@ func waitElected(c *elCandidate, bound time.Duration) error {
 	}
 }
 
+// crashSample is one crash failover: the delay beyond the TTL, and the
+// requests the follower that took over sent from the crash instant until it
+// led (its acquisition included).
+type crashSample struct {
+	delay    time.Duration
+	requests int64
+}
+
 // sovCrash measures n crash failovers between Sovereign electors: the
 // leader crashes right after a successful renewal (its backend fails every
 // call from then on, so nothing is renewed or released), and the figure is
 // the time from the crash to another elector's LeadershipAcquired event,
 // minus the TTL.
-func (e *env) sovCrash(k kind, n int, ttl time.Duration) ([]time.Duration, error) {
+func (e *env) sovCrash(k kind, n int, ttl time.Duration) ([]crashSample, error) {
 	name := e.name("crash")
 	opts := sovOptions(ttl)
 	var cs []*sovCandidate
@@ -158,18 +171,19 @@ func (e *env) sovCrash(k kind, n int, ttl time.Duration) ([]time.Duration, error
 	if err != nil {
 		return nil, err
 	}
-	var out []time.Duration
+	var out []crashSample
 	for i := range n {
 		if err := waitFollower(f, 10*time.Second); err != nil {
 			return out, err
 		}
 		drain(f.acquired)
-		r0 := f.requests()
 		randomPause()
 		l.be.arm()
 		var crashAt time.Time
+		var r0 int64
 		select {
 		case crashAt = <-l.be.crashAt:
+			r0 = f.requests()
 		case <-time.After(10 * time.Second):
 			return out, fmt.Errorf("%s crash: leader did not renew within 10s", k)
 		}
@@ -180,9 +194,9 @@ func (e *env) sovCrash(k kind, n int, ttl time.Duration) ([]time.Duration, error
 		case <-time.After(ttl + 10*time.Second):
 			return out, fmt.Errorf("%s crash: no new leader within TTL+10s", k)
 		}
-		out = append(out, t1.Sub(crashAt)-ttl)
-		progress("  %s crash: +%.1f ms beyond TTL; the follower sent %d requests from arming to leading",
-			k, ms(t1.Sub(crashAt)-ttl), f.requests()-r0)
+		cs := crashSample{t1.Sub(crashAt) - ttl, f.requests() - r0}
+		out = append(out, cs)
+		progress("  %s crash: +%.1f ms beyond TTL; the follower sent %d requests from the crash to leading", k, ms(cs.delay), cs.requests)
 		randomPause()
 		nf, err := add(fmt.Sprintf("c%d", i))
 		if err != nil {
@@ -210,7 +224,7 @@ func randomPause() {
 // revoking its session right after a lease keep-alive response arrived, and
 // the figure is the time from then to the return of the next candidate's
 // Campaign, minus the session TTL.
-func (e *env) electionCrash(n int, ttl time.Duration) ([]time.Duration, error) {
+func (e *env) electionCrash(n int, ttl time.Duration) ([]crashSample, error) {
 	pfx := e.name("election-crash")
 	secs := int(ttl / time.Second)
 	var cs []*elCandidate
@@ -241,7 +255,7 @@ func (e *env) electionCrash(n int, ttl time.Duration) ([]time.Duration, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []time.Duration
+	var out []crashSample
 	for i := range n {
 		if err := waitCampaigners(f.cli, pfx, 2, 10*time.Second); err != nil {
 			return out, err
@@ -249,8 +263,10 @@ func (e *env) electionCrash(n int, ttl time.Duration) ([]time.Duration, error) {
 		drain(f.elected)
 		randomPause()
 		var crashAt time.Time
+		var r0 int64
 		select {
 		case crashAt = <-l.armCrash():
+			r0 = f.ctr.requests()
 		case <-time.After(10 * time.Second):
 			return out, fmt.Errorf("election crash: no keep-alive within 10s")
 		}
@@ -262,8 +278,9 @@ func (e *env) electionCrash(n int, ttl time.Duration) ([]time.Duration, error) {
 		case <-time.After(ttl + 10*time.Second):
 			return out, fmt.Errorf("election crash: no new leader within TTL+10s")
 		}
-		out = append(out, t1.Sub(crashAt)-ttl)
-		progress("  election crash: +%.1f ms beyond TTL", ms(t1.Sub(crashAt)-ttl))
+		cs := crashSample{t1.Sub(crashAt) - ttl, f.ctr.requests() - r0}
+		out = append(out, cs)
+		progress("  election crash: +%.1f ms beyond TTL; the follower sent %d requests from the crash to leading", ms(cs.delay), cs.requests)
 		randomPause()
 		nf, err := add(fmt.Sprintf("c%d", i))
 		if err != nil {

@@ -190,15 +190,15 @@ func latencies(e *env, cfg config, r *results) error {
 	type impl struct {
 		col      string
 		handover func() ([]time.Duration, error)
-		crash    func() ([]time.Duration, error)
+		crash    func() ([]crashSample, error)
 	}
 	impls := []impl{
 		{colSovRedis, func() ([]time.Duration, error) { return e.sovHandover(kindRedis, cfg.handoverN, cfg.ttl) },
-			func() ([]time.Duration, error) { return e.sovCrash(kindRedis, cfg.crashN, cfg.ttl) }},
+			func() ([]crashSample, error) { return e.sovCrash(kindRedis, cfg.crashN, cfg.ttl) }},
 		{colSovEtcd, func() ([]time.Duration, error) { return e.sovHandover(kindEtcd, cfg.handoverN, cfg.ttl) },
-			func() ([]time.Duration, error) { return e.sovCrash(kindEtcd, cfg.crashN, cfg.ttl) }},
+			func() ([]crashSample, error) { return e.sovCrash(kindEtcd, cfg.crashN, cfg.ttl) }},
 		{colElection, func() ([]time.Duration, error) { return e.electionHandover(cfg.handoverN, cfg.ttl) },
-			func() ([]time.Duration, error) { return e.electionCrash(cfg.crashN, cfg.ttl) }},
+			func() ([]crashSample, error) { return e.electionCrash(cfg.crashN, cfg.ttl) }},
 	}
 	add := func(what string, col string, ds []time.Duration) {
 		xs := make([]float64, len(ds))
@@ -224,11 +224,17 @@ func latencies(e *env, cfg config, r *results) error {
 			im := impls[(i+round)%len(impls)]
 			if cfg.only["crash"] {
 				progress("round %d/%d: crash failover, %s (%d samples)", round+1, cfg.rounds, im.col, cfg.crashN)
-				ds, err := im.crash()
+				cs, err := im.crash()
 				if err != nil {
 					return err
 				}
+				ds := make([]time.Duration, len(cs))
+				reqs := make([]float64, len(cs))
+				for i, c := range cs {
+					ds[i], reqs[i] = c.delay, float64(c.requests)
+				}
 				add(fmt.Sprintf("Crash failover − TTL (TTL %v)", cfg.ttl), im.col, ds)
+				r.add("Crash failover: requests the new leader sent, crash → leading", im.col, "%.0f", median(reqs))
 			}
 		}
 	}
@@ -355,6 +361,35 @@ func notes(cfg config, r *results) {
 	}
 }
 
+// sourceVersion names the commit of the library measured (the bench module
+// builds the working tree through its replace directive), and the library
+// files changed since, if any.
+func sourceVersion() string {
+	git := func(args ...string) (string, error) {
+		out, err := exec.Command("git", args...).Output()
+		return strings.TrimSpace(string(out)), err
+	}
+	top, err := git("rev-parse", "--show-toplevel")
+	if err != nil {
+		return "? (not run from the repository)"
+	}
+	head, err := git("-C", top, "log", "-1", "--format=%h %cs")
+	if err != nil {
+		return "?"
+	}
+	dirty, _ := git("-C", top, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench")
+	if dirty == "" {
+		return "commit " + head
+	}
+	var files []string
+	for _, l := range strings.Split(dirty, "\n") {
+		if len(l) > 3 {
+			files = append(files, l[3:])
+		}
+	}
+	return "commit " + head + " plus uncommitted changes to " + strings.Join(files, ", ")
+}
+
 // machineInfo describes the machine and the servers.
 func machineInfo(redisBin string, es *etcdServer) string {
 	cpu := "?"
@@ -370,6 +405,6 @@ func machineInfo(redisBin string, es *etcdServer) string {
 	if out, err := exec.Command(redisBin, "--version").Output(); err == nil {
 		rv = strings.TrimSpace(string(out))
 	}
-	return fmt.Sprintf("- Machine: %d CPUs (nproc), %s, %s/%s\n- Go: %s\n- %s\n- etcd %s (embedded, go.etcd.io/etcd/server/v3/embed; one member, 10 ms heartbeat)\n",
-		runtime.NumCPU(), cpu, runtime.GOOS, runtime.GOARCH, runtime.Version(), rv, es.version())
+	return fmt.Sprintf("- Machine: %d CPUs (nproc), %s, %s/%s\n- Go: %s\n- %s\n- etcd %s (embedded, go.etcd.io/etcd/server/v3/embed; one member, 10 ms heartbeat)\n- Sovereign: %s\n",
+		runtime.NumCPU(), cpu, runtime.GOOS, runtime.GOARCH, runtime.Version(), rv, es.version(), sourceVersion())
 }
