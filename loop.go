@@ -25,6 +25,7 @@ type loopState struct {
 	hbFailures  int       // consecutive failed heartbeats
 	nextAttempt time.Time // when the next acquisition attempt is due
 	failures    int       // consecutive failed acquisition attempts
+	expiring    int       // consecutive attempts that found the lease held with no TTL left
 	sitOutUntil time.Time // no attempt before this (after Resign)
 	replaceTerm uint64    // take over this stale lease on the next attempt
 }
@@ -148,6 +149,16 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 			return backend.Lease{}, time.Time{}, Record{}, false
 		}
 		wait := max(rec.TTL, 0) + expiryMargin
+		if rec.TTL <= expiryMargin {
+			// The lease should be gone but the store still holds it (etcd
+			// expires leases in a periodic scan and reports whole seconds):
+			// back off exponentially rather than hammer it; an expiry event
+			// from a watch still wakes the elector at once.
+			ls.expiring++
+			wait = max(wait, min(minRetry<<min(ls.expiring-1, 10), o.RenewInterval/2))
+		} else {
+			ls.expiring = 0
+		}
 		ls.nextAttempt = time.Now().Add(min(max(wait, minRetry), o.TTL))
 	default:
 		if ctx.Err() != nil {

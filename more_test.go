@@ -533,3 +533,51 @@ func TestUnsubscribeStopsDelivery(t *testing.T) {
 		}
 	})
 }
+
+// lagging reports every held key as expiring (TTL 0) for as long as it stays
+// held, as etcd does in a lease's last second before its expiry scan runs.
+type lagging struct {
+	*memorybackend.Backend
+	attempts atomic.Int32
+}
+
+func (l *lagging) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+	l.attempts.Add(1)
+	lease, err := l.Backend.Acquire(ctx, req)
+	var held *backend.HeldError
+	if errors.As(err, &held) {
+		held.Holder.TTL = 0
+	}
+	return lease, err
+}
+
+func TestExpiringLeaseDoesNotCauseRetryStorm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		holder := store.Client()
+		defer holder.Close()
+		if _, err := holder.Acquire(t.Context(), backend.AcquireRequest{Key: "election", HolderID: "other", TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		if err := holder.Heartbeat(t.Context(), "election", "other", time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		l := &lagging{Backend: store.Client()}
+		defer l.Close()
+		e, err := sovereign.New(l, "election", "a", fastOpts()) // RenewInterval 200ms
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		// Backing off from 20ms to RenewInterval/2 = 100ms: about 100 attempts
+		// in 10s; without the backoff, one every 20ms: 500.
+		if n := l.attempts.Load(); n > 110 {
+			t.Errorf("%d attempts in 10s on a lease reported as expiring, want <= 110 (backoff to RenewInterval/2)", n)
+		}
+	})
+}
