@@ -105,8 +105,8 @@ func (e *Elector) Name() string { return e.name }
 
 // Start starts campaigning in the background and returns at once. The
 // elector campaigns, leads and campaigns again after every lost term until
-// ctx ends or Close is called. Use Run instead to have a function called
-// while leading.
+// ctx ends or Close is called; after ctx ends, call Close anyway to stop
+// event delivery. Use Run instead to have a function called while leading.
 func (e *Elector) Start(ctx context.Context) error {
 	return e.start(ctx, nil)
 }
