@@ -56,7 +56,7 @@ type Elector struct {
 	started  bool
 	closed   bool
 	cancel   context.CancelFunc
-	done     chan struct{} // closed when every goroutine of the elector has ended
+	done     chan struct{} // set in New, never reassigned: closed when every goroutine of the elector has ended
 	closing  chan struct{} // closed when Close has finished; nil before Close
 
 	wg sync.WaitGroup // the loop goroutine and leader-function goroutines
@@ -131,15 +131,9 @@ func (e *Elector) Run(ctx context.Context, fn func(ctx context.Context) error) e
 	}
 	select {
 	case <-ctx.Done():
-	case <-e.loopEnded():
+	case <-e.done: // closed by another caller's Close
 	}
 	return e.Close()
-}
-
-func (e *Elector) loopEnded() <-chan struct{} {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.done
 }
 
 func (e *Elector) start(ctx context.Context, fn func(context.Context) error) error {
@@ -262,8 +256,9 @@ func (e *Elector) Members(ctx context.Context) ([]backend.Member, error) {
 // first.
 func (e *Elector) Resign(ctx context.Context) error {
 	e.mu.Lock()
-	closed, started, done := e.closed, e.started, e.done
+	closed, started := e.closed, e.started
 	e.mu.Unlock()
+	done := e.done
 	if closed {
 		return ErrClosed
 	}

@@ -298,8 +298,7 @@ func (e *Elector) Observe(ctx context.Context) <-chan Record {
 			put(lc.Leader)
 		}
 	}, func() { close(ch) })
-	stop := context.AfterFunc(ctx, unsubscribe)
-	_ = stop // the AfterFunc is harmless after the bus closes: unsubscribe is idempotent
+	context.AfterFunc(ctx, unsubscribe) // harmless after Close: unsubscribe is idempotent
 	return ch
 }
 

@@ -3,12 +3,12 @@ package main
 import (
 	"log/slog"
 	"math"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sovereign-go/sovereign/internal/testetcd"
+	"github.com/sovereign-go/sovereign/internal/testredis"
 	"go.uber.org/goleak"
 )
 
@@ -93,19 +93,11 @@ func TestHumanInt(t *testing.T) {
 	}
 }
 
-// newTestEnv starts both servers for a smoke test, or skips when
+// newTestEnv starts both servers for a smoke test, or skips (loudly) when
 // redis-server is not installed.
 func newTestEnv(t *testing.T) *env {
 	t.Helper()
-	const bin = "/usr/bin/redis-server"
-	if _, err := os.Stat(bin); err != nil {
-		t.Skipf("SKIPPING: %s not installed (apt-get install -y redis-server): %v", bin, err)
-	}
-	rs, err := startRedis(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rs.stop)
+	rs := testredis.Start(t) // skips loudly without redis-server; fails on CI
 	es, err := startEtcd()
 	if err != nil {
 		t.Fatal(err)

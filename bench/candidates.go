@@ -12,6 +12,7 @@ import (
 	"github.com/sovereign-go/sovereign"
 	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/etcdbackend"
+	"github.com/sovereign-go/sovereign/internal/testredis"
 	"github.com/sovereign-go/sovereign/redisbackend"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -137,7 +138,7 @@ func (k kind) column() string {
 
 // env holds the servers every scenario runs against.
 type env struct {
-	redis *redisServer
+	redis *testredis.Server
 	etcd  *etcdServer
 	log   *slog.Logger
 
@@ -169,7 +170,7 @@ func (e *env) newSovCandidate(k kind, name, id string, opts sovereign.Options) (
 	switch k {
 	case kindRedis:
 		c.redisCtr = &cmdCounter{}
-		cli := newRedisClient(e.redis.addr, id, c.redisCtr)
+		cli := newRedisClient(e.redis.Addr(), id, c.redisCtr)
 		rb, err := redisbackend.New(cli, nil)
 		if err != nil {
 			cli.Close()

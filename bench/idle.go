@@ -78,7 +78,7 @@ func (e *env) idle(settle, window time.Duration) (map[string]idleRates, error) {
 	}
 	time.Sleep(settle) // let start-up traffic pass
 
-	mon, err := startMonitor(e.redis.addr)
+	mon, err := startMonitor(e.redis.Addr())
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +91,7 @@ func (e *env) idle(settle, window time.Duration) (map[string]idleRates, error) {
 	e1l, e1f := el.etcdCtr.requests(), ef.etcdCtr.requests()
 	c1l, c1f := els[0].ctr.requests(), els[1].ctr.requests()
 
-	admin := newRedisClient(e.redis.addr, "bench-admin", nil)
+	admin := newRedisClient(e.redis.Addr(), "bench-admin", nil)
 	defer admin.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -33,7 +33,7 @@ func (e *env) lockers() ([]*locker, error) {
 	var ls []*locker
 	mk := func(col string) *locker {
 		ctr := &cmdCounter{}
-		cli := newRedisClient(e.redis.addr, "lock-"+col, ctr)
+		cli := newRedisClient(e.redis.Addr(), "lock-"+col, ctr)
 		l := &locker{col: col, client: cli, ctr: ctr, close: func() { cli.Close() }}
 		ls = append(ls, l)
 		return l

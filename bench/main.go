@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sovereign-go/sovereign/internal/testredis"
 )
 
 // config is what the flags select.
@@ -127,11 +129,11 @@ func progress(format string, args ...any) {
 
 func run(cfg config) error {
 	began := time.Now()
-	rs, err := startRedis(cfg.redisBin)
+	rs, err := testredis.Launch(cfg.redisBin, testredis.Config{})
 	if err != nil {
 		return err
 	}
-	defer rs.stop()
+	defer rs.Close()
 	es, err := startEtcd()
 	if err != nil {
 		return err
@@ -142,7 +144,7 @@ func run(cfg config) error {
 		e.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	machine := machineInfo(cfg.redisBin, es)
-	progress("redis-server on %s, etcd on %s", rs.addr, es.endpoint())
+	progress("redis-server on %s, etcd on %s", rs.Addr(), es.endpoint())
 
 	r := newResults()
 	if cfg.only["handover"] || cfg.only["crash"] {
@@ -244,12 +246,12 @@ func latencies(e *env, cfg config, r *results) error {
 func manyElections(e *env, cfg config, r *results) error {
 	for _, s := range cfg.many {
 		progress("many elections: %s × %d", s.kind, s.n)
-		mc := manyConfig{Kind: s.kind, N: s.n, Redis: e.redis.addr, Etcd: e.etcd.endpoint(),
+		mc := manyConfig{Kind: s.kind, N: s.n, Redis: e.redis.Addr(), Etcd: e.etcd.endpoint(),
 			Bound: cfg.manyBound, Settle: cfg.manySettle, Window: cfg.manyWindow, Windows: cfg.manyWindows}
 		col := colSovRedis
 		switch s.kind {
 		case "redis":
-			mc.ServerPID = e.redis.pid()
+			mc.ServerPID = e.redis.PID()
 		case "etcd":
 			mc.ServerPID, col = os.Getpid(), colSovEtcd
 		case "election":

@@ -93,22 +93,66 @@ func StartConfig(t testing.TB, cfg Config) *Server {
 		fmt.Fprintln(os.Stderr, msg)
 		t.Skip(msg)
 	}
-	s := &Server{bin: bin, dir: t.TempDir(), cfg: cfg, log: &lockedWriter{w: new(bytes.Buffer)}}
+	s, err := start(bin, t.TempDir(), cfg)
+	if err != nil {
+		t.Fatalf("testredis: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Launch starts redis-server binary bin (FindServer finds one) on a free
+// loopback port, in a new temporary directory, outside any test: for tools
+// such as the benchmark command. Close stops it and removes the directory.
+func Launch(bin string, cfg Config) (*Server, error) {
+	dir, err := os.MkdirTemp("", "sovereign-redis-")
+	if err != nil {
+		return nil, err
+	}
+	s, err := start(bin, dir, cfg)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close stops a server started by Launch and removes its directory.
+func (s *Server) Close() {
+	s.Stop()
+	os.RemoveAll(s.dir)
+}
+
+// PID returns the server process's ID, or 0 when it is not running.
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+// start launches bin with its data in dir on a free port.
+func start(bin, dir string, cfg Config) (*Server, error) {
+	s := &Server{bin: bin, dir: dir, cfg: cfg, log: &lockedWriter{w: new(bytes.Buffer)}}
 	var lastErr error
 	for range 5 { // a free port can be taken between probe and bind; retry
 		port, err := freePort()
 		if err != nil {
-			t.Fatalf("testredis: no free port: %v", err)
+			return nil, fmt.Errorf("no free port: %w", err)
 		}
 		s.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		if lastErr = s.launch(); lastErr == nil {
-			t.Cleanup(s.Stop)
-			return s
+			return s, nil
 		}
 	}
-	t.Fatalf("testredis: cannot start redis-server: %v", lastErr)
-	return nil
+	return nil, fmt.Errorf("cannot start %s: %w", bin, lastErr)
 }
+
+// FindServer returns the path of a redis-server binary: on PATH or in the
+// usual directories.
+func FindServer() (string, error) { return findServer() }
 
 func findServer() (string, error) {
 	if p, err := exec.LookPath("redis-server"); err == nil {
@@ -154,7 +198,9 @@ func (s *Server) launch() error {
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout = s.log
 	cmd.Stderr = s.log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: the server dies with the process that started it, even when
+	// that process is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return err
 	}
