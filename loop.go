@@ -27,7 +27,6 @@ type loopState struct {
 	failures    int       // consecutive failed acquisition attempts
 	expiring    int       // consecutive attempts that found the lease held with no TTL left
 	sitOutUntil time.Time // no attempt before this (after Resign)
-	replaceTerm uint64    // take over this stale lease on the next attempt
 }
 
 // loop is the state machine: campaign, lead, campaign again, until ctx ends.
@@ -114,8 +113,7 @@ func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Le
 // attempt makes one acquisition attempt, with double verification.
 func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, time.Time, Record, bool) {
 	o := &e.opts
-	req := backend.AcquireRequest{Key: e.name, HolderID: e.id, TTL: o.TTL, Metadata: o.Metadata, ReplaceTerm: ls.replaceTerm}
-	ls.replaceTerm = 0
+	req := backend.AcquireRequest{Key: e.name, HolderID: e.id, TTL: o.TTL, Metadata: o.Metadata}
 	sent := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, o.RequestTimeout)
 	lease, err := e.b.Acquire(cctx, req)
@@ -138,16 +136,6 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 		rec := held.Holder
 		e.setLeader(rec)
 		e.setState(Follower)
-		if !rec.HasHeartbeat() && req.ReplaceTerm != rec.Term {
-			// The holder has not heartbeated for HeartbeatTTL: had it been
-			// alive it would have stepped down HeartbeatTTL-(TTL-RenewDeadline)
-			// after its last heartbeat. Replace exactly that lease.
-			e.log.Warn("sovereign: leader's heartbeat record is gone; taking over its lease",
-				"holder", rec.HolderID, "term", rec.Term)
-			ls.replaceTerm = rec.Term
-			ls.nextAttempt = time.Now()
-			return backend.Lease{}, time.Time{}, Record{}, false
-		}
 		wait := max(rec.TTL, 0) + expiryMargin
 		if rec.TTL <= expiryMargin {
 			// The lease should be gone but the store still holds it (etcd

@@ -13,8 +13,10 @@
 // runs timers on the caller's behalf. Retries, jitter, timers and events
 // belong to the elector.
 //
-// A lease is acquired atomically and only when its key is free (or, for a
-// takeover, only when the key is held by exactly the lease being replaced).
+// A lease is acquired atomically and only when its key is free. Only the
+// lease's own TTL (or its owner's release) ends it: nothing in this contract
+// lets one holder remove another's live lease, and the absence of any other
+// record (a heartbeat, a member entry) is never proof that a holder is dead.
 // Each acquisition carries:
 //
 //   - a fencing term, strictly greater than every term ever handed out for that
@@ -28,7 +30,15 @@
 //
 // Heartbeats are liveness records, one per instance and key, each with its
 // own TTL, independent of the lease. A record's age is measured by the store's
-// clock, never by comparing wall clocks of different machines.
+// clock, never by comparing wall clocks of different machines. They are
+// information (membership, the holder's last sign of life, stale-leader
+// reports), never a reason to end a lease.
+//
+// Per-key state is bounded in time: once a key's lease is released or has
+// expired and its heartbeat records have expired, the store returns to its
+// size before the key was first used, apart from a term counter that may
+// outlive the lease for a bounded time (the backend documents how terms keep
+// increasing after the counter is gone).
 //
 // The package backend/backendtest holds the conformance suite that every
 // implementation must pass.
@@ -133,12 +143,6 @@ type AcquireRequest struct {
 	TTL time.Duration
 	// Metadata is stored with the lease and returned in Records.
 	Metadata map[string]string
-	// ReplaceTerm, when not zero, makes the acquisition a takeover: it
-	// succeeds only if the key is currently held by the lease with exactly
-	// this term, which it replaces atomically. A takeover never succeeds on a
-	// free key and never replaces any other lease. When zero, the acquisition
-	// succeeds only if the key is free.
-	ReplaceTerm uint64
 }
 
 // Member is the live heartbeat record of one instance for a key.
@@ -158,10 +162,10 @@ type Member struct {
 // Backend is a store of leases. Implementations must be safe for concurrent
 // use by multiple goroutines.
 type Backend interface {
-	// Acquire atomically creates a lease on req.Key if the key is free (or,
-	// with req.ReplaceTerm, replaces exactly that lease). When the key is held
-	// by another lease it returns a *HeldError (errors.Is(err, ErrHeld)) whose
-	// Holder is the current record, so a failed attempt doubles as a read.
+	// Acquire atomically creates a lease on req.Key if the key is free. When
+	// the key is held by another lease it returns a *HeldError
+	// (errors.Is(err, ErrHeld)) whose Holder is the current record, so a
+	// failed attempt doubles as a read.
 	Acquire(ctx context.Context, req AcquireRequest) (Lease, error)
 
 	// Renew extends the lease by lease.TTL if, and only if, the store still
@@ -174,9 +178,22 @@ type Backend interface {
 	// key's term counter survives the release.
 	Release(ctx context.Context, lease Lease) error
 
+	// SetMetadata replaces the metadata stored with the lease if, and only
+	// if, the store still holds that exact lease (key, holder ID and token);
+	// otherwise it returns ErrLeaseLost and changes nothing. It does not
+	// extend the lease.
+	SetMetadata(ctx context.Context, lease Lease, metadata map[string]string) error
+
 	// Get returns the current record of key, or ErrNotHeld when the key has no
 	// holder.
 	Get(ctx context.Context, key string) (Record, error)
+
+	// List returns the records of every held key that begins with prefix
+	// (every held key when prefix is empty), sorted by key. It lists leases
+	// only, never heartbeat or bookkeeping records, and it does not block
+	// the store (no KEYS on Redis: SCAN on every primary). Records may be
+	// read at slightly different instants.
+	List(ctx context.Context, prefix string) ([]Record, error)
 
 	// Heartbeat records that instance id is alive, under its own record for
 	// key, which expires after ttl unless refreshed.
@@ -188,6 +205,17 @@ type Backend interface {
 	// RemoveMember deletes the heartbeat record of instance id for key. It is
 	// not an error if there is none.
 	RemoveMember(ctx context.Context, key, id string) error
+
+	// ValidateKey reports, without I/O, whether the backend can store key:
+	// nil, or an error wrapping ErrInvalid that says why not (etcd rejects
+	// keys containing "/heartbeat/", say). Callers check names up front so a
+	// bad one is refused at construction instead of failing every call.
+	ValidateKey(key string) error
+
+	// MinTTL returns the smallest lease TTL the backend can honour. Acquire
+	// may grant more than requested (Lease.TTL says what was granted), but a
+	// TTL below MinTTL is refused by the elector and the lock package.
+	MinTTL() time.Duration
 
 	// Close releases the backend's own resources (not the leases it handed
 	// out, and not a client the user passed in). Methods called after Close
@@ -206,6 +234,15 @@ const (
 	EventReleased
 	// EventExpired reports that the key's lease expired.
 	EventExpired
+	// EventReset reports that the watch's connection to the store was
+	// re-established, or that the store restarted: changes may have been
+	// missed and the store may have lost data (a restart without
+	// persistence, a failover). A holder renews at once when it sees it, so
+	// that it learns within a round trip whether its lease survived; a
+	// waiter re-reads. A backend whose watch channel closes when its
+	// connection breaks need not send it: the elector and the lock package
+	// treat a re-subscription after a closed channel the same way.
+	EventReset
 )
 
 // String returns the name of the event type.
@@ -217,6 +254,8 @@ func (t EventType) String() string {
 		return "released"
 	case EventExpired:
 		return "expired"
+	case EventReset:
+		return "reset"
 	default:
 		return fmt.Sprintf("EventType(%d)", int(t))
 	}

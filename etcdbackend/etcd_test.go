@@ -307,17 +307,6 @@ func TestWatchTellsReleaseFromExpiry(t *testing.T) {
 	}
 	want("acquire", backend.EventChanged)
 	want("expiry", backend.EventExpired)
-
-	l, err = a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	want("acquire", backend.EventChanged)
-	if _, err := a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "b", TTL: time.Minute, ReplaceTerm: l.Term}); err != nil {
-		t.Fatalf("takeover: %v", err)
-	}
-	want("takeover, deleting half", backend.EventExpired)
-	want("takeover, creating half", backend.EventChanged)
 }
 
 func TestWatchSurvivesCompaction(t *testing.T) {

@@ -272,3 +272,19 @@ func (b *Backend) heartbeatPrefix(key string) string { return b.prefix + key + h
 
 // heartbeatKey is the etcd key of instance id's heartbeat record for key.
 func (b *Backend) heartbeatKey(key, id string) string { return b.heartbeatPrefix(key) + id }
+
+// ValidateKey implements backend.Backend.
+func (b *Backend) ValidateKey(key string) error { return checkKey(key) }
+
+// MinTTL implements backend.Backend.
+func (b *Backend) MinTTL() time.Duration { return time.Second }
+
+// List implements backend.Backend. Not yet implemented.
+func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, error) {
+	return nil, fmt.Errorf("etcdbackend: list: %w", errors.ErrUnsupported)
+}
+
+// SetMetadata implements backend.Backend. Not yet implemented.
+func (b *Backend) SetMetadata(ctx context.Context, l backend.Lease, md map[string]string) error {
+	return fmt.Errorf("etcdbackend: set metadata: %w", errors.ErrUnsupported)
+}

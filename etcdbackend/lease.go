@@ -116,7 +116,7 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	}
 	defer cancel()
 
-	if req.ReplaceTerm == 0 && b.seenHeld(req.Key) {
+	if b.seenHeld(req.Key) {
 		// The last attempt here found the key held and no watch here has
 		// seen it deleted since: most likely it is still held, and a
 		// read-only probe answers that without a grant and a revocation
@@ -186,20 +186,6 @@ func (b *Backend) setSeenHeld(key string, held bool) {
 func (b *Backend) acquireWith(ctx context.Context, req backend.AcquireRequest, grant *clientv3.LeaseGrantResponse) (_ backend.Lease, revoked bool, _ error) {
 	k := b.leaseKey(req.Key)
 	reads := b.holderReads(req.Key)
-	if req.ReplaceTerm != 0 {
-		resp, err := b.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(k), "=", int64(req.ReplaceTerm))).
-			Then(clientv3.OpDelete(k)).
-			Else(reads...).
-			Commit()
-		if err != nil {
-			return backend.Lease{}, false, fail(ctx, fmt.Sprintf("acquire %q: replace term %d", req.Key, req.ReplaceTerm), err)
-		}
-		if !resp.Succeeded {
-			return backend.Lease{}, true, b.heldError(ctx, req.Key, resp, grant.ID, fmt.Sprintf("takeover of term %d", req.ReplaceTerm))
-		}
-	}
-
 	token := newToken(grant.ID)
 	value, err := encodeRecord(token, req.HolderID, recordBody{AcquiredAt: time.Now(), Metadata: req.Metadata})
 	if err != nil {

@@ -43,10 +43,6 @@
 // that missed events receives one EventChanged so the receiver re-reads the
 // state. Latency does not delay events. Watch itself fails on a partitioned
 // client and blocks on a hung one, like every other call.
-//
-// A takeover (AcquireRequest.ReplaceTerm) of a free key fails with an error
-// wrapping backend.ErrNotHeld; of a key held under another term, with a
-// *backend.HeldError.
 package memorybackend
 
 import (
@@ -515,14 +511,8 @@ func (s *Store) acquire(req backend.AcquireRequest) (backend.Lease, error) {
 	now := time.Now()
 	ks := s.keyLocked(req.Key)
 	s.expireLocked(ks, now)
-	switch cur := ks.lease; {
-	case req.ReplaceTerm != 0 && cur == nil:
-		return backend.Lease{}, fmt.Errorf("memorybackend: takeover of term %d of %q: %w",
-			req.ReplaceTerm, req.Key, backend.ErrNotHeld)
-	case cur != nil && cur.term != req.ReplaceTerm:
+	if ks.lease != nil {
 		return backend.Lease{}, &backend.HeldError{Holder: s.recordLocked(ks, now)}
-	case cur != nil:
-		cur.timer.Stop()
 	}
 	ks.term++
 	l := &lease{
@@ -655,4 +645,50 @@ func (s *Store) removeMember(key, id string) {
 	if ks := s.keys[key]; ks != nil {
 		delete(ks.beats, id)
 	}
+}
+
+// ValidateKey implements backend.Backend: the memory store accepts any
+// non-empty key.
+func (b *Backend) ValidateKey(key string) error { return validateKey(key) }
+
+// MinTTL implements backend.Backend: one millisecond.
+func (b *Backend) MinTTL() time.Duration { return time.Millisecond }
+
+// SetMetadata implements backend.Backend.
+func (b *Backend) SetMetadata(ctx context.Context, l backend.Lease, md map[string]string) error {
+	if err := b.call(ctx, "SetMetadata", l.Validate()); err != nil {
+		return err
+	}
+	s := b.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ks, err := s.ownedLocked(l, time.Now())
+	if err != nil {
+		return err
+	}
+	ks.lease.metadata = maps.Clone(md)
+	return nil
+}
+
+// List implements backend.Backend.
+func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, error) {
+	if err := b.call(ctx, "List", nil); err != nil {
+		return nil, err
+	}
+	s := b.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var recs []backend.Record
+	for name, ks := range s.keys {
+		if !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		s.expireLocked(ks, now)
+		if ks.lease != nil {
+			recs = append(recs, s.recordLocked(ks, now))
+		}
+	}
+	slices.SortFunc(recs, func(a, b backend.Record) int { return strings.Compare(a.Key, b.Key) })
+	return recs, nil
 }

@@ -471,7 +471,7 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	token := backend.NewToken()
 	ttl := ttlMillis(req.TTL)
 	args := make([]any, 0, 6+2*len(req.Metadata))
-	args = append(args, req.HolderID, token, ttl, strconv.FormatUint(req.ReplaceTerm, 10), b.publishCmd, b.channel(req.Key))
+	args = append(args, req.HolderID, token, ttl, "0", b.publishCmd, b.channel(req.Key))
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
 	}
@@ -503,9 +503,6 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 			return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
 		}
 		return backend.Lease{}, &backend.HeldError{Holder: rec}
-	case "NOTHELD":
-		return backend.Lease{}, fmt.Errorf("redisbackend: takeover of term %d of %q: %w",
-			req.ReplaceTerm, req.Key, backend.ErrNotHeld)
 	}
 	return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: unexpected reply %#v", req.Key, reply)
 }
@@ -779,4 +776,25 @@ func num(v any) int64 {
 	default:
 		return -1
 	}
+}
+
+// ValidateKey implements backend.Backend.
+func (b *Backend) ValidateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty key", backend.ErrInvalid)
+	}
+	return nil
+}
+
+// MinTTL implements backend.Backend.
+func (b *Backend) MinTTL() time.Duration { return time.Millisecond }
+
+// List implements backend.Backend. Not yet implemented.
+func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, error) {
+	return nil, fmt.Errorf("redisbackend: list: %w", errors.ErrUnsupported)
+}
+
+// SetMetadata implements backend.Backend. Not yet implemented.
+func (b *Backend) SetMetadata(ctx context.Context, l backend.Lease, md map[string]string) error {
+	return fmt.Errorf("redisbackend: set metadata: %w", errors.ErrUnsupported)
 }

@@ -44,7 +44,6 @@ var mutations = map[string]string{
 	"renew-after-release":      "LeaseLostAfterRelease",
 	"renew-resurrects-expired": "LeaseLostAfterExpiry",
 	"constant-term":            "TermsStrictlyIncrease",
-	"takeover-on-free-key":     "Takeover",
 	"renew-does-nothing":       "RenewExtends",
 	"no-holder-heartbeat":      "Record",
 	"members-unsorted":         "HeartbeatsAndMembers",
@@ -74,22 +73,24 @@ func (b *broken) Acquire(ctx context.Context, req backend.AcquireRequest) (backe
 	var held *backend.HeldError
 	switch {
 	case b.name == "same-id-reenters" && errors.As(err, &held) && held.Holder.HolderID == req.HolderID:
-		req.ReplaceTerm = held.Holder.Term
-		return b.Backend.Acquire(ctx, req)
+		return b.overwrite(ctx, req, held.Holder)
 	case b.name == "held-error-wrong-holder" && errors.As(err, &held):
 		held.Holder.HolderID = "someone-else"
 	case b.name == "blind-overwrite" && errors.As(err, &held):
-		req.ReplaceTerm = held.Holder.Term
-		return b.Backend.Acquire(ctx, req)
-	case b.name == "takeover-on-free-key" && errors.Is(err, backend.ErrNotHeld):
-		req.ReplaceTerm = 0
-		return b.Backend.Acquire(ctx, req)
+		return b.overwrite(ctx, req, held.Holder)
 	case b.name == "constant-term":
 		l.Term = 1
 	case b.name == "short-ttl-granted":
 		l.TTL = req.TTL / 2
 	}
 	return l, err
+}
+
+// overwrite removes the holder's lease (using the token its record shows)
+// and acquires in its place: what a backend without an atomic acquire does.
+func (b *broken) overwrite(ctx context.Context, req backend.AcquireRequest, holder backend.Record) (backend.Lease, error) {
+	_ = b.Backend.Release(ctx, backend.Lease{Key: holder.Key, HolderID: holder.HolderID, Token: holder.Token, Term: holder.Term, TTL: req.TTL})
+	return b.Backend.Acquire(ctx, req)
 }
 
 func (b *broken) Renew(ctx context.Context, l backend.Lease) error {

@@ -243,69 +243,7 @@ func testTerms(t *testing.T, h *harness) {
 	h.eventually("lease expiry", l.TTL, h.freeCond(a, key))
 	l = h.acquireKey(a, key, "a", longTTL)
 	check("expiry and re-acquire", l)
-	l = h.acquire(b, backend.AcquireRequest{Key: key, HolderID: "b", TTL: longTTL, ReplaceTerm: l.Term})
-	check("takeover", l)
 	t.Logf("terms: %v", terms)
-}
-
-// testTakeover: ReplaceTerm replaces exactly the lease with that term, never
-// a free key and never another lease.
-func testTakeover(t *testing.T, h *harness) {
-	a, b, c := h.open(), h.open(), h.open()
-	la := h.acquireKey(a, key, "a", longTTL)
-
-	_, err := b.Acquire(h.ctx, backend.AcquireRequest{Key: key, HolderID: "b", TTL: longTTL, ReplaceTerm: la.Term + 1})
-	var held *backend.HeldError
-	if !errors.As(err, &held) || !errors.Is(err, backend.ErrHeld) {
-		t.Fatalf("takeover with a different term: got %v, want a *HeldError", err)
-	}
-	if !sameLease(held.Holder, la) {
-		t.Errorf("HeldError holder: got %q term %d, want %q term %d", held.Holder.HolderID, held.Holder.Term, "a", la.Term)
-	}
-	h.mustHold(b, la)
-
-	meta := map[string]string{"by": "b"}
-	lb := h.acquire(b, backend.AcquireRequest{Key: key, HolderID: "b", TTL: longTTL, ReplaceTerm: la.Term, Metadata: meta})
-	if lb.Term <= la.Term {
-		t.Fatalf("takeover term: got %d, want > %d", lb.Term, la.Term)
-	}
-	h.mustHold(a, lb)
-	if rec := h.get(a, key); rec.Metadata["by"] != "b" {
-		t.Errorf("metadata after takeover: got %v, want %v", rec.Metadata, meta)
-	}
-	if err := a.Renew(h.ctx, la); !errors.Is(err, backend.ErrLeaseLost) {
-		t.Errorf("Renew of the replaced lease: got %v, want ErrLeaseLost", err)
-	}
-	if err := a.Release(h.ctx, la); !errors.Is(err, backend.ErrLeaseLost) {
-		t.Errorf("Release of the replaced lease: got %v, want ErrLeaseLost", err)
-	}
-	h.mustHold(a, lb)
-
-	// A second takeover of the same stale term must not replace the new lease.
-	if _, err := c.Acquire(h.ctx, backend.AcquireRequest{Key: key, HolderID: "c", TTL: longTTL, ReplaceTerm: la.Term}); !errors.Is(err, backend.ErrHeld) {
-		t.Errorf("takeover of an already replaced term: got %v, want ErrHeld", err)
-	}
-	h.mustHold(c, lb)
-
-	// Never on a free key, whatever the term.
-	if err := b.Release(h.ctx, lb); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
-	for _, term := range []uint64{lb.Term, la.Term, lb.Term + 1} {
-		_, err := c.Acquire(h.ctx, backend.AcquireRequest{Key: key, HolderID: "c", TTL: longTTL, ReplaceTerm: term})
-		if err == nil {
-			t.Fatalf("takeover of term %d on a free key: got nil error, want failure", term)
-		}
-		if errors.Is(err, backend.ErrInvalid) {
-			t.Errorf("takeover of term %d on a free key: got %v, want a non-ErrInvalid failure", term, err)
-		}
-		t.Logf("takeover on a free key: %v", err)
-		h.mustBeFree(c, key)
-	}
-	if _, err := c.Acquire(h.ctx, backend.AcquireRequest{Key: key + "-never-used", HolderID: "c", TTL: longTTL, ReplaceTerm: 1}); err == nil {
-		t.Fatal("takeover on a never used key: got nil error, want failure")
-	}
-	h.mustBeFree(c, key+"-never-used")
 }
 
 // testExpiry: an unrenewed lease expires after its TTL, not before, and the

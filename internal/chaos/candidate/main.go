@@ -292,6 +292,18 @@ func (r *recorder) Acquire(ctx context.Context, req backend.AcquireRequest) (bac
 	return l, err
 }
 
+func (r *recorder) SetMetadata(ctx context.Context, l backend.Lease, md map[string]string) error {
+	return r.inner.SetMetadata(ctx, l, md)
+}
+
+func (r *recorder) List(ctx context.Context, prefix string) ([]backend.Record, error) {
+	return r.inner.List(ctx, prefix)
+}
+
+func (r *recorder) ValidateKey(key string) error { return r.inner.ValidateKey(key) }
+
+func (r *recorder) MinTTL() time.Duration { return r.inner.MinTTL() }
+
 func (r *recorder) Renew(ctx context.Context, l backend.Lease) error {
 	sent := chaos.Now()
 	err := r.inner.Renew(ctx, l)
