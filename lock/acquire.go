@@ -1,0 +1,471 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// expiryMargin is added to a holder's remaining TTL when scheduling the next
+// attempt, so the attempt lands just after the lease expires at the store.
+const expiryMargin = 5 * time.Millisecond
+
+// minRetry is the shortest wait between two attempts on a held key, so a
+// lease reported with (almost) no TTL left does not spin the loop.
+const minRetry = 20 * time.Millisecond
+
+// TryAcquire makes one attempt to acquire key. It returns the held *Lock, or
+// a *HeldError (errors.Is(err, ErrHeld)) carrying the holder's record, read in
+// the same round trip, when the key is held, by anyone, this Locker included.
+// Other errors come from the backend (it is down, say) or wrap
+// ErrInvalidKey, ErrInvalidOptions or ErrClosed. opts may be nil. ctx bounds
+// the attempt only: the lock's own context is Lock.Context.
+//
+// TryAcquire does not queue behind this Locker's waiting Acquire calls.
+func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOptions) (*Lock, error) {
+	bk, p, err := l.prepare(key, opts)
+	if err != nil {
+		return nil, err
+	}
+	ctx, end, err := l.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	lk, err := l.attempt(ctx, key, bk, p)
+	if err != nil && context.Cause(ctx) == ErrClosed {
+		return nil, fmt.Errorf("lock: acquire %q: %w", key, ErrClosed)
+	}
+	return lk, err
+}
+
+// Acquire waits until it holds key, or ctx ends. It subscribes to the
+// backend's watch (when the backend has one) before its first attempt, so it
+// wakes within a round trip of a release, and otherwise re-checks when the
+// holder's lease would expire. Goroutines of this Locker waiting for the same
+// key queue first come, first served; only the head of the queue talks to
+// the backend. When ctx ends first, the error is a *HeldError naming the last
+// holder seen, which matches both ErrHeld and ctx.Err() (or, when no holder
+// was ever seen because the backend kept failing, an error wrapping ctx.Err()
+// and the last backend error). opts may be nil.
+func (l *Locker) Acquire(ctx context.Context, key string, opts *AcquireOptions) (*Lock, error) {
+	bk, p, err := l.prepare(key, opts)
+	if err != nil {
+		return nil, err
+	}
+	ctx, end, err := l.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	q, w := l.enqueue(key)
+	defer l.dequeue(key, w)
+	select {
+	case <-w.turn:
+	case <-ctx.Done():
+		return nil, l.gaveUp(ctx, key, q.lastHolder(), nil)
+	}
+	return l.acquireHead(ctx, key, bk, p, q, w)
+}
+
+// prepare validates key and opts.
+func (l *Locker) prepare(key string, opts *AcquireOptions) (string, params, error) {
+	bk, err := l.checkKey(key)
+	if err != nil {
+		return "", params{}, err
+	}
+	p, err := l.params(opts)
+	return bk, p, err
+}
+
+// acquireHead is Acquire for the head of the key's local queue.
+func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *keyQueue, w *waiter) (*Lock, error) {
+	sub := l.subscribe(ctx, bk, p.requestTimeout, p.renewInterval)
+	defer sub.stop()
+	var (
+		lastErr  error
+		failures int
+		expiring int
+	)
+	for {
+		sub.ensure()
+		lk, err := l.attempt(ctx, key, bk, p)
+		if err == nil {
+			return lk, nil
+		}
+		var wait time.Duration
+		var held *HeldError
+		switch {
+		case errors.As(err, &held):
+			q.setLastHolder(held.Holder)
+			failures = 0
+			rec := held.Holder
+			wait = max(rec.TTL, 0) + expiryMargin
+			if rec.TTL <= expiryMargin {
+				// The lease should be gone but the store still holds it (etcd
+				// expires leases in a periodic scan): back off rather than
+				// hammer it; an expiry event still wakes the waiter at once.
+				expiring++
+				wait = max(wait, min(minRetry<<min(expiring-1, 10), p.renewInterval/2))
+			} else {
+				expiring = 0
+			}
+			wait = min(max(wait, minRetry), p.ttl)
+		case ctx.Err() != nil:
+			return nil, l.gaveUp(ctx, key, q.lastHolder(), lastErr)
+		case errors.Is(err, backend.ErrInvalid), errors.Is(err, backend.ErrClosed):
+			return nil, err
+		default:
+			failures++
+			lastErr = err
+			l.log.Warn("lock: acquire failed", "key", key, "err", err)
+			wait = backoff(p.renewInterval, failures)
+		}
+		if !sub.wait(ctx, wait, w.wake) {
+			return nil, l.gaveUp(ctx, key, q.lastHolder(), lastErr)
+		}
+	}
+}
+
+// gaveUp returns the error of a wait that ctx ended.
+func (l *Locker) gaveUp(ctx context.Context, key string, last *backend.Record, lastErr error) error {
+	switch {
+	case context.Cause(ctx) == ErrClosed:
+		return fmt.Errorf("lock: acquire %q: %w", key, ErrClosed)
+	case last != nil:
+		return &HeldError{Key: key, Holder: *last, Err: ctx.Err()}
+	case lastErr != nil:
+		return fmt.Errorf("lock: acquire %q: %w (last error: %w)", key, ctx.Err(), lastErr)
+	}
+	return fmt.Errorf("lock: acquire %q: %w", key, ctx.Err())
+}
+
+// attempt makes one acquisition attempt and, when it succeeds, starts
+// keeping the lease and verifies it.
+func (l *Locker) attempt(ctx context.Context, key, bk string, p params) (*Lock, error) {
+	req := backend.AcquireRequest{Key: bk, HolderID: l.id, TTL: p.ttl, Metadata: p.metadata}
+	sent := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, p.requestTimeout)
+	lease, err := l.b.Acquire(cctx, req)
+	cancel()
+	if err != nil {
+		var held *backend.HeldError
+		if errors.As(err, &held) {
+			return nil, &HeldError{Key: key, Holder: userRecord(held.Holder)}
+		}
+		return nil, fmt.Errorf("lock: acquire %q: %w", key, err)
+	}
+	lk, err := l.start(key, lease, sent, p)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := lk.hold.Verify(ctx)
+	if err != nil {
+		l.log.Warn("lock: verification after acquiring failed", "key", key, "term", lease.Term, "err", err)
+		_ = lk.Release(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("lock: acquire %q: reading the lock back after acquiring it: %w", key, err)
+	}
+	lk.mu.Lock()
+	lk.rec = userRecord(rec)
+	lk.mu.Unlock()
+	l.log.Debug("lock: acquired", "key", key, "term", lease.Term)
+	return lk, nil
+}
+
+// Do acquires key like Acquire, calls fn with a context that is cancelled
+// the moment the lock is lost (or ctx ends, or Close is called), and
+// releases the lock once fn has returned, renewing it meanwhile, so nobody
+// else acquires it while fn winds down. It returns fn's error; when the lock
+// was lost while fn ran, the result also matches ErrLockLost (and carries
+// the reason). When the lock cannot be acquired, Do returns Acquire's error
+// and never calls fn. A failed release is retried in the background and
+// logged, not returned.
+func (l *Locker) Do(ctx context.Context, key string, opts *AcquireOptions, fn func(ctx context.Context, l *Lock) error) error {
+	if fn == nil {
+		return fmt.Errorf("%w: nil function", ErrInvalidOptions)
+	}
+	cctx, end, err := l.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
+	lk, err := l.Acquire(cctx, key, opts)
+	if err != nil {
+		return err
+	}
+	return l.run(ctx, lk, fn)
+}
+
+// TryDo is Do with a single attempt, like TryAcquire: when key is held it
+// returns the *HeldError at once without calling fn.
+func (l *Locker) TryDo(ctx context.Context, key string, opts *AcquireOptions, fn func(ctx context.Context, l *Lock) error) error {
+	if fn == nil {
+		return fmt.Errorf("%w: nil function", ErrInvalidOptions)
+	}
+	cctx, end, err := l.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
+	lk, err := l.TryAcquire(cctx, key, opts)
+	if err != nil {
+		return err
+	}
+	return l.run(ctx, lk, fn)
+}
+
+// run calls fn while lk is held, then releases lk.
+func (l *Locker) run(ctx context.Context, lk *Lock, fn func(context.Context, *Lock) error) (err error) {
+	fctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(lk.Context(), func() { cancel(context.Cause(lk.Context())) })
+	defer func() {
+		stop()
+		cancel(nil)
+		relErr := lk.Release(context.WithoutCancel(ctx))
+		switch {
+		case errors.Is(relErr, ErrLockLost):
+			err = errors.Join(err, relErr)
+		case relErr != nil:
+			l.log.Warn("lock: release after the function returned failed; retrying in the background", "key", lk.key, "err", relErr)
+		}
+		if cause := context.Cause(lk.Context()); errors.Is(cause, ErrClosed) && !errors.Is(err, ErrClosed) {
+			err = errors.Join(err, cause)
+		}
+	}()
+	return fn(fctx, lk)
+}
+
+// WaitFree blocks until key is free, without acquiring it, or until ctx ends
+// (then it returns a *HeldError naming the last holder seen and matching
+// ctx.Err(), or ctx's error when the backend kept failing). Like Acquire it
+// is woken by the backend's watch, or re-checks when the holder's lease
+// would expire. The key may be taken again by the time WaitFree returns.
+func (l *Locker) WaitFree(ctx context.Context, key string) error {
+	bk, err := l.checkKey(key)
+	if err != nil {
+		return err
+	}
+	ctx, end, err := l.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
+	o := &l.opts
+	sub := l.subscribe(ctx, bk, o.RequestTimeout, o.RenewInterval)
+	defer sub.stop()
+	var (
+		last     *backend.Record
+		lastErr  error
+		failures int
+	)
+	for {
+		sub.ensure()
+		cctx, cancel := context.WithTimeout(ctx, o.RequestTimeout)
+		rec, err := l.b.Get(cctx, bk)
+		cancel()
+		var wait time.Duration
+		switch {
+		case errors.Is(err, backend.ErrNotHeld):
+			return nil
+		case err == nil:
+			r := userRecord(rec)
+			last, failures = &r, 0
+			wait = min(max(max(rec.TTL, 0)+expiryMargin, minRetry), o.TTL)
+		case ctx.Err() != nil:
+			return l.gaveUp(ctx, key, last, lastErr)
+		default:
+			failures++
+			lastErr = err
+			wait = backoff(o.RenewInterval, failures)
+		}
+		if !sub.wait(ctx, wait, nil) {
+			return l.gaveUp(ctx, key, last, lastErr)
+		}
+	}
+}
+
+// subscription is a waiter's watch on one backend key, re-established after
+// the channel closes, with backoff when subscribing fails.
+type subscription struct {
+	l          *Locker
+	ctx        context.Context
+	key        string
+	timeout    time.Duration // bound on one Watch call
+	interval   time.Duration // base of the backoff
+	ch         <-chan backend.Event
+	cancel     context.CancelFunc
+	failures   int
+	next       time.Time // no subscription attempt before this
+	off        bool      // the backend cannot watch
+	resubbed   bool      // set by ensure when a subscription replaced a closed one
+	everClosed bool
+}
+
+func (l *Locker) subscribe(ctx context.Context, key string, timeout, interval time.Duration) *subscription {
+	return &subscription{l: l, ctx: ctx, key: key, timeout: timeout, interval: interval, off: l.watcher == nil}
+}
+
+// ensure subscribes when there is no live subscription and one may be tried
+// now. Changes made after a successful ensure are delivered.
+func (s *subscription) ensure() {
+	if s.off || s.ch != nil || time.Now().Before(s.next) || s.ctx.Err() != nil {
+		return
+	}
+	wctx, cancel := context.WithCancel(s.ctx)
+	// The subscription lives as long as wctx, so its timeout cancels wctx
+	// only while Watch has not returned.
+	t := time.AfterFunc(s.timeout, cancel)
+	ch, err := s.l.watcher.Watch(wctx, s.key)
+	if !t.Stop() && err == nil {
+		err = fmt.Errorf("watch %q: timed out after %v", s.key, s.timeout)
+	}
+	if err != nil {
+		cancel()
+		if errors.Is(err, errors.ErrUnsupported) {
+			s.off = true
+			return
+		}
+		if s.ctx.Err() == nil {
+			s.failures++
+			s.next = time.Now().Add(backoff(s.interval, s.failures))
+			s.l.log.Warn("lock: watch failed", "key", s.key, "err", err)
+		}
+		return
+	}
+	s.ch, s.cancel = ch, cancel
+	s.resubbed = s.everClosed
+}
+
+// wait blocks for d, until an event arrives, wake fires, or ctx ends (then
+// it returns false). A closed channel ends the wait too, after
+// re-subscribing when allowed, since changes may have been missed.
+func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
+	if !s.off && s.ch == nil {
+		d = min(d, max(time.Until(s.next), 0))
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-wake:
+	case _, ok := <-s.ch:
+		if !ok {
+			s.closed()
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// closed records that the channel was closed: the next ensure subscribes
+// again, at once the first time and after a backoff when it keeps closing.
+func (s *subscription) closed() {
+	s.cancel()
+	s.ch, s.cancel = nil, nil
+	if s.everClosed {
+		s.failures++
+		s.next = time.Now().Add(backoff(s.interval, s.failures))
+	}
+	s.everClosed = true
+}
+
+// stop ends the subscription.
+func (s *subscription) stop() {
+	if s.cancel != nil {
+		s.cancel()
+	}
+}
+
+// backoff returns the delay before retry n (1-based) after backend errors:
+// exponential from interval/8 up to interval, with jitter.
+func backoff(interval time.Duration, n int) time.Duration {
+	d := interval / 8
+	for i := 1; i < n && d < interval; i++ {
+		d *= 2
+	}
+	d = max(min(d, interval), time.Millisecond)
+	return d/2 + rand.N(d/2+1)
+}
+
+// keyQueue is the local FIFO of one Locker's goroutines waiting for a key.
+// Only its head talks to the backend. Guarded by Locker.mu.
+type keyQueue struct {
+	waiters []*waiter // guarded by Locker.mu
+
+	mu   sync.Mutex      // guards last
+	last *backend.Record // the last holder the head saw
+}
+
+type waiter struct {
+	turn chan struct{} // closed when the waiter becomes the head
+	wake chan struct{} // capacity 1: this Locker released the key
+}
+
+// enqueue appends a waiter for key.
+func (l *Locker) enqueue(key string) (*keyQueue, *waiter) {
+	w := &waiter{turn: make(chan struct{}), wake: make(chan struct{}, 1)}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	q := l.queues[key]
+	if q == nil {
+		q = &keyQueue{}
+		l.queues[key] = q
+	}
+	q.waiters = append(q.waiters, w)
+	if len(q.waiters) == 1 {
+		close(w.turn)
+	}
+	return q, w
+}
+
+// dequeue removes w from key's queue and, if it was the head, hands the turn
+// to the next waiter.
+func (l *Locker) dequeue(key string, w *waiter) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	q := l.queues[key]
+	for i, x := range q.waiters {
+		if x != w {
+			continue
+		}
+		q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
+		if i == 0 && len(q.waiters) > 0 {
+			close(q.waiters[0].turn)
+		}
+		break
+	}
+	if len(q.waiters) == 0 {
+		delete(l.queues, key)
+	}
+}
+
+// wakeLocal tells the head of key's local queue that this Locker released
+// the key, so it retries without waiting for the watch.
+func (l *Locker) wakeLocal(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if q := l.queues[key]; q != nil && len(q.waiters) > 0 {
+		select {
+		case q.waiters[0].wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (q *keyQueue) setLastHolder(r backend.Record) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.last = &r
+}
+
+func (q *keyQueue) lastHolder() *backend.Record {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.last
+}

@@ -1,0 +1,66 @@
+// Package lock is a distributed lock over the same backends as Sovereign's
+// elector (Redis, etcd, memory), with the same safety model: a lock is a lease
+// kept alive in the background, its holder gets a context cancelled the
+// moment the lock is lost or no longer certain, and every acquisition carries
+// a fencing term.
+//
+//	lk, err := lock.New(b, hostname, nil) // nil: default options
+//	if err != nil { ... }
+//	defer lk.Close()
+//	err = lk.Do(ctx, lock.Key("tally", electionID), nil, func(ctx context.Context, l *lock.Lock) error {
+//		// Holds the lock. ctx is cancelled the moment the lock is lost.
+//		return tally(ctx, l.Term()) // pass the fencing term downstream
+//	})
+//
+// A Locker acquires locks for one holder ID. TryAcquire and TryDo make one
+// attempt and return a *HeldError naming the holder (who, since when, term,
+// metadata) when the lock is taken; Acquire and Do wait until it is free,
+// woken by the backend's watch when the holder releases it, or by a
+// re-check scheduled from the holder's remaining TTL. Goroutines of one
+// Locker waiting for the same key queue locally, first come first served,
+// and only the head of the queue talks to the backend.
+//
+// Lock key K is stored under the backend key "lock/" + K, apart from
+// elections. Keys may contain "/" and ":"; Key joins parts with "/". A key
+// must not be empty, nor contain an empty "/"-separated segment, and must be
+// accepted by the backend (etcd refuses "/heartbeat/", say); the Locker
+// checks it on every call and returns an error wrapping ErrInvalidKey
+// otherwise. Records returned by this package show lock keys, without the
+// prefix.
+//
+// # What is guaranteed
+//
+// A held lock is renewed every RenewInterval. The holder counts its lock from
+// the moment it sent the last acquire or renewal that succeeded, and steps
+// down by itself RenewDeadline later unless a renewal has succeeded since:
+// Held turns false and the lock's context is cancelled with a cause wrapping
+// ErrLockLost, by a timer, even if the holder's goroutines are stuck. The
+// store keeps the lease for TTL after it received that request, which is
+// later, so the holder stops before anyone else can acquire, provided the
+// store keeps leases for their TTL and the clocks' rates drift apart by less
+// than TTL - RenewDeadline over one TTL (3 s in 10 s with the defaults).
+// Renewals and releases are owner-checked by a random per-acquisition token:
+// a lock is owned by its *Lock, not by a goroutine, and any goroutine may
+// release it; a second acquisition of a key by the same Locker is refused
+// like anyone else's (locks are not reentrant). After each acquisition the
+// record is read back and checked (holder, token, term) before the lock is
+// handed out.
+//
+// Do and TryDo release the lock only after the function has returned, and
+// keep renewing it while the function winds down after its context was
+// cancelled, so nobody else acquires the lock while it still runs (unless
+// the lock was lost at the store, which the result then reports).
+//
+// No lock can stop a paused process from acting late on a decision it took
+// before the pause. Pass Lock.Term, the fencing term, with every write to a
+// downstream store and have the store refuse terms lower than the highest it
+// has seen (for SQL: UPDATE ... SET fencing_term = $term WHERE id = $id AND
+// fencing_term <= $term). Terms strictly increase across release, expiry and
+// re-acquisition of a key.
+//
+// # Testing
+//
+// Use memorybackend in tests: its clients can be partitioned, hung or slowed
+// down, and inside a testing/synctest bubble every TTL and renewal runs on
+// virtual time.
+package lock

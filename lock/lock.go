@@ -1,0 +1,301 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/keeper"
+)
+
+// Lock is a held lock, returned by TryAcquire and Acquire and passed to the
+// functions of Do and TryDo. It is renewed in the background until Release;
+// its context is cancelled the moment it is lost or released. Its methods
+// are safe for concurrent use, from any goroutine.
+type Lock struct {
+	l     *Locker
+	key   string
+	lease backend.Lease
+	p     params
+	hold  *keeper.Hold // set before the Lock is shared
+
+	mu  sync.Mutex // guards rec
+	rec backend.Record
+}
+
+// start keeps lease, acquired by a request sent at sent, and registers the
+// lock with the Locker; after Close it releases the lease and returns
+// ErrClosed.
+func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params) (*Lock, error) {
+	lk := &Lock{
+		l:     l,
+		key:   key,
+		lease: lease,
+		p:     p,
+		rec: backend.Record{
+			Key: key, HolderID: lease.HolderID, Token: lease.Token, Term: lease.Term,
+			TTL: lease.TTL, Metadata: maps.Clone(p.metadata),
+		},
+	}
+	cfg := keeper.Config{
+		Backend:        l.b,
+		TTL:            p.ttl,
+		RenewDeadline:  p.renewDeadline,
+		RenewInterval:  p.renewInterval,
+		RequestTimeout: p.requestTimeout,
+		NoRenew:        p.noRenew,
+		MaxHold:        p.maxHold,
+		Cause:          lk.cause,
+		OnError: func(op string, err error) {
+			l.log.Warn("lock: "+op+" failed", "key", key, "term", lease.Term, "err", err)
+		},
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), p.requestTimeout)
+		defer cancel()
+		_ = l.b.Release(ctx, lease)
+		return nil, fmt.Errorf("lock: acquire %q: %w", key, ErrClosed)
+	}
+	lk.hold = keeper.Start(l.holdCtx, cfg, lease, sent)
+	l.locks[lk] = struct{}{}
+	l.monitors.Add(1)
+	l.mu.Unlock()
+	go lk.monitor()
+	return lk, nil
+}
+
+// cause builds the context cause of a step-down.
+func (lk *Lock) cause(r keeper.Reason, err error) error {
+	switch r {
+	case keeper.Deadline:
+		return newKeyError(lk.key, "lost: no renewal succeeded before the renew deadline", err, ErrLockLost)
+	case keeper.LeaseLost:
+		return newKeyError(lk.key, "lost: the store no longer holds it", err, ErrLockLost)
+	case keeper.MaxHold:
+		return newKeyError(lk.key, fmt.Sprintf("lost: held for MaxHold (%v)", lk.p.maxHold), nil, ErrLockLost, ErrMaxHold)
+	case keeper.Released:
+		return newKeyError(lk.key, "released", nil, ErrReleased)
+	}
+	return newKeyError(lk.key, r.String(), err)
+}
+
+// lostReason reports whether a step-down of reason r means the lock was lost.
+func lostReason(r keeper.Reason) bool {
+	return r == keeper.Deadline || r == keeper.LeaseLost || r == keeper.MaxHold
+}
+
+// monitor watches the key while the lock is held, so a store that restarted
+// or a lock taken by someone else is noticed within a round trip, and
+// unregisters the hold once it has finished.
+func (lk *Lock) monitor() {
+	l := lk.l
+	defer l.monitors.Done()
+	if l.watcher != nil {
+		lk.watchHeld()
+	}
+	<-lk.hold.Done()
+	if r, cause := lk.hold.Reason(); lostReason(r) {
+		l.log.Info("lock: lost", "key", lk.key, "term", lk.lease.Term, "cause", cause)
+	}
+	<-lk.hold.Finished()
+}
+
+// watchHeld asks for a renewal at once whenever the key's watch reports
+// anything (a reset, a release or expiry, another acquisition) or breaks,
+// until the hold steps down.
+func (lk *Lock) watchHeld() {
+	ctx := lk.hold.Context()
+	sub := lk.l.subscribe(ctx, lk.lease.Key, lk.p.requestTimeout, lk.p.renewInterval)
+	defer sub.stop()
+	for ctx.Err() == nil {
+		sub.ensure()
+		if sub.off {
+			return
+		}
+		if sub.resubbed {
+			sub.resubbed = false
+			lk.hold.RenewNow() // changes may have been missed
+		}
+		var (
+			retry <-chan time.Time
+			t     *time.Timer
+		)
+		if sub.ch == nil {
+			t = time.NewTimer(max(time.Until(sub.next), 0))
+			retry = t.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-retry:
+		case _, ok := <-sub.ch:
+			if !ok {
+				sub.closed()
+			}
+			lk.hold.RenewNow()
+		}
+		if t != nil {
+			t.Stop()
+		}
+	}
+}
+
+// Key returns the lock key.
+func (lk *Lock) Key() string { return lk.key }
+
+// Term returns the fencing term of this acquisition: strictly greater than
+// every earlier term of the key. Pass it with every write to a downstream
+// store and have the store refuse lower terms.
+func (lk *Lock) Term() uint64 { return lk.lease.Term }
+
+// Record returns the lock's record as read back right after acquiring it
+// (holder, token, term, since when by the store's clock, TTL then), with
+// the metadata last set. Its key is the lock key.
+func (lk *Lock) Record() backend.Record {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	r := lk.rec
+	r.Metadata = maps.Clone(r.Metadata)
+	return r
+}
+
+// Context returns a context that is cancelled when the lock is lost or no
+// longer certain (cause matching ErrLockLost, and ErrMaxHold after MaxHold),
+// released (cause matching ErrReleased) or stopped by Close (cause matching
+// ErrClosed). Read the cause with context.Cause or Err. The context does not
+// derive from the context given to TryAcquire or Acquire.
+func (lk *Lock) Context() context.Context { return lk.hold.Context() }
+
+// Done returns a channel that is closed when Context is cancelled.
+func (lk *Lock) Done() <-chan struct{} { return lk.hold.Done() }
+
+// Err returns nil while the lock's context is alive, and its cause after.
+func (lk *Lock) Err() error {
+	ctx := lk.hold.Context()
+	if ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(ctx)
+}
+
+// Held reports whether the lock is held now: not released, lost or stopped,
+// and its renew deadline not passed. It does no I/O and checks the deadline
+// against the monotonic clock on every call, so a process that was paused
+// answers false as soon as it runs again.
+func (lk *Lock) Held() bool { return lk.hold.Held() }
+
+// Deadline returns when the lock will be considered lost unless a renewal
+// succeeds before then.
+func (lk *Lock) Deadline() time.Time { return lk.hold.Deadline() }
+
+// stepped returns the step-down's cause, or an error matching ErrLockLost
+// when the deadline has passed, or nil while the lock is held.
+func (lk *Lock) stepped() error {
+	if r, cause := lk.hold.Reason(); r != 0 {
+		return cause
+	}
+	if !lk.hold.Held() { // the deadline passed; its timer has not run yet
+		return newKeyError(lk.key, "lost: no renewal succeeded before the renew deadline", nil, ErrLockLost)
+	}
+	return nil
+}
+
+// lostErr turns an error reporting the lease gone into one matching
+// ErrLockLost.
+func (lk *Lock) lostErr(op string, err error) error {
+	if errors.Is(err, backend.ErrLeaseLost) && !errors.Is(err, ErrLockLost) {
+		return newKeyError(lk.key, "lost: the store no longer holds it", err, ErrLockLost)
+	}
+	return fmt.Errorf("lock: %s %q: %w", op, lk.key, err)
+}
+
+// Verify reads the lock's record from the store and checks that it is this
+// acquisition (holder, token and term): one round trip, for use right before
+// an irreversible step. When the store no longer holds it, the lock is lost
+// (its context is cancelled) and the error matches ErrLockLost. After the
+// lock was released or lost, Verify returns that cause without I/O.
+func (lk *Lock) Verify(ctx context.Context) error {
+	if cause := lk.stepped(); cause != nil {
+		return fmt.Errorf("lock: verify %q: %w", lk.key, cause)
+	}
+	if _, err := lk.hold.Verify(ctx); err != nil {
+		if cause := lk.stepped(); cause != nil && !errors.Is(err, backend.ErrLeaseLost) {
+			return fmt.Errorf("lock: verify %q: %w", lk.key, cause)
+		}
+		return lk.lostErr("verify", err)
+	}
+	return nil
+}
+
+// Extend renews the lock now, in the caller's goroutine, bounded by ctx,
+// RequestTimeout and the lock's deadline; with AcquireOptions.NoRenew it is
+// the only way to keep the lock past its first deadline. When the store no
+// longer holds the lock, the lock is lost and the error matches ErrLockLost.
+// After the lock was released or lost, Extend returns that cause.
+func (lk *Lock) Extend(ctx context.Context) error {
+	if cause := lk.stepped(); cause != nil {
+		return fmt.Errorf("lock: extend %q: %w", lk.key, cause)
+	}
+	if err := lk.hold.Extend(ctx); err != nil {
+		return lk.lostErr("extend", err)
+	}
+	if cause := lk.stepped(); cause != nil { // a late success does not revive it
+		return fmt.Errorf("lock: extend %q: %w", lk.key, cause)
+	}
+	return nil
+}
+
+// SetMetadata replaces the metadata stored with the lock (owner-checked; it
+// does not extend the lock). When the store no longer holds the lock, the
+// lock is lost and the error matches ErrLockLost.
+func (lk *Lock) SetMetadata(ctx context.Context, md map[string]string) error {
+	if cause := lk.stepped(); cause != nil {
+		return fmt.Errorf("lock: set metadata %q: %w", lk.key, cause)
+	}
+	if err := lk.hold.SetMetadata(ctx, md); err != nil {
+		return lk.lostErr("set metadata", err)
+	}
+	lk.mu.Lock()
+	lk.rec.Metadata = maps.Clone(md)
+	lk.mu.Unlock()
+	return nil
+}
+
+// Release cancels the lock's context (cause ErrReleased) unless it was
+// already cancelled, stops renewing and deletes the lock at the store,
+// owner-checked, bounded by ctx and RequestTimeout, so that the next waiter
+// acquires it at once. It returns nil when the lock was held until
+// released; an error matching ErrLockLost when it had been lost (its
+// deadline passed, the store no longer held it, or MaxHold), with the
+// reason; or the store's error, in which case the release is retried in the
+// background until the store answers or the Locker is closed (the lock
+// expires after its TTL regardless). Release is idempotent: later calls
+// return the first call's result. Any goroutine may call it.
+func (lk *Lock) Release(ctx context.Context) error {
+	err := lk.hold.Release(ctx)
+	l := lk.l
+	l.mu.Lock()
+	delete(l.locks, lk)
+	l.mu.Unlock()
+	l.wakeLocal(lk.key)
+	r, cause := lk.hold.Reason()
+	switch {
+	case lostReason(r) && err != nil && !errors.Is(err, backend.ErrLeaseLost):
+		return fmt.Errorf("lock: release %q: %w (and the release failed: %w)", lk.key, cause, err)
+	case lostReason(r):
+		return fmt.Errorf("lock: release %q: %w", lk.key, cause)
+	case errors.Is(err, backend.ErrLeaseLost):
+		// Stepped down by Release or Close, yet the store no longer held
+		// it: it expired or was lost between two renewals.
+		return newKeyError(lk.key, "lost: the store no longer held it at release", err, ErrLockLost)
+	case err != nil:
+		return fmt.Errorf("lock: release %q: %w", lk.key, err)
+	}
+	l.log.Debug("lock: released", "key", lk.key, "term", lk.lease.Term)
+	return nil
+}

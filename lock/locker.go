@@ -1,0 +1,364 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// Prefix is prepended to every lock key to form its backend key, so locks
+// and elections never share a key.
+const Prefix = "lock/"
+
+// DefaultTTL is the default lock TTL.
+const DefaultTTL = 10 * time.Second
+
+// Options configure a Locker. A nil *Options means every default. Zero fields
+// take their defaults; New validates the result and returns an error wrapping
+// ErrInvalidOptions when it is inconsistent. The durations mean what they
+// mean for the elector (package sovereign).
+type Options struct {
+	// TTL is the lease time to live requested from the backend: how long a
+	// lock outlives a holder that stopped renewing (crashed). Must be at
+	// least the backend's MinTTL.
+	// Default: DefaultTTL (10 s).
+	TTL time.Duration
+
+	// RenewDeadline is how long a holder keeps a lock after it sent the last
+	// acquire or renewal that succeeded; past it the lock's context is
+	// cancelled and Held reports false. TTL - RenewDeadline absorbs clock
+	// drift. Must be less than TTL.
+	// Default: 7/10 of TTL (7 s).
+	RenewDeadline time.Duration
+
+	// RenewInterval is how often a held lock is renewed; a failed renewal is
+	// retried after a quarter of it. Must be less than RenewDeadline.
+	// Default: 1/5 of TTL (2 s).
+	RenewInterval time.Duration
+
+	// RequestTimeout bounds every backend call. Must be less than
+	// RenewDeadline.
+	// Default: RenewInterval (2 s).
+	RequestTimeout time.Duration
+
+	// Logger receives failures at Warn, lost locks at Info, acquisitions
+	// and releases at Debug. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// withDefaults returns a copy of o (which may be nil) with defaults applied,
+// validated against minTTL.
+func (o *Options) withDefaults(minTTL time.Duration) (Options, error) {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"TTL", r.TTL}, {"RenewDeadline", r.RenewDeadline},
+		{"RenewInterval", r.RenewInterval}, {"RequestTimeout", r.RequestTimeout},
+	} {
+		if f.d < 0 {
+			return r, fmt.Errorf("%w: %s is negative (%v)", ErrInvalidOptions, f.name, f.d)
+		}
+	}
+	if r.TTL == 0 {
+		r.TTL = DefaultTTL
+	}
+	if r.RenewDeadline == 0 {
+		r.RenewDeadline = r.TTL * 7 / 10
+	}
+	if r.RenewInterval == 0 {
+		r.RenewInterval = r.TTL / 5
+	}
+	if r.RequestTimeout == 0 {
+		r.RequestTimeout = r.RenewInterval
+	}
+	if r.Logger == nil {
+		r.Logger = slog.Default()
+	}
+	return r, r.validate(minTTL)
+}
+
+func (r *Options) validate(minTTL time.Duration) error {
+	switch {
+	case r.TTL < minTTL:
+		return fmt.Errorf("%w: TTL (%v) must be at least the backend's MinTTL (%v)", ErrInvalidOptions, r.TTL, minTTL)
+	case r.RenewDeadline >= r.TTL:
+		return fmt.Errorf("%w: RenewDeadline (%v) must be less than TTL (%v)", ErrInvalidOptions, r.RenewDeadline, r.TTL)
+	case r.RenewInterval <= 0 || r.RenewInterval >= r.RenewDeadline:
+		return fmt.Errorf("%w: RenewInterval (%v) must be positive and less than RenewDeadline (%v)", ErrInvalidOptions, r.RenewInterval, r.RenewDeadline)
+	case r.RequestTimeout <= 0 || r.RequestTimeout >= r.RenewDeadline:
+		return fmt.Errorf("%w: RequestTimeout (%v) must be positive and less than RenewDeadline (%v)", ErrInvalidOptions, r.RequestTimeout, r.RenewDeadline)
+	}
+	return nil
+}
+
+// AcquireOptions configure one acquisition. A nil *AcquireOptions means
+// every default.
+type AcquireOptions struct {
+	// Metadata is stored with the lock and shown to anyone who reads its
+	// record (Holders, List, a HeldError): a hostname, a request ID, a
+	// version.
+	Metadata map[string]string
+
+	// TTL overrides the Locker's TTL for this lock; RenewDeadline,
+	// RenewInterval and RequestTimeout are scaled with it, keeping the
+	// Locker's ratios. Must be at least the backend's MinTTL.
+	// Default: the Locker's TTL.
+	TTL time.Duration
+
+	// NoRenew disables automatic renewal: the lock is held for one
+	// RenewDeadline after its acquisition was sent, and longer only by
+	// calling Lock.Extend.
+	NoRenew bool
+
+	// MaxHold, when positive, bounds how long the lock is held: that long
+	// after its acquisition was sent, renewals stop and the lock's context
+	// is cancelled with a cause matching ErrMaxHold and ErrLockLost. Release
+	// it then; unreleased, it expires at the store one TTL after its last
+	// renewal.
+	MaxHold time.Duration
+
+	// A later version adds Mode and Limit here for shared locks.
+}
+
+// params is one acquisition's resolved configuration.
+type params struct {
+	ttl, renewDeadline, renewInterval, requestTimeout time.Duration
+	noRenew                                           bool
+	maxHold                                           time.Duration
+	metadata                                          map[string]string
+}
+
+// params resolves ao against the Locker's options.
+func (l *Locker) params(ao *AcquireOptions) (params, error) {
+	o := l.opts
+	p := params{ttl: o.TTL, renewDeadline: o.RenewDeadline, renewInterval: o.RenewInterval, requestTimeout: o.RequestTimeout}
+	if ao == nil {
+		return p, nil
+	}
+	switch {
+	case ao.TTL < 0:
+		return p, fmt.Errorf("%w: AcquireOptions.TTL is negative (%v)", ErrInvalidOptions, ao.TTL)
+	case ao.MaxHold < 0:
+		return p, fmt.Errorf("%w: AcquireOptions.MaxHold is negative (%v)", ErrInvalidOptions, ao.MaxHold)
+	}
+	p.noRenew, p.maxHold, p.metadata = ao.NoRenew, ao.MaxHold, maps.Clone(ao.Metadata)
+	if ao.TTL != 0 && ao.TTL != o.TTL {
+		scale := func(d time.Duration) time.Duration {
+			return time.Duration(float64(d) / float64(o.TTL) * float64(ao.TTL))
+		}
+		s := Options{TTL: ao.TTL, RenewDeadline: scale(o.RenewDeadline), RenewInterval: scale(o.RenewInterval), RequestTimeout: scale(o.RequestTimeout)}
+		if err := s.validate(l.b.MinTTL()); err != nil {
+			return p, fmt.Errorf("AcquireOptions.TTL %v: %w", ao.TTL, err)
+		}
+		p.ttl, p.renewDeadline, p.renewInterval, p.requestTimeout = s.TTL, s.RenewDeadline, s.RenewInterval, s.RequestTimeout
+	}
+	return p, nil
+}
+
+// Locker acquires locks over one backend on behalf of one holder ID. Create
+// it with New. All methods are safe for concurrent use.
+type Locker struct {
+	b       backend.Backend
+	watcher backend.Watcher // nil when b cannot watch
+	id      string
+	opts    Options
+	log     *slog.Logger
+
+	// closeCtx is cancelled when Close begins: waits and calls in flight end.
+	closeCtx    context.Context
+	cancelClose context.CancelFunc
+	// holdCtx is cancelled when Close has released every lock: background
+	// release retries stop.
+	holdCtx    context.Context
+	cancelHold context.CancelFunc
+
+	mu      sync.Mutex // guards the fields below
+	closed  bool
+	closing chan struct{}        // closed when Close has finished; nil before Close
+	locks   map[*Lock]struct{}   // locks handed out and not yet released
+	queues  map[string]*keyQueue // local waiters per lock key
+
+	ops      sync.WaitGroup // calls in flight, Do functions included
+	monitors sync.WaitGroup // one goroutine per started hold
+}
+
+// New returns a Locker that acquires locks on b as holder id (shown to
+// others as the holder's ID; the lock itself is owned by a random token per
+// acquisition, so two Lockers with the same id never share a lock). opts may
+// be nil for defaults. New does no I/O; errors wrap ErrInvalidOptions.
+func New(b backend.Backend, id string, opts *Options) (*Locker, error) {
+	switch {
+	case b == nil:
+		return nil, fmt.Errorf("%w: nil backend", ErrInvalidOptions)
+	case id == "":
+		return nil, fmt.Errorf("%w: empty holder ID", ErrInvalidOptions)
+	}
+	o, err := opts.withDefaults(b.MinTTL())
+	if err != nil {
+		return nil, err
+	}
+	l := &Locker{
+		b:      b,
+		id:     id,
+		opts:   o,
+		log:    o.Logger.With("locker", id),
+		locks:  make(map[*Lock]struct{}),
+		queues: make(map[string]*keyQueue),
+	}
+	l.watcher, _ = b.(backend.Watcher)
+	l.closeCtx, l.cancelClose = context.WithCancel(context.Background())
+	l.holdCtx, l.cancelHold = context.WithCancel(context.Background())
+	return l, nil
+}
+
+// ID returns the holder ID the Locker acquires as.
+func (l *Locker) ID() string { return l.id }
+
+// Options returns the options in effect, defaults applied.
+func (l *Locker) Options() Options { return l.opts }
+
+// Close cancels the context of every lock the Locker holds (cause matching
+// ErrClosed), waits for every running Do and TryDo function to return and
+// for calls in flight to end, releases every lock still held (owner-checked,
+// each bounded by RequestTimeout), and waits for every goroutine the Locker
+// started. Waiting Acquire, Do and WaitFree calls return an error wrapping
+// ErrClosed. Close is idempotent and safe to call concurrently; later method
+// calls return ErrClosed. It must not be called from a Do function, which it
+// waits for.
+func (l *Locker) Close() error {
+	l.mu.Lock()
+	if l.closing != nil {
+		closing := l.closing
+		l.mu.Unlock()
+		<-closing
+		return nil
+	}
+	l.closing = make(chan struct{})
+	l.closed = true
+	locks := make([]*Lock, 0, len(l.locks))
+	for lk := range l.locks {
+		locks = append(locks, lk)
+	}
+	l.mu.Unlock()
+
+	l.cancelClose()
+	for _, lk := range locks {
+		lk.hold.Stop(newKeyError(lk.key, "cancelled: the locker was closed", nil, ErrClosed))
+	}
+	l.ops.Wait()
+	var wg sync.WaitGroup
+	l.mu.Lock()
+	for lk := range l.locks {
+		wg.Go(func() { _ = lk.Release(context.Background()) })
+	}
+	l.mu.Unlock()
+	wg.Wait()
+	l.cancelHold()
+	l.monitors.Wait()
+	close(l.closing)
+	return nil
+}
+
+// begin registers a call in flight and returns a context that also ends
+// (with cause ErrClosed) when Close begins, and the function to call when
+// the call returns.
+func (l *Locker) begin(ctx context.Context) (context.Context, func(), error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, nil, ErrClosed
+	}
+	l.ops.Add(1)
+	l.mu.Unlock()
+	cctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(l.closeCtx, func() { cancel(ErrClosed) })
+	return cctx, func() {
+		stop()
+		cancel(nil)
+		l.ops.Done()
+	}, nil
+}
+
+// Key joins parts with "/" into a lock key: Key("tally", "42") is
+// "tally/42". An empty part makes an empty segment, which every Locker method
+// rejects with ErrInvalidKey.
+func Key(parts ...string) string { return strings.Join(parts, "/") }
+
+// checkKey validates a lock key and returns its backend key.
+func (l *Locker) checkKey(key string) (string, error) {
+	switch {
+	case key == "":
+		return "", fmt.Errorf("%w: empty key", ErrInvalidKey)
+	case strings.HasPrefix(key, "/") || strings.HasSuffix(key, "/") || strings.Contains(key, "//"):
+		return "", fmt.Errorf("%w: %q has an empty segment", ErrInvalidKey, key)
+	}
+	bk := Prefix + key
+	if err := l.b.ValidateKey(bk); err != nil {
+		return "", fmt.Errorf("%w: %q: %w", ErrInvalidKey, key, err)
+	}
+	return bk, nil
+}
+
+// userRecord returns r with its key shown as a lock key.
+func userRecord(r backend.Record) backend.Record {
+	r.Key = strings.TrimPrefix(r.Key, Prefix)
+	return r
+}
+
+// Holders returns the records of the holders of key: none when it is free,
+// one for an exclusive lock (a later version adds shared locks, with several).
+// Record keys are lock keys.
+func (l *Locker) Holders(ctx context.Context, key string) ([]backend.Record, error) {
+	bk, err := l.checkKey(key)
+	if err != nil {
+		return nil, err
+	}
+	ctx, end, err := l.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	ctx, cancel := context.WithTimeout(ctx, l.opts.RequestTimeout)
+	defer cancel()
+	rec, err := l.b.Get(ctx, bk)
+	switch {
+	case errors.Is(err, backend.ErrNotHeld):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("lock: holders of %q: %w", key, err)
+	}
+	return []backend.Record{userRecord(rec)}, nil
+}
+
+// List returns the records of every held lock whose key begins with prefix
+// (every held lock when prefix is empty), sorted by key. Record keys are lock
+// keys, without the backend prefix.
+func (l *Locker) List(ctx context.Context, prefix string) ([]backend.Record, error) {
+	ctx, end, err := l.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	ctx, cancel := context.WithTimeout(ctx, l.opts.RequestTimeout)
+	defer cancel()
+	recs, err := l.b.List(ctx, Prefix+prefix)
+	if err != nil {
+		return nil, fmt.Errorf("lock: list %q: %w", prefix, err)
+	}
+	for i := range recs {
+		recs[i] = userRecord(recs[i])
+	}
+	return recs, nil
+}
