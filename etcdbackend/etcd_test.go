@@ -3,11 +3,14 @@ package etcdbackend_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -217,7 +220,7 @@ func TestUnreachableClusterFailsWithinContext(t *testing.T) {
 		t.Fatalf("clientv3.New: %v", err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	lease := backend.Lease{Key: "k", HolderID: "a", Token: "0000000000000001-00", Term: 1, TTL: time.Second}
+	lease := backend.Lease{Key: "k", HolderID: "a", Token: "0000000000000001-0000000000000001-00", Term: 1, TTL: time.Second}
 
 	t.Run("caller's deadline", func(t *testing.T) {
 		b := newBackend(t, cli, nil)
@@ -267,6 +270,8 @@ func calls(b *etcdbackend.Backend, l backend.Lease) map[string]func(context.Cont
 		"Members":      func(ctx context.Context) error { _, err := b.Members(ctx, l.Key); return err },
 		"RemoveMember": func(ctx context.Context) error { return b.RemoveMember(ctx, l.Key, l.HolderID) },
 		"Watch":        func(ctx context.Context) error { _, err := b.Watch(ctx, l.Key); return err },
+		"SetMetadata":  func(ctx context.Context) error { return b.SetMetadata(ctx, l, nil) },
+		"List":         func(ctx context.Context) error { _, err := b.List(ctx, ""); return err },
 	}
 }
 
@@ -553,6 +558,14 @@ func TestRoundTrips(t *testing.T) {
 			}
 			return nil
 		}, 3},
+		{"SetMetadata (txn)", func() error { return b.SetMetadata(ctx, l, map[string]string{"x": "y"}) }, 1},
+		{"List of two held keys, one holder heartbeating (range, 3 lease look-ups)", func() error {
+			recs, err := b.List(ctx, "")
+			if err == nil && len(recs) != 2 {
+				return fmt.Errorf("List: got %d records, want 2", len(recs))
+			}
+			return err
+		}, 4},
 		{"Release (txn, revoke)", func() error { return b.Release(ctx, l) }, 2},
 		{"Renew of a lost lease (txn)", func() error {
 			if err := b.Renew(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
@@ -568,6 +581,175 @@ func TestRoundTrips(t *testing.T) {
 		}
 		if got := n.total(); got != s.want {
 			t.Errorf("%s: got %d requests, want %d", s.name, got, s.want)
+		}
+	}
+}
+
+func TestSetMetadataRewritesInPlace(t *testing.T) {
+	ctx := testCtx(t)
+	cli := newClient(t, nil, nil)
+	prefix := newPrefix()
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	other := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: prefix})
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute, Metadata: map[string]string{"v": "1"}})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	raw := func() *mvccpb.KeyValue {
+		t.Helper()
+		resp, err := cli.Get(ctx, prefix+"k")
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("raw Get: got %v, %v; want one record", resp, err)
+		}
+		return resp.Kvs[0]
+	}
+	before := raw()
+	recBefore, err := other.Get(ctx, "k")
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+
+	if err := b.SetMetadata(ctx, l, map[string]string{"v": "2", "w": "x"}); err != nil {
+		t.Fatalf("SetMetadata: %v", err)
+	}
+	after := raw()
+	if after.CreateRevision != before.CreateRevision || after.Lease != before.Lease {
+		t.Errorf("after SetMetadata: create revision %d, lease %x; want unchanged %d, %x",
+			after.CreateRevision, after.Lease, before.CreateRevision, before.Lease)
+	}
+	rec, err := other.Get(ctx, "k")
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if rec.Metadata["v"] != "2" || rec.Metadata["w"] != "x" || len(rec.Metadata) != 2 {
+		t.Errorf("metadata: got %v, want v=2 w=x", rec.Metadata)
+	}
+	if rec.Term != l.Term || rec.Token != l.Token || rec.HolderID != "a" || !rec.AcquiredAt.Equal(recBefore.AcquiredAt) {
+		t.Errorf("record after SetMetadata: got %+v, want term %d, token, holder and acquisition time %v unchanged", rec, l.Term, recBefore.AcquiredAt)
+	}
+	// The lease is still the owner's: it renews and releases as before.
+	if err := b.Renew(ctx, l); err != nil {
+		t.Errorf("Renew after SetMetadata: got %v, want nil", err)
+	}
+
+	// Wrong token, wrong holder, wrong term: ErrLeaseLost, nothing written.
+	wrong := map[string]backend.Lease{
+		"token":   {Key: l.Key, HolderID: l.HolderID, Token: l.Token[:len(l.Token)-1] + "0", Term: l.Term, TTL: l.TTL},
+		"holder":  {Key: l.Key, HolderID: "b", Token: l.Token, Term: l.Term, TTL: l.TTL},
+		"term":    {Key: l.Key, HolderID: l.HolderID, Token: l.Token, Term: l.Term + 1, TTL: l.TTL},
+		"foreign": {Key: l.Key, HolderID: l.HolderID, Token: "not-ours", Term: l.Term, TTL: l.TTL},
+	}
+	if wrong["token"].Token == l.Token {
+		w := wrong["token"]
+		w.Token = l.Token[:len(l.Token)-1] + "1"
+		wrong["token"] = w
+	}
+	for name, w := range wrong {
+		if err := other.SetMetadata(ctx, w, map[string]string{"v": "evil"}); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("SetMetadata with the wrong %s: got %v, want ErrLeaseLost", name, err)
+		}
+	}
+	if got := raw(); got.ModRevision != after.ModRevision {
+		t.Errorf("record rewritten by a failed SetMetadata: mod revision %d, want %d", got.ModRevision, after.ModRevision)
+	}
+
+	if err := b.Release(ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := b.SetMetadata(ctx, l, nil); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("SetMetadata after Release: got %v, want ErrLeaseLost", err)
+	}
+	if resp, err := cli.Get(ctx, prefix+"k"); err != nil || len(resp.Kvs) != 0 {
+		t.Errorf("after a failed SetMetadata of a released lease: got %v, %v; want no record", resp, err)
+	}
+}
+
+func TestListSkipsBookkeeping(t *testing.T) {
+	ctx := testCtx(t)
+	cli := newClient(t, nil, nil)
+	prefix := newPrefix()
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	held := []string{"a", "a/b", "ab", "b/c:d"}
+	leases := map[string]backend.Lease{}
+	for _, key := range []string{"b/c:d", "ab", "a", "a/b"} {
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "h-" + key, TTL: time.Minute, Metadata: map[string]string{"key": key}})
+		if err != nil {
+			t.Fatalf("Acquire(%q): %v", key, err)
+		}
+		leases[key] = l
+	}
+	// The holder of "a" heartbeats; "free" has members but no holder;
+	// "gone" was released (its marker is revoked with its lease, but one
+	// left behind must not show either); junk under the prefix is not a
+	// record.
+	if err := b.Heartbeat(ctx, "a", "h-a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Heartbeat(ctx, "a", "someone-else", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Heartbeat(ctx, "free", "x", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := b.Acquire(ctx, backend.AcquireRequest{Key: "gone", HolderID: "g", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	grant, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{"gone\x00": "released", "a\x00": "released", "junk": "not a record"} {
+		if _, err := cli.Put(ctx, prefix+k, v, clientv3.WithLease(grant.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := func(recs []backend.Record) []string {
+		var ks []string
+		for _, r := range recs {
+			ks = append(ks, r.Key)
+		}
+		return ks
+	}
+	tests := []struct {
+		prefix string
+		want   []string
+	}{
+		{"", held},
+		{"a", []string{"a", "a/b", "ab"}},
+		{"a/", []string{"a/b"}},
+		{"b/c:", []string{"b/c:d"}},
+		{"free", nil},
+		{"gone", nil},
+		{"a/heartbeat/", nil},
+		{"zzz", nil},
+	}
+	for _, tt := range tests {
+		recs, err := b.List(ctx, tt.prefix)
+		if err != nil {
+			t.Fatalf("List(%q): %v", tt.prefix, err)
+		}
+		if got := keys(recs); !slices.Equal(got, tt.want) {
+			t.Errorf("List(%q): got keys %q, want %q", tt.prefix, got, tt.want)
+		}
+	}
+	recs, err := b.List(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		l := leases[r.Key]
+		if r.HolderID != l.HolderID || r.Token != l.Token || r.Term != l.Term || r.Metadata["key"] != r.Key {
+			t.Errorf("List record %q: got %+v, want holder %q, token, term %d, metadata", r.Key, r, l.HolderID, l.Term)
+		}
+		if r.TTL <= 0 || r.TTL > time.Minute {
+			t.Errorf("List record %q: TTL %v, want in (0, 1m]", r.Key, r.TTL)
+		}
+		if got, want := r.HasHeartbeat(), r.Key == "a"; got != want {
+			t.Errorf("List record %q: HasHeartbeat %v, want %v (only a's holder heartbeats)", r.Key, got, want)
 		}
 	}
 }

@@ -16,49 +16,61 @@
 //
 // Each acquisition grants its own etcd lease and, in one transaction that
 // compares the key's create revision with 0, puts the record under
-// <prefix><key> attached to that lease. The lease's TTL is the requested TTL
-// rounded up to whole seconds (etcd counts in seconds), and etcd may raise it
-// to its minimum TTL; Lease.TTL reports the TTL etcd actually granted, which
-// is what the elector counts its deadline from.
+// <prefix><key> attached to that lease.
+//
+// etcd counts lease TTLs in whole seconds: a TTL that is not a whole number
+// of seconds is rounded up (1.2 s becomes 2 s, 1 ns becomes 1 s), for leases
+// and heartbeats alike, never down, so a lease never ends earlier than asked.
+// etcd then raises any TTL below its own minimum to that minimum, which the
+// server derives from its raft timing: 1.5 election timeouts, rounded up to
+// whole seconds. With etcd's default timing (election timeout 1000 ms) that
+// is 2 s; with an election timeout of 666 ms or less it is 1 s, the least
+// etcd ever grants, which is what MinTTL reports (the backend cannot learn
+// the server's timing without I/O). Lease.TTL reports the TTL etcd actually
+// granted. A longer grant than requested is safe: the elector steps down by
+// its own RenewDeadline, counted from its requests, so only a crashed
+// leader's lease outlives it longer. To fail over within a TTL of 1 s, run
+// etcd with --election-timeout of at most 666 ms.
 //
 // The fencing term is the key's create revision: etcd revisions only go up,
-// across the whole cluster, so every acquisition of a key (after a release,
-// an expiry or a takeover) gets a strictly greater term, and terms of
-// different keys are ordered too.
+// across the whole cluster, so every acquisition of a key (after a release or
+// an expiry) gets a strictly greater term, and terms of different keys are
+// ordered too. Nothing outlives a lease to keep terms increasing: the
+// cluster's revision counter does that, so a key's state is gone once its
+// lease and its heartbeats have ended.
 //
-// The lease token is "<etcd lease ID in hex>-<128 random bits>". The record's
-// value starts with a header line holding the token and the holder ID,
-// followed by a JSON object with the acquisition time and metadata, so Renew
-// and Release check the exact lease (create revision, attached etcd lease,
-// token and holder ID) inside one transaction, with no local state.
+// The lease token is "<etcd lease ID>-<acquisition time in Unix
+// nanoseconds>-<128 random bits>", in hex. The record's value starts with a
+// header line holding the token and the holder ID, followed by a JSON object
+// with the acquisition time and metadata, so Renew, Release and SetMetadata
+// check the exact lease (create revision, attached etcd lease, token and
+// holder ID) inside one transaction, with no local state. Only the etcd
+// lease's own TTL, or its owner's release, ends a lease: no call of this
+// package deletes another holder's record.
 //
-// A takeover (AcquireRequest.ReplaceTerm) is two transactions, because etcd
-// cannot delete and create the same key in one: the first deletes the key if
-// its create revision is exactly ReplaceTerm, the second is a normal
-// acquisition, which another candidate may win (the caller then gets a
-// *backend.HeldError). A takeover of a free key fails with an error wrapping
-// backend.ErrNotHeld.
-//
-// Round trips: Acquire 2 (grant, transaction) when it wins, 3 for a
-// takeover. A failed Acquire adds the revocation of the unused grant and two
-// lease look-ups (the holder's remaining TTL and heartbeat age), run in
-// parallel. The unused grant is revoked rather than kept for the next
-// attempt: a kept lease would have to be refreshed before reuse (a round
-// trip, like a new grant) or its TTL would already be running when the
-// elector starts counting. And once an Acquire has found a key held, the
-// next Acquire of that key by the same Backend first probes with a read-only
-// transaction (no grant, no revocation: no raft writes) unless one of its
-// watches has seen the key deleted since; a waiting follower's periodic
-// attempt thus costs 3 requests and no writes. Renew 2 (an owner-checked
-// read-only transaction, then a keep-alive of the etcd lease, in this order
-// so a wrong lease never extends the real one); Release 2 (an owner-checked
-// delete, then revoking the lease); Get 1 read plus 2 parallel lease
-// look-ups; a heartbeat refresh 1.
+// Round trips: Acquire 2 (grant, transaction) when it wins. A failed Acquire
+// adds the revocation of the unused grant and two lease look-ups (the
+// holder's remaining TTL and heartbeat age), run in parallel. The unused
+// grant is revoked rather than kept for the next attempt: a kept lease would
+// have to be refreshed before reuse (a round trip, like a new grant) or its
+// TTL would already be running when the elector starts counting. And once an
+// Acquire has found a key held, the next Acquire of that key by the same
+// Backend first probes with a read-only transaction (no grant, no revocation:
+// no raft writes) unless one of its watches has seen the key deleted since; a
+// waiting follower's periodic attempt thus costs 3 requests and no writes.
+// Renew 2 (an owner-checked read-only transaction, then a keep-alive of the
+// etcd lease, in this order so a wrong lease never extends the real one);
+// Release 2 (an owner-checked delete, then revoking the lease); SetMetadata 1
+// (an owner-checked transaction that rewrites the record with the same etcd
+// lease attached; the token carries the acquisition time, so no read is
+// needed); Get 1 read plus 2 parallel lease look-ups; List 1 range read plus
+// one lease look-up per held key and one per holder with a heartbeat record,
+// 16 at a time (etcd has no batched TimeToLive); a heartbeat refresh 1.
 //
 // # Heartbeats
 //
-// Heartbeat records live under <prefix><key>/heartbeat/<id>, each attached
-// to its own lease with the heartbeat TTL (rounded up to whole seconds). The
+// Heartbeat records live under <prefix><key>/heartbeat/<id>, each attached to
+// its own lease with the heartbeat TTL (rounded up to whole seconds). The
 // backend keeps that lease per (key, id) and refreshes it with a single
 // keep-alive, which etcd's leader serves without a raft write; it grants a
 // new lease and rewrites the record only when the TTL changes or the lease
@@ -78,16 +90,16 @@
 // gRPC stream) on the key and on a release marker next to it: Release deletes
 // the key and writes <prefix><key>\x00 in the same transaction, so a deletion
 // that comes with the marker is reported as backend.EventReleased, and one
-// without it (lease expiry, or the deleting half of a takeover) as
-// backend.EventExpired. Every creation of the key is backend.EventChanged.
-// The watch requires an etcd leader (clientv3.WithRequireLeader), so a member
-// cut off from its cluster does not keep a silent watch. When the watch is
-// cancelled by the server or the client (no leader, compaction, a broken
-// connection the client cannot resume), the watch goroutine re-establishes
-// it from the next revision; if that revision has been compacted away, it
-// watches from the current revision and delivers one EventChanged so the
-// receiver re-reads the state. The channel closes only when the watch's
-// context ends, the Backend is closed, or the etcd client is closed.
+// without it (lease expiry, or a deletion by hand) as backend.EventExpired.
+// Every creation of the key is backend.EventChanged. The watch requires an
+// etcd leader (clientv3.WithRequireLeader), so a member cut off from its
+// cluster does not keep a silent watch. When the watch is cancelled by the
+// server or the client (no leader, compaction, a broken connection the client
+// cannot resume), the watch goroutine re-establishes it from the next
+// revision; if that revision has been compacted away, it watches from the
+// current revision and delivers one EventChanged so the receiver re-reads the
+// state. The channel closes only when the watch's context ends, the Backend
+// is closed, or the etcd client is closed.
 package etcdbackend
 
 import (
@@ -273,18 +285,12 @@ func (b *Backend) heartbeatPrefix(key string) string { return b.prefix + key + h
 // heartbeatKey is the etcd key of instance id's heartbeat record for key.
 func (b *Backend) heartbeatKey(key, id string) string { return b.heartbeatPrefix(key) + id }
 
-// ValidateKey implements backend.Backend.
+// ValidateKey reports, without I/O, whether key can be stored: it must not be
+// empty, contain a NUL byte or "/heartbeat/", or end with "/heartbeat" (see
+// the package doc). The error wraps backend.ErrInvalid.
 func (b *Backend) ValidateKey(key string) error { return checkKey(key) }
 
-// MinTTL implements backend.Backend.
+// MinTTL returns one second, the smallest lease TTL etcd grants. A server
+// with etcd's default timing grants at least 2 s whatever is asked (see the
+// package doc); Lease.TTL says what was granted.
 func (b *Backend) MinTTL() time.Duration { return time.Second }
-
-// List implements backend.Backend. Not yet implemented.
-func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, error) {
-	return nil, fmt.Errorf("etcdbackend: list: %w", errors.ErrUnsupported)
-}
-
-// SetMetadata implements backend.Backend. Not yet implemented.
-func (b *Backend) SetMetadata(ctx context.Context, l backend.Lease, md map[string]string) error {
-	return fmt.Errorf("etcdbackend: set metadata: %w", errors.ErrUnsupported)
-}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,9 +59,11 @@ func decodeRecord(value []byte) (token, holderID string, body recordBody, err er
 	return token, holderID, body, nil
 }
 
-// newToken returns a lease token: the etcd lease ID and a random part.
-func newToken(id clientv3.LeaseID) string {
-	return fmt.Sprintf("%016x-%s", uint64(id), backend.NewToken())
+// newToken returns a lease token: the etcd lease ID, the acquisition time
+// (Unix nanoseconds, so that SetMetadata can rewrite the record without
+// reading it first) and a random part, each in hex.
+func newToken(id clientv3.LeaseID, acquiredAt time.Time) string {
+	return fmt.Sprintf("%016x-%016x-%s", uint64(id), uint64(acquiredAt.UnixNano()), backend.NewToken())
 }
 
 // parseToken returns the etcd lease ID encoded in a token made by newToken.
@@ -73,6 +76,19 @@ func parseToken(token string) (clientv3.LeaseID, bool) {
 		return 0, false
 	}
 	return clientv3.LeaseID(id), true
+}
+
+// parseTokenTime returns the acquisition time encoded in a token made by
+// newToken.
+func parseTokenTime(token string) (time.Time, bool) {
+	if len(token) < 35 || token[16] != '-' || token[33] != '-' {
+		return time.Time{}, false
+	}
+	ns, err := strconv.ParseUint(token[17:33], 16, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.Unix(0, int64(ns)), true
 }
 
 // ownerCheck returns the comparisons that hold only while the store holds
@@ -93,10 +109,9 @@ func (b *Backend) ownerCheck(l backend.Lease, id clientv3.LeaseID) []clientv3.Cm
 	}
 }
 
-// Acquire creates a lease on req.Key if the key is free (or, with
-// req.ReplaceTerm, held by exactly that term). The lease's TTL is req.TTL
-// rounded up to whole seconds, or more if etcd's minimum is higher; the
-// returned Lease.TTL is what etcd granted. The term is the key's create
+// Acquire creates a lease on req.Key if the key is free. The lease's TTL is
+// req.TTL rounded up to whole seconds, or more if etcd's minimum is higher
+// (see the package doc); the returned Lease.TTL is what etcd granted. The term is the key's create
 // revision. When the key is held, Acquire returns a *backend.HeldError with
 // the holder's record.
 func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
@@ -130,7 +145,7 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 			return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q: probe", req.Key), err)
 		}
 		if !resp.Succeeded {
-			return backend.Lease{}, b.heldError(ctx, req.Key, resp, 0, "")
+			return backend.Lease{}, b.heldError(ctx, req.Key, resp, 0)
 		}
 	}
 
@@ -186,8 +201,9 @@ func (b *Backend) setSeenHeld(key string, held bool) {
 func (b *Backend) acquireWith(ctx context.Context, req backend.AcquireRequest, grant *clientv3.LeaseGrantResponse) (_ backend.Lease, revoked bool, _ error) {
 	k := b.leaseKey(req.Key)
 	reads := b.holderReads(req.Key)
-	token := newToken(grant.ID)
-	value, err := encodeRecord(token, req.HolderID, recordBody{AcquiredAt: time.Now(), Metadata: req.Metadata})
+	now := time.Now()
+	token := newToken(grant.ID, now)
+	value, err := encodeRecord(token, req.HolderID, recordBody{AcquiredAt: now, Metadata: req.Metadata})
 	if err != nil {
 		return backend.Lease{}, false, fmt.Errorf("etcdbackend: acquire %q: encode record: %w", req.Key, err)
 	}
@@ -200,7 +216,7 @@ func (b *Backend) acquireWith(ctx context.Context, req backend.AcquireRequest, g
 		return backend.Lease{}, false, fail(ctx, fmt.Sprintf("acquire %q", req.Key), err)
 	}
 	if !resp.Succeeded {
-		return backend.Lease{}, true, b.heldError(ctx, req.Key, resp, grant.ID, "")
+		return backend.Lease{}, true, b.heldError(ctx, req.Key, resp, grant.ID)
 	}
 	return backend.Lease{
 		Key:      req.Key,
@@ -214,9 +230,8 @@ func (b *Backend) acquireWith(ctx context.Context, req backend.AcquireRequest, g
 
 // heldError turns the else-branch reads of a failed acquisition into a
 // *backend.HeldError, looking up the holder's remaining TTL and heartbeat age
-// while it revokes the unused grant (if any). A free key (only possible for a
-// takeover) gives an error wrapping backend.ErrNotHeld.
-func (b *Backend) heldError(ctx context.Context, key string, resp *clientv3.TxnResponse, grant clientv3.LeaseID, what string) error {
+// while it revokes the unused grant (if any).
+func (b *Backend) heldError(ctx context.Context, key string, resp *clientv3.TxnResponse, grant clientv3.LeaseID) error {
 	var revokeErr error
 	var wg sync.WaitGroup
 	if grant != 0 {
@@ -226,19 +241,15 @@ func (b *Backend) heldError(ctx context.Context, key string, resp *clientv3.TxnR
 	wg.Wait()
 	_ = revokeErr // an unrevoked grant holds nothing and expires on its own
 	op := fmt.Sprintf("acquire %q", key)
-	if what != "" {
-		op += ": " + what
-	}
 	switch {
-	case errors.Is(err, backend.ErrNotHeld):
-		// Only a takeover can find the key free.
-		return fmt.Errorf("etcdbackend: %s: %w", op, backend.ErrNotHeld)
 	case errors.Is(err, errLeaseGone):
 		// The holder released or expired just after the transaction saw
 		// it. The record is as of the transaction, with no TTL left, so
-		// the caller retries at once; a takeover of its term can no longer
-		// succeed.
+		// the caller retries at once.
 	case err != nil:
+		// Including backend.ErrNotHeld, which cannot happen: the
+		// else-branch runs only when the key exists, and reads it in the
+		// same transaction.
 		return fail(ctx, op, err)
 	}
 	b.setSeenHeld(key, true)
@@ -359,21 +370,12 @@ func (b *Backend) record(ctx context.Context, key string, recKVs, hbKVs []*mvccp
 	if len(recKVs) == 0 {
 		return backend.Record{}, backend.ErrNotHeld
 	}
-	kv := recKVs[0]
-	token, holder, body, err := decodeRecord(kv.Value)
+	rec, lease, err := parseRecord(key, recKVs[0])
 	if err != nil {
-		return backend.Record{}, fmt.Errorf("malformed record at %q: %w", kv.Key, err)
+		return backend.Record{}, err
 	}
-	rec := backend.Record{
-		Key:        key,
-		HolderID:   holder,
-		Token:      token,
-		Term:       uint64(kv.CreateRevision),
-		AcquiredAt: body.AcquiredAt,
-		Metadata:   body.Metadata,
-	}
-	ids := []clientv3.LeaseID{clientv3.LeaseID(kv.Lease)}
-	hbKey := b.heartbeatKey(key, holder)
+	ids := []clientv3.LeaseID{lease}
+	hbKey := b.heartbeatKey(key, rec.HolderID)
 	for _, h := range hbKVs {
 		if string(h.Key) == hbKey && h.Lease != 0 {
 			ids = append(ids, clientv3.LeaseID(h.Lease))
@@ -381,20 +383,46 @@ func (b *Backend) record(ctx context.Context, key string, recKVs, hbKVs []*mvccp
 		}
 	}
 	ttls := b.lookup(ctx, ids)
-	now := time.Now()
+	var hb *leaseTTL
 	if len(ttls) > 1 {
-		ht := ttls[1]
-		if ht.err != nil {
-			return backend.Record{}, fmt.Errorf("look up heartbeat of %q: %w", holder, ht.err)
+		hb = &ttls[1]
+	}
+	return completeRecord(rec, ttls[0], hb, time.Now())
+}
+
+// parseRecord decodes the lease record kv of key, without its TTL and
+// heartbeat, and returns it with the etcd lease attached to it.
+func parseRecord(key string, kv *mvccpb.KeyValue) (backend.Record, clientv3.LeaseID, error) {
+	token, holder, body, err := decodeRecord(kv.Value)
+	if err != nil {
+		return backend.Record{}, 0, fmt.Errorf("malformed record at %q: %w", kv.Key, err)
+	}
+	return backend.Record{
+		Key:        key,
+		HolderID:   holder,
+		Token:      token,
+		Term:       uint64(kv.CreateRevision),
+		AcquiredAt: body.AcquiredAt,
+		Metadata:   body.Metadata,
+	}, clientv3.LeaseID(kv.Lease), nil
+}
+
+// completeRecord fills in rec's TTL, renewal time and heartbeat from the
+// look-ups of its lease (lt) and of its holder's heartbeat lease (hb, nil if
+// the holder has no heartbeat record), made at about now. It returns rec as
+// read, with no TTL left, and errLeaseGone if the lease has gone.
+func completeRecord(rec backend.Record, lt leaseTTL, hb *leaseTTL, now time.Time) (backend.Record, error) {
+	if hb != nil {
+		if hb.err != nil {
+			return backend.Record{}, fmt.Errorf("look up heartbeat of %q: %w", rec.HolderID, hb.err)
 		}
-		if ht.remaining >= 0 {
-			rec.HeartbeatAge = ht.age()
+		if hb.remaining >= 0 {
+			rec.HeartbeatAge = hb.age()
 			rec.HeartbeatAt = now.Add(-rec.HeartbeatAge)
 		}
 	}
-	lt := ttls[0]
 	if lt.err != nil {
-		return backend.Record{}, fmt.Errorf("look up lease of %q: %w", key, lt.err)
+		return backend.Record{}, fmt.Errorf("look up lease of %q: %w", rec.Key, lt.err)
 	}
 	if lt.remaining < 0 {
 		rec.RenewedAt = rec.AcquiredAt
@@ -406,6 +434,117 @@ func (b *Backend) record(ctx context.Context, key string, recKVs, hbKVs []*mvccp
 		rec.RenewedAt = rec.AcquiredAt
 	}
 	return rec, nil
+}
+
+// SetMetadata replaces the metadata of the lease's record if the store still
+// holds exactly that lease, in one owner-checked transaction that rewrites
+// the record with the same etcd lease attached (the create revision, hence
+// the term, and the lease's TTL are unchanged). It returns an error wrapping
+// backend.ErrLeaseLost, and changes nothing, otherwise. Watchers of the key
+// see the rewrite as backend.EventChanged.
+func (b *Backend) SetMetadata(ctx context.Context, l backend.Lease, md map[string]string) error {
+	if err := l.Validate(); err != nil {
+		return fmt.Errorf("etcdbackend: set metadata: %w", err)
+	}
+	if err := checkKey(l.Key); err != nil {
+		return fmt.Errorf("etcdbackend: set metadata: %w", err)
+	}
+	ctx, cancel, err := b.begin(ctx, "set metadata")
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	id, ok := parseToken(l.Token)
+	at, okAt := parseTokenTime(l.Token)
+	if !ok || !okAt {
+		return fmt.Errorf("etcdbackend: set metadata of %q: foreign token: %w", l.Key, backend.ErrLeaseLost)
+	}
+	value, err := encodeRecord(l.Token, l.HolderID, recordBody{AcquiredAt: at, Metadata: md})
+	if err != nil {
+		return fmt.Errorf("etcdbackend: set metadata of %q: encode record: %w", l.Key, err)
+	}
+	resp, err := b.cli.Txn(ctx).
+		If(b.ownerCheck(l, id)...).
+		Then(clientv3.OpPut(b.leaseKey(l.Key), value, clientv3.WithLease(id))).
+		Commit()
+	if err != nil {
+		return fail(ctx, fmt.Sprintf("set metadata of %q", l.Key), err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("etcdbackend: set metadata of %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
+	}
+	return nil
+}
+
+// List returns the records of every held key that begins with prefix,
+// sorted by key. It reads everything under the backend's prefix followed by
+// prefix in one range read, keeps the lease records (skipping heartbeat
+// records, release markers and anything under the prefix that is not a
+// record of this package), then looks up the remaining TTL of each record's
+// etcd lease and of its holder's heartbeat lease, up to 16 look-ups at a
+// time (etcd has no batched TimeToLive). A List that finds n held keys, h of
+// whose holders have a heartbeat record, costs 1 + n + h requests, none of
+// them a raft write. A key whose lease ends between the read and its
+// look-up is left out.
+func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, error) {
+	ctx, cancel, err := b.begin(ctx, "list")
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	op := fmt.Sprintf("list %q", prefix)
+	resp, err := b.cli.Get(ctx, b.prefix+prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fail(ctx, op, err)
+	}
+	hbLeases := make(map[string]clientv3.LeaseID) // etcd key → lease, of heartbeat records
+	for _, kv := range resp.Kvs {
+		k := string(kv.Key)
+		if strings.Contains(k[len(b.prefix):], heartbeatInfix) && kv.Lease != 0 {
+			hbLeases[k] = clientv3.LeaseID(kv.Lease)
+		}
+	}
+	var recs []backend.Record
+	var ids []clientv3.LeaseID // the lease of each record, then its heartbeat's
+	var hbAt []int             // index in ids of each record's heartbeat lease, -1 if none
+	for _, kv := range resp.Kvs {
+		key := string(kv.Key)[len(b.prefix):]
+		if checkKey(key) != nil || kv.Lease == 0 {
+			continue // a heartbeat record, a release marker, or not ours
+		}
+		rec, lease, err := parseRecord(key, kv)
+		if err != nil {
+			continue // not a lease record of this package
+		}
+		recs = append(recs, rec)
+		ids = append(ids, lease)
+		hbAt = append(hbAt, -1)
+	}
+	for i, rec := range recs {
+		if hb, ok := hbLeases[b.heartbeatKey(rec.Key, rec.HolderID)]; ok {
+			hbAt[i] = len(ids)
+			ids = append(ids, hb)
+		}
+	}
+	ttls := b.lookup(ctx, ids)
+	now := time.Now()
+	out := make([]backend.Record, 0, len(recs))
+	for i, rec := range recs {
+		var hb *leaseTTL
+		if hbAt[i] >= 0 {
+			hb = &ttls[hbAt[i]]
+		}
+		rec, err := completeRecord(rec, ttls[i], hb, now)
+		if errors.Is(err, errLeaseGone) {
+			continue
+		}
+		if err != nil {
+			return nil, fail(ctx, op, err)
+		}
+		out = append(out, rec)
+	}
+	slices.SortFunc(out, func(a, b backend.Record) int { return strings.Compare(a.Key, b.Key) })
+	return out, nil
 }
 
 // errLeaseGone reports that a record's lease ended between reading the
