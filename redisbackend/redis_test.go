@@ -101,7 +101,7 @@ func TestKeyLayout(t *testing.T) {
 	}{
 		{"default prefix", "", "billing", "sovereign:{billing}"},
 		{"own prefix", "app:", "billing", "app:{billing}"},
-		{"escaped key", "esc:", "a}b%c{d", "esc:{a%7Db%25c{d}"},
+		{"lock key with / and :", "esc:", "lock/a:b%c", "esc:{lock/a:b%c}"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -175,6 +175,9 @@ func TestWrongType(t *testing.T) {
 	}}
 	renew := op{"Renew", func(b *redisbackend.Backend) error { return b.Renew(ctx, lease) }}
 	release := op{"Release", func(b *redisbackend.Backend) error { return b.Release(ctx, lease) }}
+	setMetadata := op{"SetMetadata", func(b *redisbackend.Backend) error {
+		return b.SetMetadata(ctx, lease, map[string]string{"x": "y"})
+	}}
 	get := op{"Get", func(b *redisbackend.Backend) error { _, err := b.Get(ctx, key); return err }}
 	heartbeat := op{"Heartbeat", func(b *redisbackend.Backend) error { return b.Heartbeat(ctx, key, "a", time.Minute) }}
 	members := op{"Members", func(b *redisbackend.Backend) error { _, err := b.Members(ctx, key); return err }}
@@ -187,9 +190,9 @@ func TestWrongType(t *testing.T) {
 		ops    []op
 	}{
 		{"string at lease", "", func(k string) error { return c.Set(ctx, k, "user data", 0).Err() },
-			[]op{acquire, renew, release, get}},
+			[]op{acquire, renew, release, setMetadata, get}},
 		{"foreign hash at lease", "", func(k string) error { return c.HSet(ctx, k, "name", "user").Err() },
-			[]op{acquire, renew, release, get}},
+			[]op{acquire, renew, release, setMetadata, get}},
 		{"list at term", ":term", func(k string) error { return c.RPush(ctx, k, "x").Err() }, []op{acquire}},
 		{"non-integer string at term", ":term", func(k string) error { return c.Set(ctx, k, "abc", 0).Err() }, []op{acquire}},
 		{"negative integer at term", ":term", func(k string) error { return c.Set(ctx, k, "-5", 0).Err() }, []op{acquire}},
@@ -212,6 +215,9 @@ func TestWrongType(t *testing.T) {
 				t.Fatalf("DUMP %s: %v", path, err)
 			}
 			b := newBackend(t, c, &redisbackend.Options{Prefix: prefix})
+			if recs, err := b.List(ctx, ""); err != nil || len(recs) != 0 {
+				t.Errorf("List: got %d records, error %v; want none (foreign data is not a lease)", len(recs), err)
+			}
 			for _, o := range tt.ops {
 				err := o.call(b)
 				if !errors.Is(err, redisbackend.ErrWrongType) {
@@ -451,6 +457,7 @@ func TestOneRoundTrip(t *testing.T) {
 					return err
 				}},
 				{"Renew", func() error { return b.Renew(ctx, l) }},
+				{"SetMetadata", func() error { return b.SetMetadata(ctx, l, map[string]string{"a": "b"}) }},
 				{"Get", func() error { _, err := b.Get(ctx, "k"); return err }},
 				{"Heartbeat", func() error { return b.Heartbeat(ctx, "k", "a", time.Minute) }},
 				{"Members", func() error { _, err := b.Members(ctx, "k"); return err }},
@@ -709,6 +716,28 @@ func TestCluster(t *testing.T) {
 			},
 		}
 	})
+	t.Run("List on every master", func(t *testing.T) {
+		ctx := ctxBound(t)
+		b := newBackend(t, srv.NewClusterClient(t, nil), &redisbackend.Options{Prefix: "cl:"})
+		var want []string
+		for i := range 50 { // spread over many slots
+			key := fmt.Sprintf("lock/%02d", i)
+			want = append(want, key)
+			if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "x", TTL: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Heartbeat(ctx, key, "x", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+		recs, err := b.List(ctx, "lock/")
+		if err != nil {
+			t.Fatalf("List: %v", err)
+		}
+		if got := listedKeys(recs); !slices.Equal(got, want) {
+			t.Fatalf("List: got %q, want %q", got, want)
+		}
+	})
 	t.Run("WAIT routed to the key's node", func(t *testing.T) {
 		ctx := ctxBound(t)
 		b := newBackend(t, srv.NewClusterClient(t, nil),
@@ -793,8 +822,7 @@ func TestWatchHealthCheck(t *testing.T) {
 
 // TestTermsFromServerClock walks one key through the cases of the term rule
 // on miniredis, whose clock the test sets: a new term is the larger of the
-// counter plus one and the server's clock in microseconds (and above a
-// replaced lease's term), written back to the counter as a decimal string.
+// counter plus one and the server's clock in microseconds, written back to the counter as a decimal string.
 func TestTermsFromServerClock(t *testing.T) {
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -814,23 +842,21 @@ func TestTermsFromServerClock(t *testing.T) {
 	}
 	steps := []struct {
 		name     string
-		before   func(t *testing.T) (replace uint64) // prepares the step; a non-zero result makes it a takeover
+		before   func(t *testing.T) // prepares the step
 		wantTerm func(prev uint64) uint64
 	}{
-		{"fresh key: the clock", func(t *testing.T) uint64 { mr.SetTime(t0); return 0 },
+		{"fresh key: the clock", func(t *testing.T) { mr.SetTime(t0) },
 			func(uint64) uint64 { return us }},
-		{"same microsecond: counter plus one", func(t *testing.T) uint64 { release(t); return 0 },
+		{"same microsecond: counter plus one", func(t *testing.T) { release(t) },
 			func(prev uint64) uint64 { return prev + 1 }},
-		{"clock stepped back, counter intact: counter plus one", func(t *testing.T) uint64 {
+		{"clock stepped back, counter intact: counter plus one", func(t *testing.T) {
 			release(t)
 			mr.SetTime(t0.Add(-time.Hour))
-			return 0
 		}, func(prev uint64) uint64 { return prev + 1 }},
-		{"data lost, clock later: the clock", func(t *testing.T) uint64 {
+		{"data lost, clock later: the clock", func(t *testing.T) {
 			l = backend.Lease{}
 			mr.FlushAll()
 			mr.SetTime(t0.Add(time.Second + time.Microsecond))
-			return 0
 		}, func(uint64) uint64 { return us + 1_000_001 }},
 	}
 	var prev uint64

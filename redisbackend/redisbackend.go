@@ -4,11 +4,18 @@
 //
 // # Operations
 //
-// Every operation (Acquire, Renew, Release, Get, Heartbeat, Members,
-// RemoveMember) is one Lua script, sent with EVALSHA (EVAL once after a
-// NOSCRIPT reply): one round trip, atomic, owner-checked where the contract
-// says so. Timestamps and ages come from the Redis server's clock (TIME), so
-// the clocks of the candidates never matter.
+// Every operation (Acquire, Renew, Release, SetMetadata, Get, Heartbeat,
+// Members, RemoveMember) is one Lua script, sent with EVALSHA (EVAL once
+// after a NOSCRIPT reply): one round trip, atomic, owner-checked where the
+// contract says so. Timestamps and ages come from the Redis server's clock
+// (TIME), so the clocks of the candidates never matter. Only a lease's own
+// TTL, or its owner's Release, ends it: no script deletes a live lease of
+// another holder, whatever the heartbeat records say.
+//
+// List scans (SCAN, never KEYS) every primary for lease hashes whose name
+// matches the prefix, then reads each one with the Get script, pipelined:
+// each record is consistent in itself, and records may be read at slightly
+// different instants.
 //
 // # Key layout
 //
@@ -30,9 +37,10 @@
 //	                                     and "released:<term>".
 //
 // Inspect them with redis-cli: HGETALL 'sovereign:{billing}', PTTL
-// 'sovereign:{billing}', GET 'sovereign:{billing}:term'. In a key, the
-// characters '%' and '}' are written as %25 and %7D so that every key maps
-// to its own hash tag.
+// 'sovereign:{billing}', GET 'sovereign:{billing}:term'. A key is written
+// as it is, so it must not contain '{' or '}', which would change the hash
+// tag (ValidateKey and every method refuse such keys with an error wrapping
+// backend.ErrInvalid); '/' and ':' are fine.
 //
 // If a key at one of these paths holds something else (a string where the
 // lease hash belongs, say), the scripts leave it untouched and the call
@@ -147,6 +155,7 @@ var (
 type Client interface {
 	redis.Scripter
 	Pipeline() redis.Pipeliner
+	Scan(ctx context.Context, cursor uint64, match string, count int64) *redis.ScanCmd
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
 	SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
 }
@@ -308,25 +317,10 @@ func New(client Client, opts *Options) (*Backend, error) {
 	return b, nil
 }
 
-// keyBase returns "<prefix>{<escaped key>}", the lease hash's name and the
-// start of every other name of key.
+// keyBase returns "<prefix>{<key>}", the lease hash's name and the start
+// of every other name of key. key has passed ValidateKey.
 func (b *Backend) keyBase(key string) string {
-	var sb strings.Builder
-	sb.Grow(len(b.prefix) + len(key) + 2)
-	sb.WriteString(b.prefix)
-	sb.WriteByte('{')
-	for i := 0; i < len(key); i++ {
-		switch c := key[i]; c {
-		case '%':
-			sb.WriteString("%25")
-		case '}':
-			sb.WriteString("%7D")
-		default:
-			sb.WriteByte(c)
-		}
-	}
-	sb.WriteByte('}')
-	return sb.String()
+	return b.prefix + "{" + key + "}"
 }
 
 func (b *Backend) leaseKeys(key string) (lease, term, hbBase string) {
@@ -467,11 +461,14 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	if err := req.Validate(); err != nil {
 		return backend.Lease{}, err
 	}
+	if err := b.ValidateKey(req.Key); err != nil {
+		return backend.Lease{}, err
+	}
 	lease, term, hb := b.leaseKeys(req.Key)
 	token := backend.NewToken()
 	ttl := ttlMillis(req.TTL)
-	args := make([]any, 0, 6+2*len(req.Metadata))
-	args = append(args, req.HolderID, token, ttl, "0", b.publishCmd, b.channel(req.Key))
+	args := make([]any, 0, 5+2*len(req.Metadata))
+	args = append(args, req.HolderID, token, ttl, b.publishCmd, b.channel(req.Key))
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
 	}
@@ -525,7 +522,7 @@ func (b *Backend) Renew(ctx context.Context, l backend.Lease) error {
 	if err := b.begin(ctx); err != nil {
 		return err
 	}
-	if err := l.Validate(); err != nil {
+	if err := b.validateLease(l); err != nil {
 		return err
 	}
 	lease, _, _ := b.leaseKeys(l.Key)
@@ -555,7 +552,7 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	if err := b.begin(ctx); err != nil {
 		return err
 	}
-	if err := l.Validate(); err != nil {
+	if err := b.validateLease(l); err != nil {
 		return err
 	}
 	lease, _, _ := b.leaseKeys(l.Key)
@@ -576,11 +573,12 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	return fmt.Errorf("redisbackend: release %q: unexpected reply %#v", l.Key, reply)
 }
 
-func validateKey(key string) error {
-	if key == "" {
-		return fmt.Errorf("%w: empty key", backend.ErrInvalid)
+// validateLease checks a lease passed to Renew, Release or SetMetadata.
+func (b *Backend) validateLease(l backend.Lease) error {
+	if err := l.Validate(); err != nil {
+		return err
 	}
-	return nil
+	return b.ValidateKey(l.Key)
 }
 
 // Get implements backend.Backend.
@@ -588,7 +586,7 @@ func (b *Backend) Get(ctx context.Context, key string) (backend.Record, error) {
 	if err := b.begin(ctx); err != nil {
 		return backend.Record{}, err
 	}
-	if err := validateKey(key); err != nil {
+	if err := b.ValidateKey(key); err != nil {
 		return backend.Record{}, err
 	}
 	lease, _, hb := b.leaseKeys(key)
@@ -622,6 +620,9 @@ func (b *Backend) Heartbeat(ctx context.Context, key, id string, ttl time.Durati
 	if err := backend.ValidateHeartbeat(key, id, ttl); err != nil {
 		return err
 	}
+	if err := b.ValidateKey(key); err != nil {
+		return err
+	}
 	_, _, hb := b.leaseKeys(key)
 	reply, _, err := b.run(ctx, heartbeatScript, false, []string{hb + id, b.keyBase(key) + ":members"}, id, ttlMillis(ttl))
 	if err != nil {
@@ -639,7 +640,7 @@ func (b *Backend) Members(ctx context.Context, key string) ([]backend.Member, er
 	if err := b.begin(ctx); err != nil {
 		return nil, err
 	}
-	if err := validateKey(key); err != nil {
+	if err := b.ValidateKey(key); err != nil {
 		return nil, err
 	}
 	_, _, hb := b.leaseKeys(key)
@@ -673,7 +674,7 @@ func (b *Backend) RemoveMember(ctx context.Context, key, id string) error {
 	if err := b.begin(ctx); err != nil {
 		return err
 	}
-	if err := validateKey(key); err != nil {
+	if err := b.ValidateKey(key); err != nil {
 		return err
 	}
 	if id == "" {
@@ -778,23 +779,63 @@ func num(v any) int64 {
 	}
 }
 
-// ValidateKey implements backend.Backend.
+// ValidateKey implements backend.Backend. A key must not be empty and must
+// not contain '{' or '}': every name of a key is "<prefix>{<key>}..." so
+// that the hash tag {<key>} keeps all of them in one Cluster slot, and a
+// brace in the key would end or change that tag.
 func (b *Backend) ValidateKey(key string) error {
 	if key == "" {
-		return fmt.Errorf("%w: empty key", backend.ErrInvalid)
+		return fmt.Errorf("redisbackend: %w: empty key", backend.ErrInvalid)
+	}
+	if i := strings.IndexAny(key, "{}"); i >= 0 {
+		return fmt.Errorf("redisbackend: %w: key %q contains %q at byte %d, which would break the hash tag {key} that keeps its Redis keys in one Cluster slot",
+			backend.ErrInvalid, key, key[i], i)
 	}
 	return nil
 }
 
-// MinTTL implements backend.Backend.
-func (b *Backend) MinTTL() time.Duration { return time.Millisecond }
+// minTTL is the smallest lease TTL the backend honours. A lease must outlast
+// a renewal's round trip with room to spare: the elector renews five times
+// per TTL and steps down at 7/10 of it, so at 100ms a renewal has 20ms, a
+// generous bound for one EVALSHA on a LAN (well under 1ms on loopback) but
+// not for a slow link; Redis itself keeps expiry to the millisecond.
+const minTTL = 100 * time.Millisecond
 
-// List implements backend.Backend. Not yet implemented.
-func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, error) {
-	return nil, fmt.Errorf("redisbackend: list: %w", errors.ErrUnsupported)
-}
+// MinTTL implements backend.Backend. It returns 100 milliseconds: below
+// that, a renewal's round trip (and a WAIT, with Options.WaitReplicas) takes
+// too large a share of the lease. Acquire grants shorter TTLs as asked; the
+// elector and the lock package refuse them.
+func (b *Backend) MinTTL() time.Duration { return minTTL }
 
-// SetMetadata implements backend.Backend. Not yet implemented.
+// SetMetadata implements backend.Backend: one owner-checked script replaces
+// every metadata field of the lease with md (nil or empty removes them all)
+// and leaves its TTL as it is. It publishes nothing.
 func (b *Backend) SetMetadata(ctx context.Context, l backend.Lease, md map[string]string) error {
-	return fmt.Errorf("redisbackend: set metadata: %w", errors.ErrUnsupported)
+	if err := b.begin(ctx); err != nil {
+		return err
+	}
+	if err := b.validateLease(l); err != nil {
+		return err
+	}
+	lease, _, _ := b.leaseKeys(l.Key)
+	args := make([]any, 0, 2+2*len(md))
+	args = append(args, l.HolderID, l.Token)
+	for k, v := range md {
+		args = append(args, k, v)
+	}
+	reply, _, err := b.run(ctx, setMetadataScript, false, []string{lease}, args...)
+	if err != nil {
+		return fmt.Errorf("redisbackend: set metadata %q: %w", l.Key, err)
+	}
+	status, err := checkStatus("set metadata", l.Key, reply)
+	if err != nil {
+		return err
+	}
+	switch status {
+	case "OK":
+		return nil
+	case "LOST":
+		return fmt.Errorf("redisbackend: set metadata %q (term %d): %w", l.Key, l.Term, backend.ErrLeaseLost)
+	}
+	return fmt.Errorf("redisbackend: set metadata %q: unexpected reply %#v", l.Key, reply)
 }

@@ -8,9 +8,8 @@ import "github.com/redis/go-redis/v9"
 //
 //	OK        success; the rest depends on the script
 //	HELD      Acquire only: the key is held; the rest is the record
-//	NOTHELD   Acquire only: a takeover found the key free
 //	NONE      Get only: the key is free
-//	LOST      Renew and Release: the lease is not the one stored
+//	LOST      Renew, Release and SetMetadata: the lease is not the one stored
 //	WRONGTYPE a key at our path holds foreign data; the rest is the key name
 //	          and what was found there. Nothing was written.
 //
@@ -107,34 +106,23 @@ end
 `
 
 // acquireScript: KEYS lease, term, heartbeat base; ARGV holder, token,
-// ttl ms, replace term (decimal, "0" for none), publish command (empty for
-// none), channel, then metadata name/value pairs. Returns OK and the new
-// term as a decimal string.
+// ttl ms, publish command (empty for none), channel, then metadata
+// name/value pairs. Returns OK and the new term as a decimal string, or
+// HELD and the holder's record.
 var acquireScript = redis.NewScript(luaPrelude + `
 local ls = lease_state(KEYS[1])
 if ls ~= 'ok' and ls ~= 'none' then return {'WRONGTYPE', KEYS[1], ls} end
 local ts = term_state(KEYS[2])
 if ts ~= 'ok' and ts ~= 'none' then return {'WRONGTYPE', KEYS[2], ts} end
-local old = 0
-if ls == 'ok' then
-  -- Terms are compared as the decimal strings both sides wrote, exactly.
-  local cur = redis.call('HGET', KEYS[1], 'term')
-  if ARGV[4] == '0' or cur ~= ARGV[4] then
-    return record('HELD', KEYS[1], KEYS[3])
-  end
-  old = tonumber(cur)
-  redis.call('DEL', KEYS[1])
-elseif ARGV[4] ~= '0' then
-  return {'NOTHELD'}
-end
+if ls == 'ok' then return record('HELD', KEYS[1], KEYS[3]) end
 -- The term is the counter plus one, but at least the server's clock in
--- microseconds (and above the replaced lease's term): a counter lost with
--- the data (a restart without persistence, a failover to a replica that
--- missed it) starts again above every term the old server handed out, as
--- long as the new server's clock is past the old one's last acquisition.
--- The chosen term is stored back, so the next INCR continues above it.
+-- microseconds: a counter lost with the data (a restart without
+-- persistence, a failover to a replica that missed it) starts again above
+-- every term the old server handed out, as long as the new server's clock
+-- is past the old one's last acquisition. The chosen term is stored back,
+-- so the next INCR continues above it.
 local term = redis.call('INCR', KEYS[2])
-local floor = math.max(now_us(), old + 1)
+local floor = now_us()
 if term < floor then
   term = floor
   redis.call('SET', KEYS[2], fmt(term))
@@ -142,11 +130,11 @@ end
 local now = fmt(now_ms())
 redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', ARGV[2], 'term', fmt(term),
   'acquired_at', now, 'renewed_at', now, 'ttl', ARGV[3])
-for i = 7, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   redis.call('HSET', KEYS[1], 'meta:' .. ARGV[i], ARGV[i + 1])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-if ARGV[5] ~= '' then redis.call(ARGV[5], ARGV[6], 'acquired:' .. fmt(term)) end
+if ARGV[4] ~= '' then redis.call(ARGV[4], ARGV[5], 'acquired:' .. fmt(term)) end
 return {'OK', fmt(term)}
 `)
 
@@ -181,6 +169,23 @@ local ls = lease_state(KEYS[1])
 if ls == 'none' then return {'NONE'} end
 if ls ~= 'ok' then return {'WRONGTYPE', KEYS[1], ls} end
 return record('OK', KEYS[1], KEYS[2])
+`)
+
+// setMetadataScript: KEYS lease; ARGV holder, token, then metadata
+// name/value pairs. Replaces every meta:* field; the TTL is left as it is.
+var setMetadataScript = redis.NewScript(luaPrelude + `
+local ls = lease_state(KEYS[1])
+if ls == 'none' then return {'LOST'} end
+if ls ~= 'ok' then return {'WRONGTYPE', KEYS[1], ls} end
+local f = redis.call('HMGET', KEYS[1], 'holder', 'token')
+if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'LOST'} end
+for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(name, 1, 5) == 'meta:' then redis.call('HDEL', KEYS[1], name) end
+end
+for i = 3, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], 'meta:' .. ARGV[i], ARGV[i + 1])
+end
+return {'OK'}
 `)
 
 // heartbeatScript: KEYS heartbeat key, members; ARGV id, ttl ms.

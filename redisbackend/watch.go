@@ -77,7 +77,7 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 	if err := b.begin(ctx); err != nil {
 		return nil, err
 	}
-	if err := validateKey(key); err != nil {
+	if err := b.ValidateKey(key); err != nil {
 		return nil, err
 	}
 	if b.pubsub == PubSubOff {

@@ -1,0 +1,192 @@
+package redisbackend
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// listScanCount is the COUNT hint of each SCAN call of List, and so about
+// how many names each pipelined read carries.
+const listScanCount = 512
+
+// scanner is the part of a client (or of one Cluster or Ring node) List uses.
+type scanner interface {
+	Pipeline() redis.Pipeliner
+	Scan(ctx context.Context, cursor uint64, match string, count int64) *redis.ScanCmd
+}
+
+// List implements backend.Backend. It runs SCAN (never KEYS) with a MATCH
+// pattern made of the backend's prefix and the given prefix, glob characters
+// escaped, on every primary of a *redis.ClusterClient, every shard of a
+// *redis.Ring, and on the one server otherwise; after each SCAN batch it
+// reads the leases it found with the Get script, in one pipeline, so that
+// each record is consistent in itself (its TTL is the lease's PTTL by the
+// server's clock). Heartbeat records, term counters and members sets never
+// match; a name SCAN returns twice is read once; data of another kind at a
+// lease's path is skipped. The records are sorted by key. A prefix
+// containing '{' or '}' matches no valid key, so the result is empty.
+func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, error) {
+	if err := b.begin(ctx); err != nil {
+		return nil, err
+	}
+	if strings.ContainsAny(prefix, "{}") {
+		return nil, nil
+	}
+	var recs []backend.Record
+	err := b.bounded(ctx, func(ctx context.Context) error {
+		l := &lister{b: b, prefix: prefix, seen: make(map[string]bool)}
+		l.pattern = globEscape(b.prefix) + "{" + globEscape(prefix) + "*}"
+		var err error
+		switch c := b.client.(type) {
+		case *redis.ClusterClient:
+			err = c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return l.scan(ctx, node) })
+		case *redis.Ring:
+			err = c.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error { return l.scan(ctx, shard) })
+		default:
+			err = l.scan(ctx, b.client)
+		}
+		if err != nil {
+			return err
+		}
+		slices.SortFunc(l.recs, func(x, y backend.Record) int { return strings.Compare(x.Key, y.Key) })
+		recs = l.recs // read by List only after this function returned
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("redisbackend: list %q: %w", prefix, err)
+	}
+	return recs, nil
+}
+
+// lister is one List call's state, shared by the scans of every node.
+type lister struct {
+	b       *Backend
+	prefix  string
+	pattern string
+
+	mu   sync.Mutex // guards seen, recs
+	seen map[string]bool
+	recs []backend.Record
+}
+
+// scan walks one server's keyspace and reads the leases it finds.
+func (l *lister) scan(ctx context.Context, c scanner) error {
+	var cursor uint64
+	for {
+		names, next, err := c.Scan(ctx, cursor, l.pattern, listScanCount).Result()
+		if err != nil {
+			return fmt.Errorf("SCAN: %w", err)
+		}
+		var batch []string // lease names not read yet
+		var keys []string  // their keys
+		l.mu.Lock()
+		for _, name := range names {
+			key, ok := l.b.leaseKeyOf(name)
+			if !ok || !strings.HasPrefix(key, l.prefix) || l.seen[name] {
+				continue
+			}
+			l.seen[name] = true
+			batch = append(batch, name)
+			keys = append(keys, key)
+		}
+		l.mu.Unlock()
+		if len(batch) > 0 {
+			if err := l.read(ctx, c, batch, keys); err != nil {
+				return err
+			}
+		}
+		if next == 0 {
+			return nil
+		}
+		cursor = next
+	}
+}
+
+// read runs the Get script on every name in one pipeline (a second one for
+// the replies that were NOSCRIPT) and keeps the records of held leases.
+func (l *lister) read(ctx context.Context, c scanner, names, keys []string) error {
+	cmds := make([]*redis.Cmd, len(names))
+	evalSha := func(i int, p redis.Pipeliner) {
+		cmds[i] = getScript.EvalSha(ctx, p, []string{names[i], names[i] + ":heartbeat:"})
+	}
+	p := c.Pipeline()
+	for i := range names {
+		evalSha(i, p)
+	}
+	_, _ = p.Exec(ctx) // errors are read per command
+	var missing []int
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			missing = append(missing, i)
+		}
+	}
+	if len(missing) > 0 {
+		p := c.Pipeline()
+		for _, i := range missing {
+			cmds[i] = getScript.Eval(ctx, p, []string{names[i], names[i] + ":heartbeat:"})
+		}
+		_, _ = p.Exec(ctx)
+	}
+	var recs []backend.Record
+	for i, cmd := range cmds {
+		v, err := cmd.Result()
+		if err != nil {
+			return fmt.Errorf("reading %q: %w", names[i], err)
+		}
+		reply, ok := v.([]any)
+		if !ok || len(reply) == 0 {
+			return fmt.Errorf("reading %q: unexpected script reply %#v", names[i], v)
+		}
+		if str(reply[0]) != "OK" { // NONE: gone since SCAN; WRONGTYPE: not ours
+			continue
+		}
+		rec, err := parseRecord(keys[i], reply)
+		if err != nil {
+			return fmt.Errorf("reading %q: %w", names[i], err)
+		}
+		recs = append(recs, rec)
+	}
+	l.mu.Lock()
+	l.recs = append(l.recs, recs...)
+	l.mu.Unlock()
+	return nil
+}
+
+// leaseKeyOf returns the key whose lease hash is named name, and false when
+// name is not a lease hash's name ("<prefix>{<key>}", key without braces):
+// a term counter, a heartbeat record, a members set, or another's data.
+func (b *Backend) leaseKeyOf(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, b.prefix+"{")
+	if !ok {
+		return "", false
+	}
+	key, ok := strings.CutSuffix(rest, "}")
+	if !ok || b.ValidateKey(key) != nil {
+		return "", false
+	}
+	return key, true
+}
+
+// globEscape escapes the characters SCAN's MATCH pattern treats specially,
+// so that s matches only itself.
+func globEscape(s string) string {
+	var sb strings.Builder
+	sb.Grow(len(s))
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '*', '?', '[', ']', '\\':
+			sb.WriteByte('\\')
+			sb.WriteByte(c)
+		default:
+			sb.WriteByte(c)
+		}
+	}
+	return sb.String()
+}
