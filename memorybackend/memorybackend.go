@@ -10,31 +10,54 @@
 //	a.Partition() // a's calls fail at once with ErrPartitioned
 //	a.Heal()
 //
-// The faults are Partition (every call fails at once), Hang (every call blocks
-// until its context ends), SetLatency (every call waits before it acts) and
-// Heal (clears them all). Calls reports how many operations a client made.
+// The faults of a client are Partition (every call fails at once), Hang
+// (every call blocks until its context ends), SetLatency (every call waits
+// before it acts) and Heal (clears them all). Calls reports how many
+// operations a client made. The store itself can lose its data with
+// Store.Restart, and a heartbeat record can be deleted by hand with
+// RemoveMember.
 //
 // # Time
 //
 // The store reads the time with time.Now and computes expiry lazily from it
-// on every access; it runs no background goroutine (only the short callback
-// of a lease's expiry timer, see Watch). Inside a
+// on every access. It starts no goroutine of its own: the only code that
+// runs outside a caller's call is the short callback of a key's expiry timer
+// (time.AfterFunc), which delivers EventExpired when a lease expires and
+// forgets the key once nothing of it is left (see Bounded state). Inside a
 // testing/synctest bubble time is therefore virtual, and a test can let a
 // lease expire with time.Sleep at no cost. Create the store, its clients and
 // their watches inside the bubble that uses them: the store's expiry timers
 // and channels belong to the bubble they were created in, and the synctest
 // package panics when they are used from outside it.
 //
+// # Terms
+//
+// Fencing terms come from one counter shared by every key of the store: each
+// acquisition, of any key, takes the next value. A key's terms therefore
+// strictly increase across release, expiry and re-acquisition without the
+// store remembering anything about a key it no longer holds. Terms are not
+// consecutive per key: a key acquired after another key was acquired twice
+// may get term 3 first. The counter survives Restart unless
+// RestartOptions.LoseTerms says otherwise.
+//
+// # Bounded state
+//
+// The store keeps a key's state only while the key has a lease, a heartbeat
+// record that has not expired, or a watch. A key released with no heartbeat
+// records or watches is forgotten at once; otherwise it is forgotten when its
+// lease has expired, its last heartbeat record has expired (its expiry timer
+// fires then) and its watches are closed. Len reports how many keys the
+// store holds state for.
+//
 // # Watch
 //
-// Watch delivers EventChanged when anyone acquires the key (takeovers
-// included), EventReleased on a release and EventExpired when a lease
-// expires. Renewals are not reported. Expiry is noticed by whichever comes
-// first: a time.AfterFunc timer armed for the lease's expiry time (re-armed
-// when a renewal has pushed the expiry further), or any call that touches the
-// key after the expiry time. Either way, one EventExpired is delivered per
-// expired lease, at the lease's expiry time by the store's clock (virtual
-// time in a bubble).
+// Watch delivers EventChanged when anyone acquires the key, EventReleased on
+// a release and EventExpired when a lease expires. Renewals and SetMetadata
+// are not reported. Expiry is noticed by whichever comes first: the key's
+// expiry timer, armed for the lease's expiry time (re-armed when a renewal
+// has pushed the expiry further), or any call that touches the key after the
+// expiry time. Either way, one EventExpired is delivered per expired lease, at
+// the lease's expiry time by the store's clock (virtual time in a bubble).
 //
 // Each watch channel buffers 16 events; when it is full, further events are
 // dropped (the buffered ones already tell the receiver to look). While the
@@ -43,6 +66,11 @@
 // that missed events receives one EventChanged so the receiver re-reads the
 // state. Latency does not delay events. Watch itself fails on a partitioned
 // client and blocks on a hung one, like every other call.
+//
+// Store.Restart closes every watch channel of every client, the way a
+// backend whose connection to the store breaks does; it sends no EventReset.
+// A receiver sees its channel closed, watches again, and treats the new
+// subscription as a reset: anything may have changed meanwhile.
 package memorybackend
 
 import (
@@ -62,24 +90,35 @@ import (
 // Partition was called, until Heal.
 var ErrPartitioned = errors.New("memorybackend: partitioned")
 
-// watchBuffer is the capacity of each watch channel.
-const watchBuffer = 16
+const (
+	// watchBuffer is the capacity of each watch channel.
+	watchBuffer = 16
+	// shrinkMin is the size below which the store never rebuilds its key
+	// map: a Go map does not give memory back when entries are deleted, so
+	// the store copies its keys to a new map once they have fallen to a
+	// quarter of their peak.
+	shrinkMin = 1024
+)
 
-// Store is the shared state of one simulated cluster: leases, term counters,
-// heartbeat records and watches. It is safe for concurrent use. A Store has no
-// resources to free; it is garbage once its clients are.
+// Store is the shared state of one simulated cluster: leases, the term
+// counter, heartbeat records and watches. It is safe for concurrent use. A
+// Store has no resources to free; it is garbage once its clients are.
 type Store struct {
-	mu   sync.Mutex           // guards keys and everything reachable from it, and Backend.watches
-	keys map[string]*keyState // never shrinks, so term counters survive
+	mu   sync.Mutex           // guards the fields below, everything reachable from keys, and Backend.watches
+	keys map[string]*keyState // keys with a lease, heartbeat records or watches
+	peak int                  // largest len(keys) since keys was last rebuilt
+	term uint64               // last term handed out, for any key
 }
 
-// keyState is the state of one key.
+// keyState is the state of one key. A keyState is dropped from Store.keys as
+// soon as it has no lease, no heartbeat records and no watches.
 type keyState struct {
 	name    string
-	term    uint64 // last term handed out for this key
-	lease   *lease // nil when the key is free
-	beats   map[string]*beat
-	watches map[*watch]struct{}
+	lease   *lease              // nil when the key is free
+	beats   map[string]*beat    // nil when there are none
+	watches map[*watch]struct{} // nil when there are none
+	timer   *time.Timer         // the expiry timer; nil until first armed
+	timerAt time.Time           // when timer fires; zero when it is not pending
 }
 
 type lease struct {
@@ -89,8 +128,6 @@ type lease struct {
 	renewedAt     time.Time
 	expires       time.Time
 	metadata      map[string]string
-	timer         *time.Timer // fires at or after expires
-	timerAt       time.Time   // when timer fires
 }
 
 type beat struct {
@@ -128,6 +165,75 @@ func (s *Store) Client() *Backend {
 		calls:   make(map[string]int64),
 		watches: make(map[*watch]struct{}),
 	}
+}
+
+// RestartOptions says what Store.Restart keeps and loses. The zero value (and
+// a nil *RestartOptions) is a restart without persistence that keeps the term
+// counter.
+type RestartOptions struct {
+	// KeepLeases keeps every lease and heartbeat record, as a store restarted
+	// with persistence (or a reconnect) does: only the watches break.
+	KeepLeases bool
+	// LoseTerms resets the term counter, as a store that keeps no term source
+	// across a restart does: the next acquisition gets term 1 again, so a
+	// key's terms no longer strictly increase across the restart. Use it to
+	// show what fencing cannot protect against.
+	LoseTerms bool
+}
+
+// Restart simulates a restart of the store, or of the whole simulated
+// cluster. Unless opts.KeepLeases is set, every lease and every heartbeat
+// record is lost: owners learn it from ErrLeaseLost on their next Renew,
+// Release or SetMetadata, nobody receives EventReleased or EventExpired, and
+// the keys can be acquired at once. With opts.LoseTerms the term counter is
+// reset too (see RestartOptions). In every case every watch channel of every
+// client is closed, as a broken connection closes it, so receivers watch
+// again; no EventReset is sent. Clients stay open, keep their faults and
+// work again at once, as if they had reconnected. The expiry timers of lost
+// leases and records are stopped. Restart never blocks on a client and is
+// safe to call concurrently with anything; opts may be nil.
+func (s *Store) Restart(opts *RestartOptions) {
+	if opts == nil {
+		opts = &RestartOptions{}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ks := range s.keys {
+		for w := range ks.watches {
+			s.closeWatchLocked(w)
+		}
+	}
+	if opts.LoseTerms {
+		s.term = 0
+	}
+	if opts.KeepLeases {
+		s.shrinkLocked() // closing the watches forgot the keys that only had one
+		return
+	}
+	for _, ks := range s.keys {
+		ks.stopTimer()
+	}
+	s.keys = make(map[string]*keyState)
+	s.peak = 0
+}
+
+// Len returns the number of keys the store holds any state for: a lease, a
+// heartbeat record or a watch. It first applies every expiry that is due by
+// the store's clock, so a key whose lease was released or has expired and
+// whose heartbeat records have expired, with no watch open, is not counted.
+// No term counter or other record outlives that (see Bounded state in the
+// package doc). Len is meant for tests of bounded state; it takes time
+// proportional to the number of keys.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	for _, ks := range s.keys {
+		s.expireLocked(ks, now)
+		s.settleLocked(ks, now)
+	}
+	s.shrinkLocked()
+	return len(s.keys)
 }
 
 // Backend is one client of a Store. It implements backend.Backend and
@@ -210,9 +316,13 @@ func (b *Backend) faulted() bool {
 	return b.partitioned || b.hung
 }
 
-// Calls returns how many times each operation ("Acquire", "Renew",
-// "Release", "Get", "Heartbeat", "Members", "RemoveMember", "Watch") was
-// called on this client, failed calls included. The map is a copy.
+// Calls returns how many times each method ("Acquire", "Renew", "Release",
+// "SetMetadata", "Get", "List", "Heartbeat", "Members", "RemoveMember",
+// "Watch", "ValidateKey", "MinTTL") was called on this client, failed calls
+// included. Every method but ValidateKey and MinTTL is an operation on the
+// store (a round trip on a real backend); those two do no I/O and are counted
+// under their own names only, so leave them out when counting round trips.
+// The map is a copy; methods never called are absent.
 func (b *Backend) Calls() map[string]int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -244,8 +354,9 @@ func (b *Backend) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for w := range b.watches {
-		w.closeLocked()
+		s.closeWatchLocked(w)
 	}
+	s.shrinkLocked()
 	return nil
 }
 
@@ -341,6 +452,33 @@ func validateMember(key, id string) error {
 	return nil
 }
 
+// count counts a call of a method that does no I/O: it ignores faults and
+// Close.
+func (b *Backend) count(op string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls[op]++
+}
+
+// ValidateKey implements backend.Backend: the memory store accepts any
+// non-empty key, "/", ":", glob characters and NUL bytes included. It does
+// no I/O and ignores faults and Close; it is counted in Calls.
+func (b *Backend) ValidateKey(key string) error {
+	b.count("ValidateKey")
+	if err := validateKey(key); err != nil {
+		return fmt.Errorf("memorybackend: key %q: %w", key, err)
+	}
+	return nil
+}
+
+// MinTTL implements backend.Backend: the memory store honours any TTL of one
+// millisecond or more (it would honour less, but nothing real does). It is
+// counted in Calls.
+func (b *Backend) MinTTL() time.Duration {
+	b.count("MinTTL")
+	return time.Millisecond
+}
+
 // Acquire implements backend.Backend.
 func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
 	if err := b.call(ctx, "Acquire", req.Validate()); err != nil {
@@ -365,12 +503,33 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	return b.store.release(l)
 }
 
+// SetMetadata implements backend.Backend. The metadata is copied; nil or an
+// empty map removes it all. Watches are not notified and the lease is not
+// extended.
+func (b *Backend) SetMetadata(ctx context.Context, l backend.Lease, md map[string]string) error {
+	if err := b.call(ctx, "SetMetadata", l.Validate()); err != nil {
+		return err
+	}
+	return b.store.setMetadata(l, md)
+}
+
 // Get implements backend.Backend.
 func (b *Backend) Get(ctx context.Context, key string) (backend.Record, error) {
 	if err := b.call(ctx, "Get", validateKey(key)); err != nil {
 		return backend.Record{}, err
 	}
 	return b.store.get(key)
+}
+
+// List implements backend.Backend. The prefix is compared byte for byte:
+// glob characters have no special meaning. The records are read at one
+// instant and each carries its holder's heartbeat, like Get's. List takes
+// time proportional to the number of keys in the store.
+func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, error) {
+	if err := b.call(ctx, "List", nil); err != nil {
+		return nil, err
+	}
+	return b.store.list(prefix), nil
 }
 
 // Heartbeat implements backend.Backend.
@@ -390,7 +549,9 @@ func (b *Backend) Members(ctx context.Context, key string) ([]backend.Member, er
 	return b.store.members(key), nil
 }
 
-// RemoveMember implements backend.Backend.
+// RemoveMember implements backend.Backend. It deletes the record at once,
+// whether or not it belongs to the key's holder; the holder's lease is not
+// affected (the memory store's way to delete a heartbeat record by hand).
 func (b *Backend) RemoveMember(ctx context.Context, key, id string) error {
 	if err := b.call(ctx, "RemoveMember", validateMember(key, id)); err != nil {
 		return err
@@ -400,7 +561,8 @@ func (b *Backend) RemoveMember(ctx context.Context, key, id string) error {
 }
 
 // Watch implements backend.Watcher. The subscription is registered before
-// Watch returns. The channel is closed when ctx ends or the client is closed.
+// Watch returns. The channel is closed when ctx ends, when the client is
+// closed, or when the store restarts (Store.Restart).
 func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
 	if err := b.call(ctx, "Watch", validateKey(key)); err != nil {
 		return nil, err
@@ -414,21 +576,29 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 	if closed { // Close ran after the checks above; it will not see this watch.
 		return nil, fmt.Errorf("memorybackend: Watch: %w", backend.ErrClosed)
 	}
-	ks := s.keyLocked(key)
-	s.expireLocked(ks, time.Now())
+	now := time.Now()
+	ks := s.keyLocked(key, now)
 	w := &watch{key: ks, client: b, ch: make(chan backend.Event, watchBuffer)}
+	if ks.watches == nil {
+		ks.watches = make(map[*watch]struct{})
+	}
 	ks.watches[w] = struct{}{}
 	b.watches[w] = struct{}{}
+	s.settleLocked(ks, now)
 	w.stop = context.AfterFunc(ctx, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		w.closeLocked()
+		s.closeWatchLocked(w)
+		s.shrinkLocked()
 	})
 	return w.ch, nil
 }
 
-// closeLocked unregisters w and closes its channel, once. s.mu must be held.
-func (w *watch) closeLocked() {
+// closeWatchLocked unregisters w and closes its channel, once, and forgets
+// w's key if nothing else of it is left. s.mu must be held. It never
+// rebuilds s.keys, so callers may loop over it; they call shrinkLocked after
+// the loop.
+func (s *Store) closeWatchLocked(w *watch) {
 	if w.closed {
 		return
 	}
@@ -437,6 +607,7 @@ func (w *watch) closeLocked() {
 	delete(w.key.watches, w)
 	delete(w.client.watches, w)
 	close(w.ch)
+	s.settleLocked(w.key, time.Now())
 }
 
 // send delivers e without blocking, dropping it when the buffer is full.
@@ -448,17 +619,26 @@ func (w *watch) send(t backend.EventType) {
 	}
 }
 
-// keyLocked returns the state of key, creating it. s.mu must be held.
-func (s *Store) keyLocked(key string) *keyState {
+// lookupLocked returns the state of key with every expiry due at now
+// applied, or nil when the store holds nothing for key. s.mu must be held.
+func (s *Store) lookupLocked(key string, now time.Time) *keyState {
 	ks := s.keys[key]
-	if ks == nil {
-		ks = &keyState{
-			name:    key,
-			beats:   make(map[string]*beat),
-			watches: make(map[*watch]struct{}),
-		}
-		s.keys[key] = ks
+	if ks != nil {
+		s.expireLocked(ks, now)
 	}
+	return ks
+}
+
+// keyLocked returns the state of key with every expiry due at now applied,
+// creating it when there is none. The caller must add state to it or call
+// settleLocked, so that an empty state is forgotten. s.mu must be held.
+func (s *Store) keyLocked(key string, now time.Time) *keyState {
+	if ks := s.lookupLocked(key, now); ks != nil {
+		return ks
+	}
+	ks := &keyState{name: key}
+	s.keys[key] = ks
+	s.peak = max(s.peak, len(s.keys))
 	return ks
 }
 
@@ -475,10 +655,10 @@ func (s *Store) notifyLocked(ks *keyState, t backend.EventType) {
 }
 
 // expireLocked removes the lease of ks and the heartbeat records of ks that
-// have expired at now. s.mu must be held.
+// have expired at now, and reports the lease's expiry to the watches. s.mu
+// must be held.
 func (s *Store) expireLocked(ks *keyState, now time.Time) {
 	if l := ks.lease; l != nil && !now.Before(l.expires) {
-		l.timer.Stop()
 		ks.lease = nil
 		s.notifyLocked(ks, backend.EventExpired)
 	}
@@ -489,56 +669,114 @@ func (s *Store) expireLocked(ks *keyState, now time.Time) {
 	}
 }
 
-// onTimer runs when the expiry timer of l fires.
-func (s *Store) onTimer(ks *keyState, l *lease) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if ks.lease != l {
-		return // released, replaced or already expired
+// settleLocked is called after every change to ks: it forgets ks when
+// nothing of it is left, and otherwise arms its expiry timer for the next
+// time something of it expires: the lease's expiry, or, when the key has no
+// lease, the expiry of its last heartbeat record. A pending timer that fires
+// earlier than needed re-arms itself then. s.mu must be held.
+func (s *Store) settleLocked(ks *keyState, now time.Time) {
+	var next time.Time
+	if ks.lease != nil {
+		next = ks.lease.expires
+	} else {
+		for _, hb := range ks.beats {
+			if hb.expires.After(next) {
+				next = hb.expires
+			}
+		}
 	}
-	now := time.Now()
-	if rest := l.expires.Sub(now); rest > 0 { // renewed since the timer was armed
-		l.timerAt = l.expires
-		l.timer.Reset(rest)
+	if next.IsZero() {
+		ks.stopTimer()
+		if len(ks.watches) == 0 && s.keys[ks.name] == ks {
+			delete(s.keys, ks.name)
+		}
 		return
 	}
+	if !ks.timerAt.IsZero() && !next.Before(ks.timerAt) {
+		return // the pending timer fires first
+	}
+	ks.timerAt = next
+	if ks.timer == nil {
+		ks.timer = time.AfterFunc(next.Sub(now), func() { s.onTimer(ks) })
+	} else {
+		ks.timer.Reset(next.Sub(now))
+	}
+}
+
+// stopTimer stops the expiry timer of ks. A callback already running finds
+// timerAt zero and does nothing.
+func (ks *keyState) stopTimer() {
+	if ks.timer != nil {
+		ks.timer.Stop()
+	}
+	ks.timerAt = time.Time{}
+}
+
+// shrinkLocked rebuilds the key map once it holds a quarter of its peak or
+// less, so that a store that once held many keys gives the memory back.
+// s.mu must be held, and no loop over s.keys may be running.
+func (s *Store) shrinkLocked() {
+	if s.peak < shrinkMin || len(s.keys) > s.peak/4 {
+		return
+	}
+	keys := make(map[string]*keyState, len(s.keys))
+	maps.Copy(keys, s.keys)
+	s.keys = keys
+	s.peak = len(keys)
+}
+
+// onTimer runs when the expiry timer of ks fires.
+func (s *Store) onTimer(ks *keyState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.keys[ks.name] != ks {
+		return // forgotten, or lost by Restart
+	}
+	now := time.Now()
+	if ks.timerAt.IsZero() || ks.timerAt.After(now) {
+		return // stopped, or re-armed for later: that run will act
+	}
+	ks.timerAt = time.Time{}
 	s.expireLocked(ks, now)
+	s.settleLocked(ks, now)
+	s.shrinkLocked()
 }
 
 func (s *Store) acquire(req backend.AcquireRequest) (backend.Lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
-	ks := s.keyLocked(req.Key)
-	s.expireLocked(ks, now)
+	ks := s.keyLocked(req.Key, now)
 	if ks.lease != nil {
 		return backend.Lease{}, &backend.HeldError{Holder: s.recordLocked(ks, now)}
 	}
-	ks.term++
+	s.term++
 	l := &lease{
 		holder:     req.HolderID,
 		token:      backend.NewToken(),
-		term:       ks.term,
+		term:       s.term,
 		acquiredAt: now,
 		renewedAt:  now,
 		expires:    now.Add(req.TTL),
 		metadata:   maps.Clone(req.Metadata),
 	}
-	l.timerAt = l.expires
-	l.timer = time.AfterFunc(req.TTL, func() { s.onTimer(ks, l) })
 	ks.lease = l
+	s.settleLocked(ks, now)
 	s.notifyLocked(ks, backend.EventChanged)
 	return backend.Lease{Key: req.Key, HolderID: l.holder, Token: l.token, Term: l.term, TTL: req.TTL}, nil
 }
 
 // ownedLocked returns the key state of l when the store holds exactly l.
+// Otherwise it settles the key (an expiry may have emptied it) and returns
+// an error wrapping ErrLeaseLost. s.mu must be held.
 func (s *Store) ownedLocked(l backend.Lease, now time.Time) (*keyState, error) {
-	ks := s.keys[l.Key]
+	ks := s.lookupLocked(l.Key, now)
 	if ks != nil {
-		s.expireLocked(ks, now)
 		if cur := ks.lease; cur != nil && cur.holder == l.HolderID && cur.token == l.Token {
 			return ks, nil
 		}
+		s.settleLocked(ks, now)
+		s.shrinkLocked()
 	}
 	return nil, fmt.Errorf("memorybackend: %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
 }
@@ -551,26 +789,35 @@ func (s *Store) renew(l backend.Lease) error {
 	if err != nil {
 		return err
 	}
-	cur := ks.lease
-	cur.renewedAt = now
-	cur.expires = now.Add(l.TTL)
-	if cur.expires.Before(cur.timerAt) { // shortened: fire earlier
-		cur.timerAt = cur.expires
-		cur.timer.Reset(l.TTL)
-	}
+	ks.lease.renewedAt = now
+	ks.lease.expires = now.Add(l.TTL)
+	s.settleLocked(ks, now) // a shorter TTL brings the timer forward
 	return nil
 }
 
 func (s *Store) release(l backend.Lease) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := time.Now()
+	ks, err := s.ownedLocked(l, now)
+	if err != nil {
+		return err
+	}
+	ks.lease = nil
+	s.notifyLocked(ks, backend.EventReleased)
+	s.settleLocked(ks, now)
+	s.shrinkLocked()
+	return nil
+}
+
+func (s *Store) setMetadata(l backend.Lease, md map[string]string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	ks, err := s.ownedLocked(l, time.Now())
 	if err != nil {
 		return err
 	}
-	ks.lease.timer.Stop()
-	ks.lease = nil
-	s.notifyLocked(ks, backend.EventReleased)
+	ks.lease.metadata = maps.Clone(md)
 	return nil
 }
 
@@ -578,14 +825,36 @@ func (s *Store) get(key string) (backend.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
-	ks := s.keys[key]
-	if ks != nil {
-		s.expireLocked(ks, now)
-	}
+	ks := s.lookupLocked(key, now)
 	if ks == nil || ks.lease == nil {
+		if ks != nil {
+			s.settleLocked(ks, now)
+			s.shrinkLocked()
+		}
 		return backend.Record{}, fmt.Errorf("memorybackend: %q: %w", key, backend.ErrNotHeld)
 	}
 	return s.recordLocked(ks, now), nil
+}
+
+func (s *Store) list(prefix string) []backend.Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var recs []backend.Record
+	for name, ks := range s.keys {
+		if !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		s.expireLocked(ks, now)
+		if ks.lease != nil {
+			recs = append(recs, s.recordLocked(ks, now))
+		} else {
+			s.settleLocked(ks, now) // deleting during the loop is safe
+		}
+	}
+	s.shrinkLocked()
+	slices.SortFunc(recs, func(a, b backend.Record) int { return strings.Compare(a.Key, b.Key) })
+	return recs
 }
 
 // recordLocked returns the record of the live lease of ks.
@@ -612,20 +881,22 @@ func (s *Store) heartbeat(key, id string, ttl time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
-	ks := s.keyLocked(key)
-	s.expireLocked(ks, now)
+	ks := s.keyLocked(key, now)
+	if ks.beats == nil {
+		ks.beats = make(map[string]*beat)
+	}
 	ks.beats[id] = &beat{at: now, expires: now.Add(ttl)}
+	s.settleLocked(ks, now)
 }
 
 func (s *Store) members(key string) []backend.Member {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ks := s.keys[key]
+	now := time.Now()
+	ks := s.lookupLocked(key, now)
 	if ks == nil {
 		return nil
 	}
-	now := time.Now()
-	s.expireLocked(ks, now)
 	ms := make([]backend.Member, 0, len(ks.beats))
 	for id, hb := range ks.beats {
 		ms = append(ms, backend.Member{
@@ -635,6 +906,8 @@ func (s *Store) members(key string) []backend.Member {
 			TTL:         hb.expires.Sub(now),
 		})
 	}
+	s.settleLocked(ks, now)
+	s.shrinkLocked()
 	slices.SortFunc(ms, func(a, b backend.Member) int { return strings.Compare(a.ID, b.ID) })
 	return ms
 }
@@ -642,53 +915,10 @@ func (s *Store) members(key string) []backend.Member {
 func (s *Store) removeMember(key, id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if ks := s.keys[key]; ks != nil {
-		delete(ks.beats, id)
-	}
-}
-
-// ValidateKey implements backend.Backend: the memory store accepts any
-// non-empty key.
-func (b *Backend) ValidateKey(key string) error { return validateKey(key) }
-
-// MinTTL implements backend.Backend: one millisecond.
-func (b *Backend) MinTTL() time.Duration { return time.Millisecond }
-
-// SetMetadata implements backend.Backend.
-func (b *Backend) SetMetadata(ctx context.Context, l backend.Lease, md map[string]string) error {
-	if err := b.call(ctx, "SetMetadata", l.Validate()); err != nil {
-		return err
-	}
-	s := b.store
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ks, err := s.ownedLocked(l, time.Now())
-	if err != nil {
-		return err
-	}
-	ks.lease.metadata = maps.Clone(md)
-	return nil
-}
-
-// List implements backend.Backend.
-func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, error) {
-	if err := b.call(ctx, "List", nil); err != nil {
-		return nil, err
-	}
-	s := b.store
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	now := time.Now()
-	var recs []backend.Record
-	for name, ks := range s.keys {
-		if !strings.HasPrefix(name, prefix) {
-			continue
-		}
-		s.expireLocked(ks, now)
-		if ks.lease != nil {
-			recs = append(recs, s.recordLocked(ks, now))
-		}
+	if ks := s.lookupLocked(key, now); ks != nil {
+		delete(ks.beats, id)
+		s.settleLocked(ks, now)
+		s.shrinkLocked()
 	}
-	slices.SortFunc(recs, func(a, b backend.Record) int { return strings.Compare(a.Key, b.Key) })
-	return recs, nil
 }

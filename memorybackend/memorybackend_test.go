@@ -295,10 +295,20 @@ func TestCalls(t *testing.T) {
 	if _, err := b.Get(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
+	if err := a.SetMetadata(ctx, l, map[string]string{"x": "y"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.List(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
 	a.Partition()
 	_ = a.Release(ctx, l) // counted although it fails
+	_, _ = a.List(ctx, "")
+	_ = a.ValidateKey("k") // counted, though it does no I/O and ignores faults
+	a.MinTTL()
+	a.MinTTL()
 	got := a.Calls()
-	want := map[string]int64{"Acquire": 1, "Renew": 3, "Release": 1}
+	want := map[string]int64{"Acquire": 1, "Renew": 3, "Release": 1, "SetMetadata": 1, "List": 2, "ValidateKey": 1, "MinTTL": 2}
 	if len(got) != len(want) {
 		t.Fatalf("Calls: got %v, want %v", got, want)
 	}
