@@ -1,0 +1,238 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// forwarded are the signals sovereign passes on to the child's process
+// group while a child runs.
+var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2}
+
+// childSpec says how to start the child.
+type childSpec struct {
+	argv  []string
+	shell bool // run argv joined by spaces with /bin/sh -c
+	grace time.Duration
+	log   *slog.Logger
+}
+
+// child is a running command in its own process group.
+type child struct {
+	spec  childSpec
+	cmd   *exec.Cmd
+	pgid  int
+	done  chan struct{} // closed when the child has exited and was reaped
+	state *os.ProcessState
+}
+
+// childEnv returns the environment of the child: sovereign's own, without
+// SOVEREIGN_BACKEND (it may hold a password), with vars set. The lease's
+// token is never passed.
+func childEnv(vars map[string]string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if k == "SOVEREIGN_BACKEND" {
+			continue
+		}
+		if _, ok := vars[k]; ok {
+			continue
+		}
+		env = append(env, kv)
+	}
+	for k, v := range vars {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+// startChild starts the command in a process group of its own, with the
+// parent-death signal set where the system has one. The error is an
+// exitError with code 127 (not found) or 126 (cannot execute).
+func startChild(spec childSpec, env []string) (*child, error) {
+	argv := spec.argv
+	if spec.shell {
+		argv = []string{"/bin/sh", "-c", strings.Join(argv, " ")}
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		code := exitNotFound
+		if errors.Is(err, fs.ErrPermission) {
+			code = exitCannotExec
+		}
+		return nil, exitWith(code, fmt.Errorf("command %q: %w", argv[0], err))
+	}
+	cmd := &exec.Cmd{
+		Path:        path,
+		Args:        argv,
+		Env:         env,
+		Stdin:       os.Stdin,
+		Stdout:      os.Stdout,
+		Stderr:      os.Stderr,
+		SysProcAttr: sysProcAttr(),
+	}
+	if err := cmd.Start(); err != nil {
+		code := exitCannotExec
+		if errors.Is(err, fs.ErrNotExist) {
+			code = exitNotFound
+		}
+		return nil, exitWith(code, fmt.Errorf("command %q: %w", argv[0], err))
+	}
+	c := &child{spec: spec, cmd: cmd, pgid: cmd.Process.Pid, done: make(chan struct{})}
+	go func() {
+		// Wait's error only repeats what ProcessState says (the I/O is the
+		// terminal's, not copied by us).
+		_ = cmd.Wait()
+		c.state = cmd.ProcessState
+		close(c.done)
+	}()
+	return c, nil
+}
+
+// signal sends sig to the child's whole process group.
+func (c *child) signal(sig syscall.Signal) {
+	if err := syscall.Kill(-c.pgid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		c.spec.log.Warn("sovereign: signalling the command's process group failed", "pgid", c.pgid, "signal", sig, "err", err)
+	}
+}
+
+// stop ends the child: SIGTERM to its process group, SIGKILL after the
+// grace, then it waits until the child has exited and kills what is left of
+// its group.
+func (c *child) stop(reason string) {
+	select {
+	case <-c.done:
+	default:
+		c.spec.log.Warn("sovereign: stopping the command: SIGTERM to its process group", "reason", reason, "pid", c.pgid, "grace", c.spec.grace)
+		c.signal(syscall.SIGTERM)
+		t := time.NewTimer(c.spec.grace)
+		defer t.Stop()
+		select {
+		case <-c.done:
+		case <-t.C:
+			c.spec.log.Warn("sovereign: the command did not exit within the grace: SIGKILL to its process group", "pid", c.pgid, "grace", c.spec.grace)
+			c.signal(syscall.SIGKILL)
+			<-c.done
+		}
+	}
+	c.killGroup()
+}
+
+// killGroup kills whatever is left of the child's process group (the
+// command's own children) once the command itself has exited, and waits a
+// bounded time for them to be gone.
+func (c *child) killGroup() {
+	<-c.done
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if err := syscall.Kill(-c.pgid, syscall.SIGKILL); errors.Is(err, syscall.ESRCH) {
+			return
+		}
+		reapGroup(c.pgid)
+		if err := syscall.Kill(-c.pgid, 0); errors.Is(err, syscall.ESRCH) {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.spec.log.Error("sovereign: processes of the command's group survive SIGKILL", "pgid", c.pgid)
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// exitCode returns the child's exit status: its own code, or 128+N when
+// signal N ended it.
+func (c *child) exitCode() int {
+	<-c.done
+	if ws, ok := c.state.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return exitSignalBase + int(ws.Signal())
+	}
+	return c.state.ExitCode()
+}
+
+// describe returns how the child ended, for logs.
+func (c *child) describe() string {
+	<-c.done
+	return c.state.String()
+}
+
+// supervisor runs at most one child at a time and forwards signals to it.
+type supervisor struct {
+	mu  sync.Mutex // guards cur, sig
+	cur *child     // the running child, nil when none
+	sig os.Signal  // the first INT or TERM received while no child ran
+}
+
+// start starts a child unless a terminating signal arrived already.
+func (s *supervisor) start(spec childSpec, env []string) (*child, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sig != nil {
+		return nil, errSignalled
+	}
+	c, err := startChild(spec, env)
+	if err != nil {
+		return nil, err
+	}
+	s.cur = c
+	return c, nil
+}
+
+// clear forgets the child once it has exited.
+func (s *supervisor) clear() {
+	s.mu.Lock()
+	s.cur = nil
+	s.mu.Unlock()
+}
+
+var errSignalled = errors.New("signalled before the command started")
+
+// handle receives signals until sigs closes. A signal is forwarded to the
+// running child's process group; SIGINT or SIGTERM with no child running
+// calls stop (sovereign then exits 128+N).
+func (s *supervisor) handle(sigs <-chan os.Signal, stop func()) {
+	for sig := range sigs {
+		s.mu.Lock()
+		c := s.cur
+		if c == nil && (sig == syscall.SIGINT || sig == syscall.SIGTERM) && s.sig == nil {
+			s.sig = sig
+			s.mu.Unlock()
+			stop()
+			continue
+		}
+		s.mu.Unlock()
+		if c != nil {
+			c.signal(sig.(syscall.Signal))
+		}
+	}
+}
+
+// signalled returns the exit code for the terminating signal received while
+// no child ran, if any.
+func (s *supervisor) signalled() (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sig == nil {
+		return 0, false
+	}
+	return exitSignalBase + int(s.sig.(syscall.Signal)), true
+}
+
+// defaultID returns the default instance ID: host name and process ID.
+func defaultID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "unknown"
+	}
+	return h + "-" + strconv.Itoa(os.Getpid())
+}

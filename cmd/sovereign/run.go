@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sovereign-go/sovereign"
+)
+
+// metadataFlag collects repeated --metadata k=v.
+type metadataFlag map[string]string
+
+func (m metadataFlag) String() string {
+	var parts []string
+	for k, v := range m {
+		parts = append(parts, k+"="+v)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (m metadataFlag) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want key=value, got %q", s)
+	}
+	m[k] = v
+	return nil
+}
+
+// holdFlags are the flags run and lock share.
+type holdFlags struct {
+	ttl           time.Duration
+	renewDeadline time.Duration
+	grace         time.Duration
+	id            string
+	shell         bool
+	quiet         bool
+	metadata      metadataFlag
+}
+
+func (h *holdFlags) register(fs *flag.FlagSet) {
+	h.metadata = metadataFlag{}
+	fs.DurationVar(&h.ttl, "ttl", sovereign.DefaultTTL, "lease time to live: how long a crashed holder's lease outlives it")
+	fs.DurationVar(&h.renewDeadline, "renew-deadline", 0, "step down this long after the last successful renewal was sent (default 7/10 of --ttl)")
+	fs.DurationVar(&h.grace, "grace", 0, "after stepping down, SIGKILL the command this long after SIGTERM; must be less than ttl - renew-deadline (default half of it)")
+	fs.StringVar(&h.id, "id", defaultID(), "instance `ID` shown as the holder")
+	fs.BoolVar(&h.shell, "shell", false, "run the command with /bin/sh -c (its arguments joined by spaces)")
+	fs.BoolVar(&h.quiet, "quiet", false, "log only warnings and errors")
+	fs.Var(h.metadata, "metadata", "`key=value` stored with the lease and shown by status (repeatable)")
+}
+
+// logger returns the logger of run and lock: text on stderr.
+func (h *holdFlags) logger(env *env) *slog.Logger {
+	level := slog.LevelInfo
+	if h.quiet {
+		level = slog.LevelWarn
+	}
+	return slog.New(slog.NewTextHandler(env.stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// meta returns the lease metadata: host, pid and command name, then the
+// user's --metadata.
+func (h *holdFlags) meta(argv []string) map[string]string {
+	md := map[string]string{"pid": strconv.Itoa(os.Getpid()), "cmd": filepath.Base(argv[0])}
+	if host, err := os.Hostname(); err == nil {
+		md["host"] = host
+	}
+	for k, v := range h.metadata {
+		md[k] = v
+	}
+	return md
+}
+
+// checkGrace applies the default grace and rejects one that would let the
+// command outlive the lease: the holder steps down at its renew deadline and
+// the backend keeps the lease for TTL, so the command must be dead within
+// TTL - RenewDeadline of the step-down.
+func checkGrace(grace, ttl, renewDeadline time.Duration) (time.Duration, error) {
+	margin := ttl - renewDeadline
+	switch {
+	case grace < 0:
+		return 0, usageError("--grace must not be negative")
+	case grace == 0:
+		return margin / 2, nil
+	case grace >= margin:
+		return 0, usageError("--grace %v must be less than ttl - renew-deadline (%v - %v = %v): the command must be dead before the lease can expire and a successor start",
+			grace, ttl, renewDeadline, margin)
+	}
+	return grace, nil
+}
+
+func cmdRun(ctx context.Context, env *env, args []string) error {
+	fs := newFlagSet(env, "run", "run [flags] ELECTION -- CMD [ARGS...]")
+	var h holdFlags
+	h.register(fs)
+	rejoin := fs.Bool("rejoin", false, "after losing leadership, stop the command and campaign again instead of exiting")
+	wait := fs.Duration("wait", 0, "give up (exit 75) if not elected within this long (default: campaign until stopped)")
+	pos, argv, err := parseArgs(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || len(argv) == 0 {
+		fs.Usage()
+		return exitWith(exitUsage, errFlagsReported)
+	}
+	if *wait < 0 {
+		return usageError("--wait must not be negative")
+	}
+	name := pos[0]
+	log := h.logger(env)
+
+	b, err := env.open()
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	if err := b.ValidateKey(name); err != nil {
+		return exitWith(exitUsage, fmt.Errorf("election name: %w", err))
+	}
+	if h.ttl < b.MinTTL() {
+		return usageError("--ttl %v is below the backend's minimum %v", h.ttl, b.MinTTL())
+	}
+	e, err := sovereign.New(b.Backend, name, h.id, &sovereign.Options{
+		TTL:           h.ttl,
+		RenewDeadline: h.renewDeadline,
+		Metadata:      h.meta(argv),
+		Logger:        log,
+	})
+	if err != nil {
+		return exitWith(exitUsage, err)
+	}
+	eo := e.Options()
+	grace, err := checkGrace(h.grace, eo.TTL, eo.RenewDeadline)
+	if err != nil {
+		return err
+	}
+	spec := childSpec{argv: argv, shell: h.shell, grace: grace, log: log}
+
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	var sup supervisor
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
+	go sup.handle(sigs, cancelRun)
+
+	if err := probe(runCtx, b, name, env.backend.commandTimeout); err != nil {
+		if code, ok := sup.signalled(); ok {
+			return exitWith(code, nil)
+		}
+		return err
+	}
+	if err := becomeSubreaper(); err != nil {
+		log.Warn("sovereign: cannot become a child subreaper; the command's orphaned children will not be waited for", "err", err)
+	}
+
+	var (
+		mu      sync.Mutex // guards result, elected
+		result  error      // how sovereign exits; set once by the leader function
+		elected bool
+	)
+	setResult := func(err error) {
+		mu.Lock()
+		if result == nil {
+			result = err
+		}
+		mu.Unlock()
+	}
+	if *wait > 0 {
+		t := time.AfterFunc(*wait, func() {
+			mu.Lock()
+			if !elected {
+				if result == nil {
+					result = exitWith(exitHeld, fmt.Errorf("not elected leader of %q within %v", name, *wait))
+				}
+				cancelRun()
+			}
+			mu.Unlock()
+		})
+		defer t.Stop()
+	}
+
+	lead := func(lctx context.Context) error {
+		mu.Lock()
+		if result != nil { // --wait expired as we were elected
+			mu.Unlock()
+			return nil
+		}
+		elected = true
+		mu.Unlock()
+		term, _ := sovereign.TermFromContext(lctx)
+		c, err := sup.start(spec, childEnv(map[string]string{
+			"SOVEREIGN_ELECTION":  name,
+			"SOVEREIGN_HOLDER_ID": h.id,
+			"SOVEREIGN_TERM":      strconv.FormatUint(term, 10),
+		}))
+		if errors.Is(err, errSignalled) {
+			return nil
+		}
+		if err != nil {
+			setResult(err)
+			cancelRun()
+			return err
+		}
+		log.Info("sovereign: leading; command started", "election", name, "term", term, "pid", c.pgid)
+		select {
+		case <-c.done:
+			c.killGroup()
+			sup.clear()
+			code := c.exitCode()
+			log.Info("sovereign: command exited; stepping down", "election", name, "term", term, "status", c.describe())
+			setResult(exitWith(code, nil))
+			cancelRun()
+			return nil
+		case <-lctx.Done():
+		}
+		cause := context.Cause(lctx)
+		c.stop(cause.Error())
+		sup.clear()
+		if code, ok := sup.signalled(); ok {
+			setResult(exitWith(code, nil))
+			return nil
+		}
+		log.Warn("sovereign: leadership lost; command stopped", "election", name, "term", term, "cause", cause, "status", c.describe())
+		if *rejoin {
+			return nil
+		}
+		setResult(exitWith(exitLost, fmt.Errorf("leadership of %q (term %d) lost: %v; the command was stopped (%s)", name, term, cause, c.describe())))
+		cancelRun()
+		return nil
+	}
+	if err := e.Run(runCtx, lead); err != nil {
+		return exitWith(exitSoftware, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if result != nil {
+		return result
+	}
+	if code, ok := sup.signalled(); ok {
+		return exitWith(code, nil)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return exitWith(exitSoftware, errors.New("campaign ended without a result"))
+}

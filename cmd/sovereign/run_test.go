@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/testredis"
+	"github.com/sovereign-go/sovereign/redisbackend"
+)
+
+// redisEnv starts a redis-server and returns the environment naming it as
+// the backend, and a backend for the test's own reads.
+func redisEnv(t *testing.T) (*testredis.Server, []string, backend.Backend) {
+	t.Helper()
+	srv := testredis.Start(t)
+	b, err := redisbackend.New(srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return srv, []string{"SOVEREIGN_BACKEND=redis://" + srv.Addr()}, b
+}
+
+// getRecord reads key, failing the test on errors other than ErrNotHeld.
+func getRecord(t *testing.T, b backend.Backend, key string) (backend.Record, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	rec, err := b.Get(ctx, key)
+	if errors.Is(err, backend.ErrNotHeld) {
+		return backend.Record{}, false
+	}
+	if err != nil {
+		t.Fatalf("get %q: %v", key, err)
+	}
+	return rec, true
+}
+
+func TestRunExitStatus(t *testing.T) {
+	_, env, b := redisEnv(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want int
+	}{
+		{"exit 0", []string{"--", "true"}, 0},
+		{"exit 7", []string{"--", "sh", "-c", "exit 7"}, 7},
+		{"killed by SIGKILL", []string{"--", "sh", "-c", "kill -9 $$"}, 128 + 9},
+		{"shell", []string{"--shell", "--", "exit", "5"}, 5},
+		{"without --", []string{"sh", "-c", "exit 9"}, 9},
+		{"not found", []string{"--", "/nonexistent/command"}, exitNotFound},
+		{"not executable", []string{"--", "/etc/hostname"}, exitCannotExec},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"run", "--ttl", "2s", "job"}, tc.args...)
+			code, _, stderr := run(t, env, args...)
+			if code != tc.want {
+				t.Fatalf("got exit %d, want %d; stderr:\n%s", code, tc.want, stderr)
+			}
+			// The lease is released once the command has exited.
+			if rec, held := getRecord(t, b, "job"); held {
+				t.Fatalf("got %q held by %q after sovereign exited, want it released", "job", rec.HolderID)
+			}
+		})
+	}
+}
+
+func TestUsageAndUnreachable(t *testing.T) {
+	_, env, _ := redisEnv(t)
+	ln, err := netListen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "SOVEREIGN_BACKEND=redis://" + ln.Addr().String()
+	ln.Close() // nothing listens there now
+	for _, tc := range []struct {
+		name string
+		env  []string
+		args []string
+		want int
+	}{
+		{"no backend", []string{"SOVEREIGN_BACKEND="}, []string{"status", "x"}, exitUsage},
+		{"bad scheme", []string{"SOVEREIGN_BACKEND=mysql://x"}, []string{"status", "x"}, exitUsage},
+		{"unknown command", env, []string{"frobnicate"}, exitUsage},
+		{"unknown flag", env, []string{"status", "--frob", "x"}, exitUsage},
+		{"no name", env, []string{"status"}, exitUsage},
+		{"run without command", env, []string{"run", "job"}, exitUsage},
+		{"grace too long", env, []string{"run", "--ttl", "10s", "--grace", "3s", "job", "--", "true"}, exitUsage},
+		{"renew deadline above ttl", env, []string{"run", "--ttl", "2s", "--renew-deadline", "3s", "job", "--", "true"}, exitUsage},
+		{"break without term", env, []string{"break", "job"}, exitUsage},
+		{"status unreachable", []string{dead}, []string{"--dial-timeout", "1s", "status", "x"}, exitUnavailable},
+		{"run unreachable", []string{dead}, []string{"--dial-timeout", "1s", "run", "job", "--", "true"}, exitUnavailable},
+		{"status free", env, []string{"status", "--exit-status", "nobody"}, exitFree},
+		{"status free without --exit-status", env, []string{"status", "nobody"}, exitOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := run(t, tc.env, tc.args...)
+			if code != tc.want {
+				t.Fatalf("got exit %d, want %d; stderr:\n%s", code, tc.want, stderr)
+			}
+		})
+	}
+}
+
+// TestRunEnvSignals checks the child's environment, that signals reach it,
+// and that its own exit status after SIGTERM is sovereign's, with the lease
+// released.
+func TestRunEnvSignals(t *testing.T) {
+	_, env, b := redisEnv(t)
+	kids := newChildren(t)
+	p := start(t, append(append(env, kids.env("hold")...), "SOVEREIGN_ELECTION=stale", "SOVEREIGN_TERM=1"),
+		"run", "--ttl", "2s", "--id", "node-a", "--metadata", "role=test", "job", "--", os.Args[0])
+	startLine := kids.expect(0, "start")
+	kids.expect(0, "ready")
+	rec, held := getRecord(t, b, "job")
+	if !held {
+		t.Fatal("got job free while its command runs, want it held")
+	}
+	want := "SOVEREIGN_ELECTION=job SOVEREIGN_HOLDER_ID=node-a SOVEREIGN_TERM=" + strconv.FormatUint(rec.Term, 10)
+	if got := strings.TrimSpace(startLine.text[strings.Index(startLine.text, "SOVEREIGN_"):]); got != want {
+		t.Errorf("got child environment %q, want %q (no SOVEREIGN_BACKEND, no token)", got, want)
+	}
+	if strings.Contains(startLine.text, rec.Token) {
+		t.Errorf("the child's environment contains the lease token")
+	}
+	if rec.HolderID != "node-a" || rec.Metadata["role"] != "test" || rec.Metadata["cmd"] == "" {
+		t.Errorf("got holder %q metadata %v, want node-a with role=test and cmd", rec.HolderID, rec.Metadata)
+	}
+	if pgid, pid := field(startLine.text, "pgid"), field(startLine.text, "pid"); pgid != pid {
+		t.Errorf("got child pgid %s, want its own process group %s", pgid, pid)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGUSR1, syscall.SIGHUP, syscall.SIGUSR2, syscall.SIGINT} {
+		p.signal(sig)
+		kids.expect(0, "signal "+sig.String())
+	}
+	p.signal(syscall.SIGTERM)
+	kids.expect(0, "signal terminated")
+	if code := p.wait(); code != 42 {
+		t.Fatalf("got exit %d, want the child's 42", code)
+	}
+	if _, held := getRecord(t, b, "job"); held {
+		t.Fatal("got job held after sovereign exited, want it released")
+	}
+}
+
+// TestRunSignalWhileCampaigning: SIGTERM before being elected ends
+// sovereign with 128+15 and no command ever starts.
+func TestRunSignalWhileCampaigning(t *testing.T) {
+	_, env, b := redisEnv(t)
+	ctx := context.Background()
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "job", HolderID: "other", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, env, "run", "--ttl", "2s", "job", "--", "sh", "-c", "echo started")
+	p.waitLog("state changed") // campaigning
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 128+15 {
+		t.Fatalf("got exit %d, want %d", code, 128+15)
+	}
+	if out := p.stdoutText(); out != "" {
+		t.Fatalf("got output %q, want none: the command must not run", out)
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Fatalf("the other holder's lease: %v", err)
+	}
+}
+
+// TestRunWait: --wait gives up with 75 when someone else holds it.
+func TestRunWait(t *testing.T) {
+	_, env, b := redisEnv(t)
+	ctx := context.Background()
+	if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: "job", HolderID: "other", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr := run(t, env, "run", "--ttl", "2s", "--wait", "300ms", "job", "--", "echo", "started")
+	if code != exitHeld || out != "" {
+		t.Fatalf("got exit %d output %q, want %d and no output; stderr:\n%s", code, out, exitHeld, stderr)
+	}
+}
+
+// TestRunPartition cuts the leader's connection to Redis (black hole, via a
+// TCP proxy) while its command ignores SIGTERM and has a grandchild. The
+// leader must step down, SIGKILL its command's whole process group after
+// the grace, exit 79, and the successor's command must start only after
+// every process of the old one is gone.
+func TestRunPartition(t *testing.T) {
+	srv, env, _ := redisEnv(t)
+	px := newProxy(t, srv.Addr())
+	kids := newChildren(t)
+	const ttl, renewDeadline, grace = 3 * time.Second, 2 * time.Second, 500 * time.Millisecond
+	args := func(id string) []string {
+		return []string{"run", "--ttl", ttl.String(), "--renew-deadline", renewDeadline.String(), "--grace", grace.String(),
+			"--id", id, "job", "--", os.Args[0]}
+	}
+	a := start(t, append([]string{"SOVEREIGN_BACKEND=redis://" + px.Addr()}, kids.env("ignore-term")...), args("a")...)
+	aStart := kids.expect(0, "start")
+	gc := kids.expect(0, "grandchild")
+	kids.expect(0, "ready")
+	aPid, _ := strconv.Atoi(field(aStart.text, "pid"))
+	gcPid, _ := strconv.Atoi(field(gc.text, "pid"))
+
+	b := start(t, append(env, kids.env("hold")...), args("b")...)
+	b.waitLog("state changed") // b campaigns
+
+	px.Partition()
+	a.waitLog("stopping the command")
+	a.waitLog("SIGKILL")
+	// The first child's connection ends when it dies.
+	var aDied time.Time
+	for aDied.IsZero() {
+		l := kids.next("child 0 to die")
+		switch {
+		case l.conn == 0 && l.eof:
+			aDied = l.at
+		case l.conn == 0 && strings.HasPrefix(l.text, "signal terminated"):
+			// It got SIGTERM and ignored it.
+		default:
+			t.Fatalf("got %+v before the first child died, want nothing from a successor", l)
+		}
+	}
+	bStart := kids.expect(1, "start")
+	if !bStart.at.After(aDied) {
+		t.Fatalf("successor's command started at %v, before the old one died at %v", bStart.at, aDied)
+	}
+	if alive(aPid) || alive(gcPid) {
+		t.Fatalf("old command (pid %d alive %v) or its grandchild (pid %d alive %v) survives the successor's start",
+			aPid, alive(aPid), gcPid, alive(gcPid))
+	}
+	if code := a.wait(); code != exitLost {
+		t.Fatalf("got leader exit %d, want %d (lost)", code, exitLost)
+	}
+	t.Logf("successor's command started %v after the old command was killed", bStart.at.Sub(aDied))
+	b.signal(syscall.SIGTERM)
+	if code := b.wait(); code != 42 {
+		t.Fatalf("got successor exit %d, want its child's 42", code)
+	}
+}

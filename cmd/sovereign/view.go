@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// lockPrefix is the backend key prefix under which package lock stores its
+// keys.
+const lockPrefix = "lock/"
+
+// entry is what status, list and serve show about one election or lock.
+type entry struct {
+	// Key is the backend key (lock keys include "lock/").
+	Key string `json:"key"`
+	// Name is the election name or the lock key without "lock/".
+	Name string `json:"name"`
+	// Kind is "election" or "lock".
+	Kind string `json:"kind"`
+	Held bool   `json:"held"`
+
+	Holder     string            `json:"holder,omitempty"`
+	Term       uint64            `json:"term,omitempty"`
+	Since      *time.Time        `json:"since,omitempty"`
+	RenewedAt  *time.Time        `json:"renewed_at,omitempty"`
+	TTLSeconds float64           `json:"ttl_seconds"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+
+	LastHeartbeat       *time.Time `json:"last_heartbeat,omitempty"`
+	HeartbeatAgeSeconds *float64   `json:"heartbeat_age_seconds,omitempty"`
+
+	Members  []member `json:"members"`
+	Warnings []string `json:"warnings,omitempty"`
+
+	// FullTTLSeconds is the longest TTL seen for this term (serve only), the
+	// length of the TTL bar.
+	FullTTLSeconds float64 `json:"full_ttl_seconds,omitempty"`
+}
+
+// member is one live heartbeat record.
+type member struct {
+	ID            string    `json:"id"`
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+	AgeSeconds    float64   `json:"age_seconds"`
+	TTLSeconds    float64   `json:"ttl_seconds"`
+	Holder        bool      `json:"holder,omitempty"`
+}
+
+// kindOf splits a backend key into kind and display name.
+func kindOf(key string) (kind, name string) {
+	if n, ok := strings.CutPrefix(key, lockPrefix); ok {
+		return "lock", n
+	}
+	return "election", key
+}
+
+// newEntry builds the entry of key from its record (nil when nobody holds
+// it) and its members.
+func newEntry(key string, rec *backend.Record, members []backend.Member) entry {
+	e := entry{Key: key, Members: []member{}}
+	e.Kind, e.Name = kindOf(key)
+	if rec != nil {
+		e.Held = true
+		e.Holder = rec.HolderID
+		e.Term = rec.Term
+		e.TTLSeconds = rec.TTL.Seconds()
+		e.Metadata = rec.Metadata
+		if !rec.AcquiredAt.IsZero() {
+			t := rec.AcquiredAt
+			e.Since = &t
+		}
+		if !rec.RenewedAt.IsZero() {
+			t := rec.RenewedAt
+			e.RenewedAt = &t
+		}
+		if rec.HasHeartbeat() {
+			t, age := rec.HeartbeatAt, rec.HeartbeatAge.Seconds()
+			e.LastHeartbeat, e.HeartbeatAgeSeconds = &t, &age
+		}
+	}
+	for _, m := range members {
+		e.Members = append(e.Members, member{
+			ID:            m.ID,
+			LastHeartbeat: m.HeartbeatAt,
+			AgeSeconds:    m.Age.Seconds(),
+			TTLSeconds:    m.TTL.Seconds(),
+			Holder:        rec != nil && m.ID == rec.HolderID,
+		})
+	}
+	return e
+}
+
+// warn adds the stale warnings of a held entry. fullTTL is the lease's full
+// TTL when known (0 otherwise).
+func (e *entry) warn(fullTTL time.Duration) {
+	if !e.Held {
+		return
+	}
+	if e.LastHeartbeat == nil {
+		e.Warnings = append(e.Warnings, "the holder has no live heartbeat record: it may be dead or cut off; its lease still ends only by its TTL")
+	} else if fullTTL > 0 && *e.HeartbeatAgeSeconds > fullTTL.Seconds() {
+		e.Warnings = append(e.Warnings, fmt.Sprintf("the holder's last heartbeat is %s old, longer than the lease TTL", round(secs(*e.HeartbeatAgeSeconds))))
+	}
+	if fullTTL > 0 {
+		if overdue := fullTTL - secs(e.TTLSeconds); overdue > fullTTL/2 {
+			e.Warnings = append(e.Warnings, fmt.Sprintf("the lease was not renewed for %s (TTL %s): the holder may be stalled", round(overdue), round(fullTTL)))
+		}
+	}
+}
+
+func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// round shortens d for display.
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Minute:
+		return d.Round(time.Second)
+	case d >= time.Second:
+		return d.Round(100 * time.Millisecond)
+	default:
+		return d.Round(time.Millisecond)
+	}
+}
+
+// readEntry reads the record and members of key.
+func readEntry(ctx context.Context, b backend.Backend, key string, timeout time.Duration) (entry, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var recp *backend.Record
+	rec, err := b.Get(ctx, key)
+	switch {
+	case err == nil:
+		recp = &rec
+	case errors.Is(err, backend.ErrNotHeld):
+	default:
+		return entry{}, err
+	}
+	members, err := b.Members(ctx, key)
+	if err != nil {
+		return entry{}, err
+	}
+	e := newEntry(key, recp, members)
+	e.warn(0)
+	return e, nil
+}
+
+// writeStatus prints e for people.
+func writeStatus(w io.Writer, e entry, now time.Time) {
+	tw := &table{}
+	tw.row(e.Kind, e.Name)
+	if !e.Held {
+		tw.row("holder", "(none): nobody holds it")
+	} else {
+		tw.row("holder", e.Holder)
+		tw.row("term", fmt.Sprint(e.Term))
+		if e.Since != nil {
+			tw.row("since", fmt.Sprintf("%s (%s ago)", e.Since.Format(time.RFC3339), round(now.Sub(*e.Since))))
+		}
+		tw.row("ttl", fmt.Sprintf("%s left", round(secs(e.TTLSeconds))))
+		if e.LastHeartbeat != nil {
+			tw.row("heartbeat", fmt.Sprintf("%s ago", round(secs(*e.HeartbeatAgeSeconds))))
+		} else {
+			tw.row("heartbeat", "none")
+		}
+		if len(e.Metadata) > 0 {
+			keys := make([]string, 0, len(e.Metadata))
+			for k := range e.Metadata {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			var parts []string
+			for _, k := range keys {
+				parts = append(parts, k+"="+e.Metadata[k])
+			}
+			tw.row("metadata", strings.Join(parts, " "))
+		}
+	}
+	if len(e.Members) == 0 {
+		tw.row("members", "none")
+	}
+	for i, m := range e.Members {
+		label := ""
+		if i == 0 {
+			label = "members"
+		}
+		s := fmt.Sprintf("%s (heartbeat %s ago)", m.ID, round(secs(m.AgeSeconds)))
+		if m.Holder {
+			s += " *holder*"
+		}
+		tw.row(label, s)
+	}
+	for _, warning := range e.Warnings {
+		tw.row("WARNING", warning)
+	}
+	tw.write(w)
+}
+
+// table prints aligned columns.
+type table struct{ rows [][]string }
+
+func (t *table) row(cells ...string) { t.rows = append(t.rows, cells) }
+
+func (t *table) write(w io.Writer) {
+	var width []int
+	for _, r := range t.rows {
+		for i, c := range r {
+			if i >= len(width) {
+				width = append(width, 0)
+			}
+			width[i] = max(width[i], len(c))
+		}
+	}
+	for _, r := range t.rows {
+		var b strings.Builder
+		for i, c := range r {
+			if i == len(r)-1 {
+				b.WriteString(c)
+				break
+			}
+			b.WriteString(c)
+			b.WriteString(strings.Repeat(" ", width[i]-len(c)+2))
+		}
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+	}
+}
