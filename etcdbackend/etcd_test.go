@@ -491,16 +491,16 @@ func TestHeartbeatKeepsItsLease(t *testing.T) {
 		want int64 // requests
 	}{
 		{"first heartbeat: grant and put", func() error { return b.Heartbeat(ctx, "k", "a", 5*time.Second) }, 2},
-		{"refresh: one keep-alive", func() error { return b.Heartbeat(ctx, "k", "a", 5*time.Second) }, 1},
-		{"refresh, TTL rounds the same: one keep-alive", func() error { return b.Heartbeat(ctx, "k", "a", 4500*time.Millisecond) }, 1},
+		{"refresh: keep-alive and read", func() error { return b.Heartbeat(ctx, "k", "a", 5*time.Second) }, 2},
+		{"refresh, TTL rounds the same: keep-alive and read", func() error { return b.Heartbeat(ctx, "k", "a", 4500*time.Millisecond) }, 2},
 		{"new TTL: keep-alive skipped, grant, put, revoke the old lease", func() error { return b.Heartbeat(ctx, "k", "a", 7*time.Second) }, 3},
-		{"removed by another instance: failed keep-alive, grant, put", func() error {
+		{"removed by another instance: failed keep-alive, read, grant, put", func() error {
 			if err := other.RemoveMember(ctx, "k", "a"); err != nil {
 				return err
 			}
 			n.reset()
 			return b.Heartbeat(ctx, "k", "a", 7*time.Second)
-		}, 3},
+		}, 4},
 	}
 	for _, s := range steps {
 		n.reset()
@@ -508,7 +508,7 @@ func TestHeartbeatKeepsItsLease(t *testing.T) {
 			t.Fatalf("%s: %v", s.name, err)
 		}
 		if got := n.total(); got != s.want {
-			t.Errorf("%s: got %d requests, want %d", s.name, got, s.want)
+			t.Errorf("%s: got %d requests %v, want %d", s.name, got, n.byMethod(), s.want)
 		}
 		ms, err := other.Members(ctx, "k")
 		if err != nil || len(ms) != 1 || ms[0].ID != "a" {
@@ -751,5 +751,70 @@ func TestListSkipsBookkeeping(t *testing.T) {
 		if got, want := r.HasHeartbeat(), r.Key == "a"; got != want {
 			t.Errorf("List record %q: HasHeartbeat %v, want %v (only a's holder heartbeats)", r.Key, got, want)
 		}
+	}
+}
+
+// TestHeartbeatRewritesItsRecord: a keep-alive that succeeds proves only
+// that the heartbeat's lease lives, not that the record does. A record
+// deleted by hand, or put again attached to another lease, is written again
+// by the next Heartbeat, on the lease the backend keeps.
+func TestHeartbeatRewritesItsRecord(t *testing.T) {
+	ctx := testCtx(t)
+	cli := newClient(t, nil, nil)
+	prefix := newPrefix()
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	hbKey := prefix + "k/heartbeat/a"
+	attached := func(what string) clientv3.LeaseID {
+		t.Helper()
+		resp, err := cli.Get(ctx, hbKey)
+		if err != nil {
+			t.Fatalf("%s: raw Get: %v", what, err)
+		}
+		if len(resp.Kvs) != 1 {
+			t.Fatalf("%s: got %d heartbeat records, want 1", what, len(resp.Kvs))
+		}
+		return clientv3.LeaseID(resp.Kvs[0].Lease)
+	}
+	if err := b.Heartbeat(ctx, "k", "a", time.Minute); err != nil {
+		t.Fatalf("Heartbeat: %v", err)
+	}
+	own := attached("first heartbeat")
+
+	if _, err := cli.Delete(ctx, hbKey); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Heartbeat(ctx, "k", "a", time.Minute); err != nil {
+		t.Fatalf("Heartbeat after the record was deleted: %v", err)
+	}
+	if got := attached("heartbeat after a delete by hand"); got != own {
+		t.Errorf("record rewritten on lease %x, want the kept lease %x", got, own)
+	}
+	ms, err := b.Members(ctx, "k")
+	if err != nil || len(ms) != 1 || ms[0].ID != "a" {
+		t.Errorf("Members after the rewrite: got %+v, %v; want a", ms, err)
+	}
+
+	foreign, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, hbKey, `{"id":"a"}`, clientv3.WithLease(foreign.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Heartbeat(ctx, "k", "a", time.Minute); err != nil {
+		t.Fatalf("Heartbeat after the record moved to another lease: %v", err)
+	}
+	if got := attached("heartbeat after the record moved to another lease"); got != own {
+		t.Errorf("record attached to lease %x, want the kept lease %x again", got, own)
+	}
+
+	if _, err := cli.Put(ctx, hbKey, `{"id":"a"}`); err != nil { // no lease at all: it would never expire
+		t.Fatal(err)
+	}
+	if err := b.Heartbeat(ctx, "k", "a", time.Minute); err != nil {
+		t.Fatalf("Heartbeat after the record lost its lease: %v", err)
+	}
+	if got := attached("heartbeat after the record lost its lease"); got != own {
+		t.Errorf("record attached to lease %x, want the kept lease %x again", got, own)
 	}
 }

@@ -65,20 +65,26 @@
 // lease attached; the token carries the acquisition time, so no read is
 // needed); Get 1 read plus 2 parallel lease look-ups; List 1 range read plus
 // one lease look-up per held key and one per holder with a heartbeat record,
-// 16 at a time (etcd has no batched TimeToLive); a heartbeat refresh 1.
+// 16 at a time (etcd has no batched TimeToLive); a heartbeat refresh 2 (a
+// keep-alive and a read-only transaction checking the record, in parallel,
+// plus a write if the record has gone).
 //
 // # Heartbeats
 //
 // Heartbeat records live under <prefix><key>/heartbeat/<id>, each attached to
 // its own lease with the heartbeat TTL (rounded up to whole seconds). The
-// backend keeps that lease per (key, id) and refreshes it with a single
-// keep-alive, which etcd's leader serves without a raft write; it grants a
-// new lease and rewrites the record only when the TTL changes or the lease
-// has gone. The age of a heartbeat is measured by the store: the lease's
-// granted TTL minus its remaining TTL, which etcd reports in whole seconds,
-// so ages are reported as the lower bound (up to a second younger than the
-// truth) and HeartbeatAt is the reader's clock minus that age. Record.TTL and
-// Member.TTL are likewise whole seconds, rounded down.
+// backend keeps that lease per (key, id) and refreshes it with a keep-alive,
+// which etcd's leader serves without a raft write, while a read-only
+// transaction (no raft write either) checks that the record is still there
+// and attached to that lease: a record deleted by hand, or overwritten and
+// attached to another lease, leaves the lease alive, so a successful
+// keep-alive alone proves nothing. A missing or re-attached record is written
+// again on the kept lease; a new lease is granted only when the TTL changes
+// or the lease has gone. The age of a heartbeat is measured by the store: the
+// lease's granted TTL minus its remaining TTL, which etcd reports in whole
+// seconds, so ages are reported as the lower bound (up to a second younger
+// than the truth) and HeartbeatAt is the reader's clock minus that age.
+// Record.TTL and Member.TTL are likewise whole seconds, rounded down.
 //
 // To keep lease keys and heartbeat keys apart, keys must not contain
 // "/heartbeat/" or a NUL byte, nor end with "/heartbeat"; such keys are

@@ -46,7 +46,12 @@ func (b *Backend) entry(hbKey string) *hbEntry {
 
 // Heartbeat records that instance id is alive, under its own record for key
 // that expires after ttl (rounded up to whole seconds) unless refreshed. A
-// refresh with the same TTL is one keep-alive of the record's lease; the
+// refresh with the same TTL is a keep-alive of the record's lease and, in
+// parallel, a read-only transaction that checks the record is still there
+// and attached to that lease: a keep-alive alone cannot tell, since a record
+// deleted by hand, or overwritten and attached to another lease, leaves the
+// lease alive. When the record is missing or attached to another lease, the
+// refresh rewrites it (one more request, attached to the kept lease). The
 // first heartbeat, a changed TTL or a lost lease costs a grant and a write.
 func (b *Backend) Heartbeat(ctx context.Context, key, id string, ttl time.Duration) error {
 	if err := backend.ValidateHeartbeat(key, id, ttl); err != nil {
@@ -72,14 +77,36 @@ func (b *Backend) Heartbeat(ctx context.Context, key, id string, ttl time.Durati
 	defer e.mu.Unlock()
 	old := e.lease
 	if old != 0 && e.ttl == secs {
+		// A read-only transaction (no raft write) comparing the lease
+		// the record is attached to; a keys-only read would not do, since
+		// etcd leaves the lease out of keys-only results.
+		var (
+			check    *clientv3.TxnResponse
+			checkErr error
+			wg       sync.WaitGroup
+		)
+		wg.Go(func() {
+			check, checkErr = b.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(hbKey), "=", old)).Commit()
+		})
 		_, err := b.cli.KeepAliveOnce(ctx, old)
-		if err == nil {
+		wg.Wait()
+		switch {
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			old = 0 // expired, or revoked by RemoveMember: start afresh
+		case err != nil:
+			return fail(ctx, op, err)
+		case checkErr != nil:
+			return fail(ctx, op+": check record", checkErr)
+		case check.Succeeded:
+			return nil
+		default:
+			// The lease lives but the record is gone or attached to
+			// another lease: write it again on the kept lease.
+			if err := b.putHeartbeat(ctx, hbKey, id, old); err != nil {
+				return fail(ctx, op, err)
+			}
 			return nil
 		}
-		if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return fail(ctx, op, err)
-		}
-		old = 0 // expired, or revoked by RemoveMember
 	}
 	e.lease = 0
 
@@ -87,11 +114,7 @@ func (b *Backend) Heartbeat(ctx context.Context, key, id string, ttl time.Durati
 	if err != nil {
 		return fail(ctx, op+": grant lease", err)
 	}
-	value, err := json.Marshal(heartbeatBody{ID: id, At: time.Now()})
-	if err != nil {
-		return fmt.Errorf("etcdbackend: %s: %w", op, err)
-	}
-	if _, err := b.cli.Put(ctx, hbKey, string(value), clientv3.WithLease(grant.ID)); err != nil {
+	if err := b.putHeartbeat(ctx, hbKey, id, grant.ID); err != nil {
 		if ctx.Err() == nil {
 			_, _ = b.cli.Revoke(ctx, grant.ID)
 		}
@@ -103,6 +126,17 @@ func (b *Backend) Heartbeat(ctx context.Context, key, id string, ttl time.Durati
 		_, _ = b.cli.Revoke(ctx, old)
 	}
 	return nil
+}
+
+// putHeartbeat writes the heartbeat record of instance id at hbKey, attached
+// to lease.
+func (b *Backend) putHeartbeat(ctx context.Context, hbKey, id string, lease clientv3.LeaseID) error {
+	value, err := json.Marshal(heartbeatBody{ID: id, At: time.Now()})
+	if err != nil {
+		return err
+	}
+	_, err = b.cli.Put(ctx, hbKey, string(value), clientv3.WithLease(lease))
+	return err
 }
 
 // Members returns the live heartbeat records of key, sorted by ID, with
