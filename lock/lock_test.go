@@ -688,31 +688,79 @@ func TestHoldersListWaitFree(t *testing.T) {
 	})
 }
 
-// TestStoreRestart: when the store loses its data, a holder learns of the
-// loss within a round trip of the store's reset notice, not at its next
-// renewal.
+// TestStoreRestart: when the store restarts and loses its data, a holder
+// learns of the loss within a round trip (its watch breaks, it renews at
+// once), not at its next renewal, and a waiter acquires at once.
 func TestStoreRestart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memorybackend.NewStore()
-		r, ok := any(store).(interface{ Restart() })
-		if !ok {
-			t.Skip("memorybackend.Store has no Restart() yet")
-		}
-		l := newLocker(t, client(t, store), "a", &lock.Options{TTL: 10 * time.Second, Logger: quiet})
+		opts := &lock.Options{TTL: 10 * time.Second, Logger: quiet}
+		l := newLocker(t, client(t, store), "a", opts)
+		waiter := newLocker(t, client(t, store), "b", opts)
 		lk, err := l.TryAcquire(t.Context(), "k", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
+		got := make(chan time.Time, 1)
+		go func() {
+			lb, err := waiter.Acquire(t.Context(), "k", nil)
+			if err != nil {
+				t.Errorf("waiter: %v", err)
+			} else {
+				lb.Release(context.Background())
+			}
+			got <- time.Now()
+		}()
 		time.Sleep(time.Second)
-		r.Restart()
+		store.Restart(nil)
 		at := time.Now()
 		<-lk.Done()
 		if d := time.Since(at); d != 0 {
 			t.Errorf("lock lost %v after the restart, want at once (the renewal interval is 2s)", d)
 		}
-		if !errors.Is(lk.Err(), lock.ErrLockLost) {
-			t.Errorf("cause: got %v, want ErrLockLost", lk.Err())
+		if !errors.Is(lk.Err(), lock.ErrLockLost) || !errors.Is(lk.Err(), backend.ErrLeaseLost) {
+			t.Errorf("cause: got %v, want ErrLockLost (the store no longer holds it)", lk.Err())
 		}
-		lk.Release(t.Context())
+		if acquired := <-got; !acquired.Equal(at) {
+			t.Errorf("waiter acquired %v after the restart, want at once", acquired.Sub(at))
+		}
+		if err := lk.Release(t.Context()); !errors.Is(err, lock.ErrLockLost) {
+			t.Errorf("Release after the restart: got %v, want ErrLockLost", err)
+		}
+	})
+}
+
+// TestBoundedState: once every lock is released and the Lockers are closed,
+// the store holds nothing for them: no lease, no watch.
+func TestBoundedState(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		a, err := lock.New(client(t, store), "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := lock.New(client(t, store), "b", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 20 {
+			k := lock.Key("job", fmt.Sprint(i))
+			lk, err := a.TryAcquire(t.Context(), k, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+			b.Acquire(ctx, k, nil) // gives up: one watch opened and closed
+			cancel()
+			if i%2 == 0 {
+				lk.Release(t.Context())
+			}
+		}
+		a.Close() // releases the other half
+		b.Close()
+		synctest.Wait()
+		if n := store.Len(); n != 0 {
+			t.Errorf("store.Len after Close: got %d keys, want 0", n)
+		}
 	})
 }
