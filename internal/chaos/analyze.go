@@ -34,6 +34,13 @@ type Fault struct {
 	// Short marks a fault shorter than the renew deadline, which the leader
 	// may survive.
 	Short bool
+	// Server marks a fault of the store itself (a restart or a crash);
+	// Healed is then when the store answered again.
+	Server bool
+	// DataLoss marks a server fault after which the store came back empty,
+	// as a server without persistence does: every lease, term counter and
+	// heartbeat record was gone at Healed.
+	DataLoss bool
 }
 
 // Run is everything a run produced.
@@ -47,6 +54,14 @@ type Run struct {
 	// Bound is the longest time without a leader allowed after a fault
 	// (TTL + margin + scheduling slack).
 	Bound time.Duration
+	// DataLossWindow is how long after a store that lost its data answers
+	// again (Fault.Healed) a leader of a lease acquired before may still
+	// believe it leads: RenewInterval + RequestTimeout + scheduling slack.
+	// See README.md, "The data-loss window".
+	DataLossWindow time.Duration
+	// ServerBound is the longest time allowed from a restarted store
+	// answering again to a leader holding a lease in it (TTL + 1 s).
+	ServerBound time.Duration
 }
 
 // Interval is one acquisition of the lease, as a process's log tells it.
@@ -106,11 +121,37 @@ type Report struct {
 	// before any newer term had written and are ordered before all of its
 	// writes.
 	LateAccepted, LateRejected int
-	StaleAccepted              int // accepted writes with a term below an earlier accepted one: must be 0
+	StaleAccepted              int // accepted writes with a term below an earlier write's: must be 0
 	PastDeadline               int // writes whose check passed after the writer's deadline: must be 0
-	Overlaps                   int // pairs of overlapping intervals: must be 0
-	CtxLags                    int
-	CtxLagMax                  time.Duration // IsLeader false → leader context cancelled, running processes only
+	// Overlaps counts the pairs of overlapping intervals that no data loss
+	// explains: must be 0.
+	Overlaps int
+	// DataLossFaults counts the server faults that lost the store's data.
+	// DataLossOverlaps counts the pairs of overlapping intervals inside a
+	// data-loss window (README.md, "The data-loss window"), and
+	// DataLossOverlapMax is the longest of them.
+	DataLossFaults     int
+	DataLossOverlaps   int
+	DataLossOverlapMax time.Duration
+	// StaleRejectedDataLoss counts the rejected (fenced) writes that arrived
+	// inside a data-loss window.
+	StaleRejectedDataLoss int
+	// TermsAcrossDataLoss counts the data-loss faults after which the first
+	// new term was checked to be above every term acquired before.
+	TermsAcrossDataLoss int
+	// ServerFaults counts the restarts and crashes of the store;
+	// ServerGapMax is the longest time from the store answering again to a
+	// leader holding a lease in it, and NewLeadersMax the most leaderships
+	// begun after one of them before the next fault (at most 1: no cascade).
+	ServerFaults  int
+	ServerGapMax  time.Duration
+	NewLeadersMax int
+	// SameID counts the same-ID faults (a second process campaigning with
+	// the leader's instance ID, stopped, removing the shared member record),
+	// SameIDKept those the leader led through.
+	SameID, SameIDKept int
+	CtxLags            int
+	CtxLagMax          time.Duration // IsLeader false → leader context cancelled, running processes only
 	// StepDowns counts terms ended by their renew deadline in a process
 	// that was not paused around it; StepDownLagMax is the longest time
 	// from the derived deadline to the LeadershipLost event among them.
@@ -155,23 +196,64 @@ func Analyze(run Run) *Report {
 	}
 	r.Changes = max(r.Terms-1, 0)
 
-	// Terms strictly increase with time, and intervals never overlap.
-	var prev *Interval
-	var maxEnd *Interval
-	for _, iv := range ivs {
-		if prev != nil && iv.Term <= prev.Term {
+	faults := slices.Clone(run.Faults)
+	slices.SortFunc(faults, func(a, b Fault) int { return cmp.Compare(a.At, b.At) })
+	var lossy []Fault
+	for _, f := range faults {
+		if f.DataLoss {
+			lossy = append(lossy, f)
+		}
+	}
+	r.DataLossFaults = len(lossy)
+
+	// Terms strictly increase with time, and intervals never overlap, except
+	// inside a data-loss window.
+	for i, iv := range ivs {
+		if i > 0 && iv.Term <= ivs[i-1].Term {
+			prev := ivs[i-1]
 			r.violate("term order: %s term %d acquired at %s after %s term %d (acquired at %s)",
 				iv.ID, iv.Term, ms(iv.Start), prev.ID, prev.Term, ms(prev.Start))
 		}
-		if maxEnd != nil && iv.Start < maxEnd.End {
-			r.Overlaps++
-			r.violate("overlap: %s term %d started at %s, %s before %s term %d ended (%s)",
-				iv.ID, iv.Term, ms(iv.Start), ms(maxEnd.End-iv.Start), maxEnd.ID, maxEnd.Term, maxEnd.EndedBy)
+		for _, old := range ivs[:i] {
+			if old.End <= iv.Start {
+				continue
+			}
+			length := time.Duration(min(old.End, iv.End) - iv.Start)
+			f, outlasted := dataLossCause(lossy, run.DataLossWindow, old, iv)
+			switch {
+			case f != nil && !outlasted:
+				r.DataLossOverlaps++
+				r.DataLossOverlapMax = max(r.DataLossOverlapMax, length)
+			case f != nil:
+				r.Overlaps++
+				r.violate("overlap outlasting the data-loss window: %s term %d started at %s, %s before %s term %d ended (%s) at %s, %s after the store came back empty at %s (window %v)",
+					iv.ID, iv.Term, ms(iv.Start), ms(old.End-iv.Start), old.ID, old.Term, old.EndedBy, ms(old.End),
+					ms(old.End-f.Healed), ms(f.Healed), run.DataLossWindow)
+			default:
+				r.Overlaps++
+				r.violate("overlap: %s term %d started at %s, %s before %s term %d ended (%s)",
+					iv.ID, iv.Term, ms(iv.Start), ms(old.End-iv.Start), old.ID, old.Term, old.EndedBy)
+			}
 		}
-		if maxEnd == nil || iv.End > maxEnd.End {
-			maxEnd = iv
+	}
+
+	// Across data loss, the first new term is above every earlier one
+	// (already implied by the order above; checked here on its own so that
+	// the summary can say it was exercised).
+	for _, f := range lossy {
+		var top uint64
+		for _, iv := range ivs {
+			if iv.Start >= f.Healed {
+				if iv.Term <= top {
+					r.violate("term after data loss: %s term %d acquired at %s, after the store came back empty at %s, is not above term %d acquired before",
+						iv.ID, iv.Term, ms(iv.Start), ms(f.Healed), top)
+				} else if top > 0 {
+					r.TermsAcrossDataLoss++
+				}
+				break
+			}
+			top = max(top, iv.Term)
 		}
-		prev = iv
 	}
 
 	// (a) A running process acts only before its deadline.
@@ -215,24 +297,32 @@ func Analyze(run Run) *Report {
 		r.StepDownLagMax = max(r.StepDownLagMax, time.Duration(iv.lostAt-d))
 	}
 
-	// The fenced store.
+	// The fenced store. Every write of a term below that of a write that
+	// arrived earlier (accepted or not) must have been rejected.
 	writers := map[uint64]string{}
-	var top uint64
+	var top, topAccepted uint64
 	for _, w := range run.Writes {
 		r.Writes++
 		if w.Accepted {
 			r.Accepted++
 			if w.Term < top {
 				r.StaleAccepted++
-				r.violate("stale write accepted: %s term %d seq %d after term %d", w.ID, w.Term, w.Seq, top)
+				r.violate("stale write accepted: %s term %d seq %d after a write of term %d", w.ID, w.Term, w.Seq, top)
 			}
-			top = max(top, w.Term)
+			topAccepted = max(topAccepted, w.Term)
 		} else {
 			r.Rejected++
-			if w.Term >= top {
-				r.violate("store rejected %s term %d seq %d although the highest term was %d", w.ID, w.Term, w.Seq, top)
+			if w.Term >= topAccepted {
+				r.violate("store rejected %s term %d seq %d although the highest term was %d", w.ID, w.Term, w.Seq, topAccepted)
+			}
+			for _, f := range lossy {
+				if f.Healed <= w.At && w.At < f.Healed+int64(run.DataLossWindow) {
+					r.StaleRejectedDataLoss++
+					break
+				}
 			}
 		}
+		top = max(top, w.Term)
 		if id, ok := writers[w.Term]; ok && id != w.ID {
 			r.violate("two writers of term %d: %s and %s", w.Term, id, w.ID)
 		}
@@ -252,8 +342,6 @@ func Analyze(run Run) *Report {
 	}
 
 	// Faults and failover.
-	faults := slices.Clone(run.Faults)
-	slices.SortFunc(faults, func(a, b Fault) int { return cmp.Compare(a.At, b.At) })
 	covering := func(t int64) *Interval {
 		for _, iv := range ivs {
 			if iv.Led && iv.Start <= t && t < iv.End {
@@ -270,6 +358,14 @@ func Analyze(run Run) *Report {
 		}
 		return nil
 	}
+	nextOther := func(t int64, inc *Interval) *Interval {
+		for _, iv := range ivs {
+			if iv.Led && iv.Start >= t && iv != inc {
+				return iv
+			}
+		}
+		return nil
+	}
 	for i, f := range faults {
 		kind := f.Kind
 		if f.Short {
@@ -281,9 +377,10 @@ func Analyze(run Run) *Report {
 			until = faults[i+1].At
 		}
 		// Failover: from the injection to the next leader, when the
-		// incumbent lost its leadership.
+		// incumbent lost its leadership. The next leader may have begun
+		// before the incumbent's end only inside a data-loss window.
 		if inc := covering(f.At); inc != nil && inc.End < until {
-			if nx := nextStart(inc.End); nx != nil {
+			if nx := nextOther(f.At, inc); nx != nil {
 				d := time.Duration(nx.Start - f.At)
 				r.FailoverN[kind]++
 				r.FailoverMax[kind] = max(r.FailoverMax[kind], d)
@@ -295,6 +392,12 @@ func Analyze(run Run) *Report {
 					}
 				}
 			}
+		}
+		if f.Server {
+			r.serverFault(f, ivs, until, run.ServerBound)
+		}
+		if f.Kind == KindSameID {
+			r.sameIDFault(f, covering(f.At))
 		}
 		// Time without a leader once the fault has healed.
 		if covering(f.Healed) == nil {
@@ -323,6 +426,84 @@ func Analyze(run Run) *Report {
 		end = max(end, iv.End)
 	}
 	return r
+}
+
+// KindSameID is the Fault.Kind of a same-ID fault: processes campaigning
+// with the leader's instance ID are started and stopped (each stop removes
+// the member record they share with the leader) while the leader runs.
+const KindSameID = "same-id"
+
+// dataLossCause returns the data-loss fault that explains the overlap of
+// old (which began first) and iv, or nil: old was acquired before the store
+// came back empty (so its lease is one the store lost), and iv was acquired
+// after (the now-empty key). outlasted reports that old's belief went on
+// past the data-loss window, which data loss does not excuse.
+func dataLossCause(lossy []Fault, window time.Duration, old, iv *Interval) (f *Fault, outlasted bool) {
+	for i := range lossy {
+		f := &lossy[i]
+		if old.Start < f.Healed && f.Healed <= iv.Start && iv.Start < f.Healed+int64(window) {
+			return f, old.End > f.Healed+int64(window)
+		}
+	}
+	return nil, false
+}
+
+// serverFault checks what follows a restart or crash of the store: a leader
+// holding a lease in the store within bound of it answering again, and at
+// most one new leadership before the next fault (until).
+func (r *Report) serverFault(f Fault, ivs []*Interval, until int64, bound time.Duration) {
+	r.ServerFaults++
+	up := f.Healed
+	var first *Interval
+	started := 0
+	for _, iv := range ivs {
+		if !iv.Led {
+			continue
+		}
+		// Without data loss, a leader whose lease outlived the outage is
+		// still the leader when the store is back.
+		if !f.DataLoss && iv.Start < up && up < iv.End && first == nil {
+			first = iv
+		}
+		if iv.Start >= up && iv.Start < until {
+			started++
+			if first == nil {
+				first = iv
+			}
+		}
+	}
+	r.NewLeadersMax = max(r.NewLeadersMax, started)
+	if started > 1 {
+		r.violate("cascade: %d leaderships began after %s came back at %s, before the next fault; want at most 1", started, f.Kind, ms(up))
+	}
+	if first == nil {
+		r.violate("no leader after %s: the store came back at %s and nobody acquired before the next fault", f.Kind, ms(up))
+		return
+	}
+	gap := time.Duration(max(first.Start-up, 0))
+	r.ServerGapMax = max(r.ServerGapMax, gap)
+	if bound > 0 && gap > bound {
+		r.violate("slow leader after %s: the store came back at %s, %s term %d acquired %v later (bound %v)",
+			f.Kind, ms(up), first.ID, first.Term, gap, bound)
+	}
+}
+
+// sameIDFault checks that the leader led through a same-ID fault, and above
+// all that its lease was not taken from it: the backend reporting its lease
+// lost means that someone deleted or replaced a live lease.
+func (r *Report) sameIDFault(f Fault, inc *Interval) {
+	r.SameID++
+	if inc == nil || inc.ID != f.Target {
+		return
+	}
+	if inc.End >= f.Healed {
+		r.SameIDKept++
+		return
+	}
+	if inc.reason == "lease lost" {
+		r.violate("same-id: %s lost its live lease (term %d) at %s during a same-ID fault begun at %s",
+			inc.ID, inc.Term, ms(inc.End), ms(f.At))
+	}
 }
 
 func stoppedDuring(p Proc, from, to int64) bool {
@@ -475,7 +656,18 @@ func (r *Report) String() string {
 		fmt.Fprintln(&b, line)
 	}
 	fmt.Fprintf(&b, "acquisitions: %d, terms that led: %d, leadership changes: %d\n", r.Acquisitions, r.Terms, r.Changes)
-	fmt.Fprintf(&b, "overlapping leadership intervals: %d\n", r.Overlaps)
+	fmt.Fprintf(&b, "overlapping leadership intervals outside data-loss windows: %d\n", r.Overlaps)
+	if r.DataLossFaults > 0 {
+		fmt.Fprintf(&b, "data loss: %d server faults lost the store's data; overlaps inside data-loss windows: %d, max length %v; stale writes rejected inside them: %d; new term above all earlier ones after %d of them\n",
+			r.DataLossFaults, r.DataLossOverlaps, r.DataLossOverlapMax.Round(time.Microsecond), r.StaleRejectedDataLoss, r.TermsAcrossDataLoss)
+	}
+	if r.ServerFaults > 0 {
+		fmt.Fprintf(&b, "server restarts and crashes: %d; max time from the store answering again to a leader: %v; most leaderships begun after one: %d\n",
+			r.ServerFaults, r.ServerGapMax.Round(time.Millisecond), r.NewLeadersMax)
+	}
+	if r.SameID > 0 {
+		fmt.Fprintf(&b, "same-ID faults: %d, the leader led through %d\n", r.SameID, r.SameIDKept)
+	}
 	fmt.Fprintf(&b, "checks passed after the renew deadline: %d\n", r.PastDeadline)
 	fmt.Fprintf(&b, "store: %d writes, %d accepted, %d rejected (fenced); stale-term writes accepted: %d\n",
 		r.Writes, r.Accepted, r.Rejected, r.StaleAccepted)

@@ -73,6 +73,165 @@ func handOver() chaos.Run {
 	}
 }
 
+// dataLoss is a clean history across a restart that lost the store's data:
+// a leads term 1; the store goes down at 900 and answers again, empty, at
+// 1000; b acquires the empty key at 1050 (term 2) while a still believes it
+// leads; a's renewal sent at 1200 finds its lease gone and a steps down at
+// 1210. The overlap [1050, 1210) lies inside the data-loss window, which
+// ends at 1000 + 1050.
+func dataLoss() chaos.Run {
+	return chaos.Run{
+		Procs: []chaos.Proc{
+			{ID: "a", Lines: []chaos.Line{
+				startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25), write(1, 1, 30),
+				renew(1, 400, 410), renew(1, 800, 810), write(1, 2, 1080), lost(1, 1210, "lease lost"),
+			}},
+			{ID: "b", Lines: []chaos.Line{
+				startLine("b"), hb(0, 5), acquire(2, 1040, 1050), lead(2, 1055), write(2, 1, 1060),
+			}},
+		},
+		Faults: []chaos.Fault{{Kind: "redis-restart-nopersist", At: msT(900), Healed: msT(1000), Server: true, DataLoss: true}},
+		Writes: []chaos.Write{
+			storeWrite("a", 1, 1, 50, true), storeWrite("b", 2, 1, 1075, true), storeWrite("a", 1, 2, 1100, false),
+		},
+		End:            msT(3000),
+		Bound:          4100 * time.Millisecond,
+		DataLossWindow: 1050 * time.Millisecond,
+		ServerBound:    3 * time.Second,
+	}
+}
+
+// TestAnalyzeDataLoss proves that each check around data loss and same-ID
+// processes fails on a history that breaks it.
+func TestAnalyzeDataLoss(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(r *chaos.Run)
+		want   string // substring of a violation; "" means none
+	}{
+		{name: "overlap inside the data-loss window", modify: func(*chaos.Run) {}},
+		{
+			name:   "the same overlap without data loss",
+			modify: func(r *chaos.Run) { r.Faults[0].DataLoss = false },
+			want:   "overlap: b term 2",
+		},
+		{
+			name: "the old leader believes past the window",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines[8] = lost(1, 2100, "lease lost") // window ends at 2050
+			},
+			want: "overlap outlasting the data-loss window",
+		},
+		{
+			name: "a follower acquires after the window, the old leader still leading",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = append(r.Procs[0].Lines[:8], renew(1, 1200, 1210), renew(1, 1600, 1610), renew(1, 2000, 2010), lost(1, 2200, "lease lost"))
+				r.Procs[1].Lines[2] = acquire(2, 2090, 2100) // window ends at 2050
+				r.Writes = r.Writes[:1]
+			},
+			want: "overlap: b term 2",
+		},
+		{
+			name: "cascade: a second leadership after one restart",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].Lines = append(r.Procs[1].Lines, lost(2, 1400, "resigned"), release(2, 1401))
+				r.Procs = append(r.Procs, chaos.Proc{ID: "c", Lines: []chaos.Line{
+					startLine("c"), hb(0, 5), acquire(3, 1500, 1510), lead(3, 1515),
+				}})
+			},
+			want: "cascade",
+		},
+		{
+			name: "term below an earlier one after data loss",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines[2], r.Procs[0].Lines[3], r.Procs[0].Lines[4] = acquire(5, 10, 20), lead(5, 25), write(5, 1, 30)
+				r.Procs[0].Lines[5], r.Procs[0].Lines[6], r.Procs[0].Lines[7] = renew(5, 400, 410), renew(5, 800, 810), write(5, 2, 1080)
+				r.Procs[0].Lines[8] = lost(5, 1210, "lease lost")
+				r.Writes = []chaos.Write{storeWrite("a", 5, 1, 50, true)}
+			},
+			want: "term after data loss",
+		},
+		{
+			name: "stale write accepted inside the window",
+			modify: func(r *chaos.Run) {
+				r.Writes[2].Accepted = true
+			},
+			want: "stale write accepted",
+		},
+		{
+			name: "no leader within TTL + 1 s of the store coming back",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].Lines[2] = acquire(2, 4040, 4050)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 4055), write(2, 1, 4060)
+				r.Writes = r.Writes[:1]
+				r.End = msT(5000)
+			},
+			want: "slow leader after redis-restart-nopersist",
+		},
+		{
+			name: "same-ID process takes the live lease",
+			modify: func(r *chaos.Run) {
+				r.Faults = []chaos.Fault{{Kind: chaos.KindSameID, Target: "a", At: msT(500), Healed: msT(1300)}}
+				r.Procs[0].Lines = r.Procs[0].Lines[:6]
+				r.Procs[0].Lines = append(r.Procs[0].Lines, lost(1, 700, "lease lost"))
+				r.Writes = r.Writes[:2]
+			},
+			want: "same-id: a lost its live lease",
+		},
+		{
+			name: "same-ID fault with the leader losing by its deadline",
+			modify: func(r *chaos.Run) {
+				r.Faults = []chaos.Fault{{Kind: chaos.KindSameID, Target: "a", At: msT(500), Healed: msT(1300)}}
+				r.Procs[0].Lines = r.Procs[0].Lines[:6]
+				r.Procs[0].Lines = append(r.Procs[0].Lines, lost(1, 700, "renew deadline passed"))
+				r.Writes = r.Writes[:2]
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			run := dataLoss()
+			tt.modify(&run)
+			r := chaos.Analyze(run)
+			if tt.want == "" {
+				if !r.OK() {
+					t.Fatalf("got violations %q, want none", r.Violations)
+				}
+				return
+			}
+			for _, v := range r.Violations {
+				if strings.Contains(v, tt.want) {
+					return
+				}
+			}
+			t.Fatalf("got violations %q, want one containing %q", r.Violations, tt.want)
+		})
+	}
+}
+
+// TestAnalyzeDataLossCounts checks the data-loss figures of the summary.
+func TestAnalyzeDataLossCounts(t *testing.T) {
+	r := chaos.Analyze(dataLoss())
+	if !r.OK() {
+		t.Fatalf("got violations %q, want none", r.Violations)
+	}
+	if r.Overlaps != 0 || r.DataLossFaults != 1 || r.DataLossOverlaps != 1 || r.DataLossOverlapMax != 160*time.Millisecond {
+		t.Fatalf("got overlaps %d, data-loss faults %d, data-loss overlaps %d (max %v); want 0, 1, 1 (max 160ms)",
+			r.Overlaps, r.DataLossFaults, r.DataLossOverlaps, r.DataLossOverlapMax)
+	}
+	if r.StaleRejectedDataLoss != 1 || r.TermsAcrossDataLoss != 1 {
+		t.Fatalf("got stale writes rejected in the window %d, terms checked across data loss %d; want 1, 1",
+			r.StaleRejectedDataLoss, r.TermsAcrossDataLoss)
+	}
+	if r.ServerFaults != 1 || r.ServerGapMax != 50*time.Millisecond || r.NewLeadersMax != 1 {
+		t.Fatalf("got server faults %d, gap to a leader %v, new leaderships %d; want 1, 50ms, 1",
+			r.ServerFaults, r.ServerGapMax, r.NewLeadersMax)
+	}
+	if s := r.String(); !strings.Contains(s, "overlaps inside data-loss windows: 1, max length 160ms") {
+		t.Fatalf("summary lacks the data-loss window's figures:\n%s", s)
+	}
+}
+
 // TestAnalyzeCatches proves that each check fails on a history that breaks
 // its property, and passes on the same history without the break.
 func TestAnalyzeCatches(t *testing.T) {

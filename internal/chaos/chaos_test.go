@@ -2,6 +2,7 @@ package chaos_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"github.com/sovereign-go/sovereign/internal/chaos"
@@ -36,16 +38,46 @@ var (
 
 // Timing of the candidates: short, so that many faults fit in a run.
 const (
-	ttl           = 2 * time.Second
-	renewDeadline = 1400 * time.Millisecond
-	renewInterval = 400 * time.Millisecond
+	ttl            = 2 * time.Second
+	renewDeadline  = 1400 * time.Millisecond
+	renewInterval  = 400 * time.Millisecond
+	requestTimeout = 400 * time.Millisecond
+	// dataLossWindow is how long after a store that lost its data answers
+	// again a leader of a lease acquired before may still believe it leads:
+	// its first renewal after that is sent within a renew interval (sooner
+	// after a failed one) and fails (lease lost) within the request
+	// timeout; 250 ms of scheduling slack on a loaded machine. See
+	// README.md, "The data-loss window".
+	dataLossWindow = renewInterval + requestTimeout + 250*time.Millisecond
+	// serverBound bounds the time from a restarted store answering again
+	// to a leader holding a lease in it.
+	serverBound = ttl + time.Second
 	// leaderWait bounds every wait for a leader to appear; far longer than
 	// any failover should take, so that only a stuck election trips it.
 	leaderWait = 20 * time.Second
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, testetcd.IgnoredGoroutines()...)
+	goleak.VerifyTestMain(cleanupM{m}, testetcd.IgnoredGoroutines()...)
+}
+
+// cleanupM removes the candidate binary after the tests.
+type cleanupM struct{ m *testing.M }
+
+func (c cleanupM) Run() int {
+	code := c.m.Run()
+	if candidate.dir != "" {
+		os.RemoveAll(candidate.dir)
+	}
+	return code
+}
+
+// candidate is the candidate binary, built once for all the tests of a run.
+var candidate struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
 }
 
 func duration() time.Duration {
@@ -79,19 +111,71 @@ func TestAnalyzeSaved(t *testing.T) {
 	}
 }
 
-// TestChaosRedis runs the checker against a real redis-server (with an
-// append-only file, fsync always, so that a restart keeps leases and term
-// counters).
+// TestChaosRedis runs the checker against a real redis-server with an
+// append-only file, fsync always, so that a plain restart or crash keeps
+// leases and term counters. The -nopersist restarts and crashes delete the
+// append-only file while the server is down, so it comes back empty, as a
+// server run with --save ” --appendonly no does: every lease, term counter
+// and heartbeat record is lost.
 func TestChaosRedis(t *testing.T) {
 	srv := testredis.StartConfig(t, testredis.Config{Persistent: true})
+	admin := srv.NewClient(t, nil)
+	dir := configGet(t, admin, "dir")
+	aofDir := filepath.Join(dir, configGet(t, admin, "appenddirname"))
+	// outage stops the server with halt, wipes its data when lose is set,
+	// keeps it down for down and starts it again; a marker key written
+	// before proves that the data survived, or did not.
+	outage := func(halt func(t *testing.T), lose bool) func(*testing.T, time.Duration) {
+		return func(t *testing.T, down time.Duration) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := admin.Set(ctx, markerKey, "1", 0).Err(); err != nil {
+				t.Errorf("set the marker key before an outage: %v", err)
+			}
+			halt(t)
+			if lose {
+				if err := os.RemoveAll(aofDir); err != nil {
+					t.Errorf("wipe the append-only files: %v", err)
+				}
+			}
+			pause(down)
+			srv.Start(t)
+			n, err := admin.Exists(ctx, markerKey).Result()
+			if want := int64(map[bool]int{false: 1, true: 0}[lose]); err != nil || n != want {
+				t.Errorf("after the outage (data lost: %v): got %d marker keys (err %v), want %d", lose, n, err, want)
+			}
+		}
+	}
+	restart := func(*testing.T) { srv.Stop() }
+	crash := func(t *testing.T) { srv.Kill(t) }
+	restartLost := faultKind{name: "redis-restart-nopersist", server: outage(restart, true), dataLoss: true, shortOdds: 2}
 	runChaos(t, "redis", srv.Addr(), []faultKind{
-		kill, stop, cut, drop, latency,
+		kill, stop, cut, drop, latency, sameID,
 		// The server stays down for a while: mostly longer than the TTL,
 		// so the leader steps down and its lease expires while nobody can
 		// reach the store.
-		{name: "redis-restart", server: func(t *testing.T, down time.Duration) { srv.Stop(); pause(down); srv.Start(t) }},
-		{name: "redis-crash", server: func(t *testing.T, down time.Duration) { srv.Kill(t); pause(down); srv.Start(t) }},
-	})
+		{name: "redis-restart", server: outage(restart, false), shortOdds: 5},
+		{name: "redis-crash", server: outage(crash, false), shortOdds: 5},
+		// Half of these are short, so that the leader is still leading
+		// when the store comes back empty: the data-loss window.
+		restartLost,
+		{name: "redis-crash-nopersist", server: outage(crash, true), dataLoss: true, shortOdds: 2},
+	}, []planned{{restartLost, true}, {sameID, false}})
+}
+
+// markerKey is written before every Redis outage, outside the election's
+// keys, to check afterwards whether the server kept its data.
+const markerKey = "chaos:marker"
+
+func configGet(t *testing.T, c *redis.Client, name string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, err := c.ConfigGet(ctx, name).Result()
+	if err != nil || m[name] == "" {
+		t.Fatalf("CONFIG GET %s: got %v (err %v)", name, m, err)
+	}
+	return m[name]
 }
 
 // TestChaosEtcd runs the checker against an embedded one-member etcd.
@@ -101,36 +185,50 @@ func TestChaosEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runChaos(t, "etcd", u.Host, []faultKind{kill, stop, cut, drop, latency})
+	runChaos(t, "etcd", u.Host, []faultKind{kill, stop, cut, drop, latency, sameID}, []planned{{sameID, false}})
 }
 
 // faultKind is a kind of fault: on the leader process, on its proxy, or on
 // the server.
 type faultKind struct {
-	name   string
-	proxy  chaos.Mode                             // for proxy faults
-	signal bool                                   // SIGSTOP/SIGCONT
-	server func(t *testing.T, down time.Duration) // for server faults
-	isKill bool                                   // SIGKILL and a replacement
+	name     string
+	proxy    chaos.Mode                             // for proxy faults
+	signal   bool                                   // SIGSTOP/SIGCONT
+	server   func(t *testing.T, down time.Duration) // for server faults
+	dataLoss bool                                   // the server comes back empty
+	isKill   bool                                   // SIGKILL and a replacement
+	sameID   bool                                   // processes with the leader's instance ID come and go
+	// shortOdds: one in shortOdds of these faults lasts less than the
+	// renew deadline, so the leader may survive it (0: none).
+	shortOdds int
+}
+
+// planned is a fault injected before the random ones, so that even the
+// short form exercises it.
+type planned struct {
+	kind  faultKind
+	short bool
 }
 
 var (
 	kill    = faultKind{name: "kill", isKill: true}
-	stop    = faultKind{name: "stop", signal: true}
-	cut     = faultKind{name: "cut", proxy: chaos.Cut}
-	drop    = faultKind{name: "drop", proxy: chaos.Drop}
-	latency = faultKind{name: "latency", proxy: chaos.Latency}
+	stop    = faultKind{name: "stop", signal: true, shortOdds: 5}
+	cut     = faultKind{name: "cut", proxy: chaos.Cut, shortOdds: 5}
+	drop    = faultKind{name: "drop", proxy: chaos.Drop, shortOdds: 5}
+	latency = faultKind{name: "latency", proxy: chaos.Latency, shortOdds: 5}
+	sameID  = faultKind{name: chaos.KindSameID, sameID: true}
 )
 
 // proc is one candidate process.
 type proc struct {
-	id      string
-	slot    int
-	cmd     *exec.Cmd
-	logPath string
-	errPath string
-	done    chan struct{} // closed when the process has exited
-	err     error         // exit error, set before done is closed
+	id       string // unique name: log file, writes to the store
+	instance string // instance ID it campaigns as
+	slot     int
+	cmd      *exec.Cmd
+	logPath  string
+	errPath  string
+	done     chan struct{} // closed when the process has exited
+	err      error         // exit error, set before done is closed
 
 	killedAt int64
 	stops    [][2]int64
@@ -143,23 +241,24 @@ type harness struct {
 	bin     string
 	logs    string
 	store   *chaos.Store
-	proxies []*chaos.Proxy
+	proxies []*chaos.Proxy // one per slot; the last one is the twins' (same-ID faults)
 	gens    []int
 	rng     *rand.Rand
+	twin    int // the slot of same-ID processes
 
 	mu    sync.Mutex // guards procs, cur
 	procs []*proc
 	cur   map[int]*proc // running process of each slot
 }
 
-func runChaos(t *testing.T, backendName, target string, kinds []faultKind) {
+func runChaos(t *testing.T, backendName, target string, kinds []faultKind, first []planned) {
 	seed := *flagSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
 	dur := duration()
-	t.Logf("chaos %s: seed %d (-chaos.seed=%d), %d candidates, faults for %v, TTL %v, renew deadline %v, renew interval %v",
-		backendName, seed, seed, *flagCandidates, dur, ttl, renewDeadline, renewInterval)
+	t.Logf("chaos %s: seed %d (-chaos.seed=%d), %d candidates, faults for %v, TTL %v, renew deadline %v, renew interval %v, request timeout %v, data-loss window %v",
+		backendName, seed, seed, *flagCandidates, dur, ttl, renewDeadline, renewInterval, requestTimeout, dataLossWindow)
 
 	h := &harness{t: t, backend: backendName, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), cur: map[int]*proc{}}
 	h.bin = buildCandidate(t)
@@ -172,8 +271,9 @@ func runChaos(t *testing.T, backendName, target string, kinds []faultKind) {
 	t.Cleanup(func() { _ = store.Close() })
 	h.store = store
 	n := *flagCandidates
-	h.gens = make([]int, n)
-	for range n {
+	h.twin = n
+	h.gens = make([]int, n+1)
+	for range n + 1 {
 		p, err := chaos.NewProxy(target)
 		if err != nil {
 			t.Fatal(err)
@@ -184,9 +284,9 @@ func runChaos(t *testing.T, backendName, target string, kinds []faultKind) {
 	// However the test ends, no candidate outlives it.
 	t.Cleanup(h.killAll)
 	for slot := range n {
-		h.start(slot)
+		h.start(slot, "")
 	}
-	if _, ok := h.waitLeader(0); !ok {
+	if _, ok := h.waitLeader(0, 0); !ok {
 		t.Fatalf("no leader within %v of starting %d candidates; logs in %s", leaderWait, n, h.logs)
 	}
 
@@ -196,17 +296,32 @@ func runChaos(t *testing.T, backendName, target string, kinds []faultKind) {
 		pause(300*time.Millisecond + rand.N(700*time.Millisecond))
 		leader, ok := h.leaderNow()
 		if !ok {
-			if leader, ok = h.waitLeader(0); !ok {
+			if leader, ok = h.waitLeader(0, 0); !ok {
 				t.Fatalf("no leader for %v; logs in %s", leaderWait, h.logs)
 			}
 		}
 		k := kinds[h.rng.IntN(len(kinds))]
-		f := h.inject(k, leader)
+		d, short := h.faultDuration(k)
+		if i := len(faults); i < len(first) {
+			k = first[i].kind
+			if d, short = h.faultDuration(k); first[i].short {
+				d, short = h.shortDuration(), true
+			}
+		}
+		var above uint64
+		if k.dataLoss {
+			// The old leader may write on for a moment after the store
+			// came back empty: wait for a new term.
+			if w, ok := h.store.Last(); ok {
+				above = w.Term
+			}
+		}
+		f := h.inject(k, leader, d, short)
 		faults = append(faults, f)
 		if len(faults)%25 == 0 {
 			t.Logf("chaos %s: %d faults injected, %v left", backendName, len(faults), time.Until(end).Round(time.Second))
 		}
-		if _, ok := h.waitLeader(f.Healed); !ok {
+		if _, ok := h.waitLeader(f.Healed, above); !ok {
 			t.Errorf("no leader within %v after %s of %s healed; logs in %s", leaderWait, f.Kind, f.Target, h.logs)
 			break
 		}
@@ -214,7 +329,12 @@ func runChaos(t *testing.T, backendName, target string, kinds []faultKind) {
 	runEnd := chaos.Now()
 	h.stopAll()
 
-	run := chaos.Run{Faults: faults, Writes: store.Writes(), End: runEnd, Bound: ttl + (ttl - renewDeadline) + *flagSlack}
+	run := chaos.Run{
+		Faults: faults, Writes: store.Writes(), End: runEnd,
+		Bound:          ttl + (ttl - renewDeadline) + *flagSlack,
+		DataLossWindow: dataLossWindow,
+		ServerBound:    serverBound,
+	}
 	h.mu.Lock()
 	procs := h.procs
 	h.mu.Unlock()
@@ -242,27 +362,41 @@ func runChaos(t *testing.T, backendName, target string, kinds []faultKind) {
 // faults, not a synchronisation.
 func pause(d time.Duration) { time.Sleep(d) }
 
+// buildCandidate builds the candidate binary (once per test binary run)
+// and returns its path.
 func buildCandidate(t *testing.T) string {
 	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go command is needed to build the candidate: %v", err)
+	candidate.once.Do(func() {
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			candidate.err = fmt.Errorf("the go command is needed to build the candidate: %w", err)
+			return
+		}
+		if candidate.dir, err = os.MkdirTemp("", "sovereign-chaos-candidate-"); err != nil {
+			candidate.err = err
+			return
+		}
+		bin := filepath.Join(candidate.dir, "candidate")
+		args := []string{"build", "-o", bin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		args = append(args, "./candidate")
+		cmd := exec.Command(goBin, args...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		start := time.Now()
+		if err := cmd.Run(); err != nil {
+			candidate.err = fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out.String())
+			return
+		}
+		candidate.bin = bin
+		t.Logf("built the candidate (race %v) in %v", raceEnabled, time.Since(start).Round(time.Millisecond))
+	})
+	if candidate.err != nil {
+		t.Fatal(candidate.err)
 	}
-	bin := filepath.Join(t.TempDir(), "candidate")
-	args := []string{"build", "-o", bin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	args = append(args, "./candidate")
-	cmd := exec.Command(goBin, args...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	start := time.Now()
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out.String())
-	}
-	t.Logf("built the candidate (race %v) in %v", raceEnabled, time.Since(start).Round(time.Millisecond))
-	return bin
+	return candidate.bin
 }
 
 func logDir(t *testing.T, name string) string {
@@ -285,16 +419,24 @@ func logDir(t *testing.T, name string) string {
 	return dir
 }
 
-// start starts a new generation of the candidate of slot.
-func (h *harness) start(slot int) *proc {
+// start starts a new generation of the candidate of slot, campaigning as
+// instance (its own name when empty).
+func (h *harness) start(slot int, instance string) *proc {
 	h.gens[slot]++
 	id := fmt.Sprintf("c%d.%d", slot+1, h.gens[slot])
+	if slot == h.twin {
+		id = fmt.Sprintf("twin.%d", h.gens[slot])
+	}
+	if instance == "" {
+		instance = id
+	}
 	p := &proc{
-		id:      id,
-		slot:    slot,
-		logPath: filepath.Join(h.logs, id+".jsonl"),
-		errPath: filepath.Join(h.logs, id+".stderr"),
-		done:    make(chan struct{}),
+		id:       id,
+		instance: instance,
+		slot:     slot,
+		logPath:  filepath.Join(h.logs, id+".jsonl"),
+		errPath:  filepath.Join(h.logs, id+".stderr"),
+		done:     make(chan struct{}),
 	}
 	stderr, err := os.Create(p.errPath)
 	if err != nil {
@@ -305,10 +447,12 @@ func (h *harness) start(slot int) *proc {
 		"-addr", h.proxies[slot].Addr(),
 		"-store", h.store.URL(),
 		"-id", id,
+		"-instance", instance,
 		"-log", p.logPath,
 		"-ttl", ttl.String(),
 		"-renew-deadline", renewDeadline.String(),
 		"-renew-interval", renewInterval.String(),
+		"-request-timeout", requestTimeout.String(),
 	)
 	p.cmd.Stderr = stderr
 	// Die with the test process, should it die without cleaning up.
@@ -350,12 +494,12 @@ func (h *harness) leaderNow() (string, bool) {
 	return w.ID, h.byID(w.ID) != nil
 }
 
-// waitLeader waits until a running process has had a write accepted after
-// since, and returns its ID.
-func (h *harness) waitLeader(since int64) (string, bool) {
+// waitLeader waits until a running process has had a write with a term
+// above above accepted after since, and returns its ID.
+func (h *harness) waitLeader(since int64, above uint64) (string, bool) {
 	deadline := time.Now().Add(leaderWait)
 	for time.Now().Before(deadline) {
-		if w, ok := h.store.Last(); ok && w.At > since && chaos.Now()-w.At < int64(250*time.Millisecond) && h.byID(w.ID) != nil {
+		if w, ok := h.store.Last(); ok && w.At > since && w.Term > above && chaos.Now()-w.At < int64(250*time.Millisecond) && h.byID(w.ID) != nil {
 			return w.ID, true
 		}
 		time.Sleep(10 * time.Millisecond) // polling the store for an observable condition
@@ -363,26 +507,77 @@ func (h *harness) waitLeader(since int64) (string, bool) {
 	return "", false
 }
 
-// faultDuration returns how long a fault lasts: mostly longer than the TTL
-// (the leader must lose), sometimes shorter than the renew deadline (it may
-// survive).
-func (h *harness) faultDuration() (time.Duration, bool) {
-	if h.rng.IntN(5) == 0 {
-		return 100*time.Millisecond + time.Duration(h.rng.Int64N(int64(600*time.Millisecond))), true
+// waitHeartbeat waits until p has logged a successful heartbeat (so it
+// runs, handles SIGTERM, and has written the member record of its instance
+// ID), and reports whether it did within leaderWait.
+func (h *harness) waitHeartbeat(p *proc) bool {
+	deadline := time.Now().Add(leaderWait)
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			return false
+		default:
+		}
+		lines, _ := chaos.ReadLines(p.logPath)
+		for _, l := range lines {
+			if l.Ev == chaos.EvHeartbeat && l.Err == "" {
+				return true
+			}
+		}
+		time.Sleep(10 * time.Millisecond) // polling the process's log for an observable condition
+	}
+	return false
+}
+
+// faultDuration returns how long a fault of kind k lasts: mostly longer
+// than the TTL (the leader must lose), sometimes (one in k.shortOdds)
+// shorter than the renew deadline (it may survive).
+func (h *harness) faultDuration(k faultKind) (time.Duration, bool) {
+	if k.shortOdds > 0 && h.rng.IntN(k.shortOdds) == 0 {
+		return h.shortDuration(), true
 	}
 	return ttl + 300*time.Millisecond + time.Duration(h.rng.Int64N(int64(1200*time.Millisecond))), false
 }
 
-func (h *harness) inject(k faultKind, leader string) chaos.Fault {
+func (h *harness) shortDuration() time.Duration {
+	return 100*time.Millisecond + time.Duration(h.rng.Int64N(int64(600*time.Millisecond)))
+}
+
+// inject injects a fault of kind k lasting d on leader (or on the server)
+// and returns when it has healed.
+func (h *harness) inject(k faultKind, leader string, d time.Duration, short bool) chaos.Fault {
 	t := h.t
 	f := chaos.Fault{Kind: k.name, Target: leader}
 	p := h.byID(leader)
 	switch {
 	case k.server != nil:
-		d, short := h.faultDuration()
 		f.Target, f.Short = "", short
+		f.Server, f.DataLoss = true, k.dataLoss
 		f.At = chaos.Now()
 		k.server(t, d)
+		f.Healed = chaos.Now()
+	case k.sameID:
+		// Processes campaigning with the leader's instance ID come and
+		// go for d; each one removes the member record it shares with the
+		// leader when it stops. Nobody may take the leader's live lease.
+		f.At = chaos.Now()
+		if p == nil {
+			f.Healed = f.At
+			break
+		}
+		end := time.Now().Add(d)
+		for first := true; first || time.Now().Before(end); first = false {
+			tw := h.start(h.twin, p.instance)
+			if !h.waitHeartbeat(tw) {
+				t.Errorf("same-ID process %s: no successful heartbeat within %v of its start; logs in %s", tw.id, leaderWait, h.logs)
+			}
+			pause(100*time.Millisecond + time.Duration(h.rng.Int64N(int64(400*time.Millisecond))))
+			_ = tw.cmd.Process.Signal(syscall.SIGTERM)
+			h.awaitExit(tw)
+			h.mu.Lock()
+			delete(h.cur, h.twin)
+			h.mu.Unlock()
+		}
 		f.Healed = chaos.Now()
 	case k.isKill:
 		f.At = chaos.Now()
@@ -394,9 +589,8 @@ func (h *harness) inject(k faultKind, leader string) chaos.Fault {
 		<-p.done
 		p.killedAt = chaos.Now()
 		f.Healed = p.killedAt
-		h.start(p.slot)
+		h.start(p.slot, "")
 	case k.signal:
-		d, short := h.faultDuration()
 		f.Short = short
 		f.At = chaos.Now()
 		if p == nil {
@@ -409,7 +603,6 @@ func (h *harness) inject(k faultKind, leader string) chaos.Fault {
 		f.Healed = chaos.Now()
 		p.stops = append(p.stops, [2]int64{f.At, f.Healed})
 	default:
-		d, short := h.faultDuration()
 		f.Short = short
 		var delay time.Duration
 		if k.proxy == chaos.Latency {
@@ -435,7 +628,6 @@ func (h *harness) inject(k faultKind, leader string) chaos.Fault {
 // stopAll heals everything, then stops every candidate with SIGTERM and
 // checks that each exits 0 in time.
 func (h *harness) stopAll() {
-	t := h.t
 	for _, p := range h.proxies {
 		p.Heal()
 	}
@@ -449,29 +641,35 @@ func (h *harness) stopAll() {
 		_ = p.cmd.Process.Signal(syscall.SIGCONT)
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	}
-	timeout := time.After(20 * time.Second)
 	for _, p := range running {
-		select {
-		case <-p.done:
-		case <-timeout:
-			t.Errorf("candidate %s did not exit within 20s of SIGTERM; logs in %s", p.id, h.logs)
-			_ = p.cmd.Process.Kill()
-			<-p.done
-			continue
-		}
-		if p.err != nil {
-			msg, _ := os.ReadFile(p.errPath)
-			code := -1
-			var ee *exec.ExitError
-			if errors.As(p.err, &ee) {
-				code = ee.ExitCode()
-			}
-			t.Errorf("candidate %s: got exit %v (code %d), want exit 0 after SIGTERM; stderr:\n%s", p.id, p.err, code, tail(msg, 4000))
-		}
+		h.awaitExit(p)
 	}
 	h.mu.Lock()
 	clear(h.cur)
 	h.mu.Unlock()
+}
+
+// awaitExit waits (at most 20 s) for p, sent SIGTERM, to exit, and checks
+// that it exited 0.
+func (h *harness) awaitExit(p *proc) {
+	t := h.t
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		t.Errorf("candidate %s did not exit within 20s of SIGTERM; logs in %s", p.id, h.logs)
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return
+	}
+	if p.err != nil {
+		msg, _ := os.ReadFile(p.errPath)
+		code := -1
+		var ee *exec.ExitError
+		if errors.As(p.err, &ee) {
+			code = ee.ExitCode()
+		}
+		t.Errorf("candidate %s: got exit %v (code %d), want exit 0 after SIGTERM; stderr:\n%s", p.id, p.err, code, tail(msg, 4000))
+	}
 }
 
 // killAll kills whatever is still running (after a failed test).

@@ -13,7 +13,8 @@ import (
 
 // Kinds of log lines a candidate writes (Line.Ev).
 const (
-	// EvStart is the first line: the candidate's ID, pid and options.
+	// EvStart is the first line: the candidate's ID (its process name),
+	// Instance (the instance ID it campaigns as), pid and options.
 	EvStart = "start"
 	// EvAcquire is a successful backend Acquire: Term, TTL (granted), Sent
 	// and Done.
@@ -56,20 +57,21 @@ const (
 // Line is one JSON line of a candidate's log. Times are Now() readings
 // (CLOCK_MONOTONIC nanoseconds); durations are nanoseconds.
 type Line struct {
-	Ev     string `json:"ev"`
-	ID     string `json:"id,omitempty"`
-	Pid    int    `json:"pid,omitempty"`
-	T      int64  `json:"t,omitempty"`
-	Term   uint64 `json:"term,omitempty"`
-	Seq    uint64 `json:"seq,omitempty"`
-	Sent   int64  `json:"sent,omitempty"`
-	Done   int64  `json:"done,omitempty"`
-	Pre    int64  `json:"pre,omitempty"`
-	Post   int64  `json:"post,omitempty"`
-	TTL    int64  `json:"ttl,omitempty"`
-	Status string `json:"status,omitempty"`
-	Reason string `json:"reason,omitempty"`
-	Err    string `json:"err,omitempty"`
+	Ev       string `json:"ev"`
+	ID       string `json:"id,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	Pid      int    `json:"pid,omitempty"`
+	T        int64  `json:"t,omitempty"`
+	Term     uint64 `json:"term,omitempty"`
+	Seq      uint64 `json:"seq,omitempty"`
+	Sent     int64  `json:"sent,omitempty"`
+	Done     int64  `json:"done,omitempty"`
+	Pre      int64  `json:"pre,omitempty"`
+	Post     int64  `json:"post,omitempty"`
+	TTL      int64  `json:"ttl,omitempty"`
+	Status   string `json:"status,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	Err      string `json:"err,omitempty"`
 
 	// Options, on the start line.
 	OptTTL           int64 `json:"opt_ttl,omitempty"`

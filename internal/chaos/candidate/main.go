@@ -48,11 +48,13 @@ type config struct {
 	addr          string
 	store         string
 	id            string
+	instance      string
 	election      string
 	logPath       string
 	ttl           time.Duration
 	renewDeadline time.Duration
 	renewInterval time.Duration
+	reqTimeout    time.Duration
 	work          time.Duration
 	pause         time.Duration
 }
@@ -62,18 +64,23 @@ func main() {
 	flag.StringVar(&c.backend, "backend", "redis", "redis or etcd")
 	flag.StringVar(&c.addr, "addr", "", "host:port of the backend (the candidate's fault proxy)")
 	flag.StringVar(&c.store, "store", "", "base URL of the fenced store")
-	flag.StringVar(&c.id, "id", "", "instance ID")
+	flag.StringVar(&c.id, "id", "", "name of this process: in its log and in its writes to the fenced store; unique per process")
+	flag.StringVar(&c.instance, "instance", "", "instance ID the elector campaigns as (default: -id); several processes may share one")
 	flag.StringVar(&c.election, "election", "chaos", "election name")
 	flag.StringVar(&c.logPath, "log", "", "file for the JSON-lines log (default stdout)")
 	flag.DurationVar(&c.ttl, "ttl", 2*time.Second, "lease TTL")
 	flag.DurationVar(&c.renewDeadline, "renew-deadline", 1400*time.Millisecond, "renew deadline")
 	flag.DurationVar(&c.renewInterval, "renew-interval", 400*time.Millisecond, "renew interval")
+	flag.DurationVar(&c.reqTimeout, "request-timeout", 400*time.Millisecond, "bound on every backend call")
 	flag.DurationVar(&c.work, "work", 15*time.Millisecond, "time between the leadership check and the write it guards (the window a pause can hit)")
 	flag.DurationVar(&c.pause, "pause", 25*time.Millisecond, "time between two writes")
 	flag.Parse()
 	if c.addr == "" || c.store == "" || c.id == "" || (c.backend != "redis" && c.backend != "etcd") {
 		fmt.Fprintln(os.Stderr, "candidate: -addr, -store, -id and -backend redis|etcd are required")
 		os.Exit(exitUsage)
+	}
+	if c.instance == "" {
+		c.instance = c.id
 	}
 	os.Exit(run(c))
 }
@@ -133,19 +140,20 @@ func campaign(ctx context.Context, c config, lg *chaos.Logger) int {
 	defer b.Close()
 
 	opts := &sovereign.Options{
-		TTL:           c.ttl,
-		RenewDeadline: c.renewDeadline,
-		RenewInterval: c.renewInterval,
-		Metadata:      map[string]string{"pid": fmt.Sprint(os.Getpid())},
+		TTL:            c.ttl,
+		RenewDeadline:  c.renewDeadline,
+		RenewInterval:  c.renewInterval,
+		RequestTimeout: c.reqTimeout,
+		Metadata:       map[string]string{"pid": fmt.Sprint(os.Getpid())},
 	}
-	el, err := sovereign.New(b, c.election, c.id, opts)
+	el, err := sovereign.New(b, c.election, c.instance, opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "candidate:", err)
 		return exitFailed
 	}
 	o := el.Options()
 	lg.Log(chaos.Line{
-		Ev: chaos.EvStart, ID: c.id, Pid: os.Getpid(), T: chaos.Now(),
+		Ev: chaos.EvStart, ID: c.id, Instance: c.instance, Pid: os.Getpid(), T: chaos.Now(),
 		OptTTL: int64(o.TTL), OptRenewDeadline: int64(o.RenewDeadline),
 		OptRenewInterval: int64(o.RenewInterval), OptHeartbeatTTL: int64(o.HeartbeatTTL),
 	})
