@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/keeper"
 )
 
 // Sentinel errors, for errors.Is.
@@ -48,16 +50,17 @@ type Elector struct {
 	cmds chan resignRequest
 	wake chan backend.Event // watch notifications for the loop; capacity 1
 
-	mu       sync.Mutex // guards the fields below
-	state    State
-	term     uint64    // term of the current leadership; 0 when not leading
-	deadline time.Time // when the current leadership ends unless renewed (monotonic)
-	leader   Record    // last known leader; HolderID "" when none
-	started  bool
-	closed   bool
-	cancel   context.CancelFunc
-	done     chan struct{} // set in New, never reassigned: closed when every goroutine of the elector has ended
-	closing  chan struct{} // closed when Close has finished; nil before Close
+	mu      sync.Mutex // guards the fields below
+	state   State
+	term    uint64       // term of the current leadership; 0 when not leading
+	hold    *keeper.Hold // the lease of the current leadership; nil when not leading
+	leader  Record       // last known leader; HolderID "" when none
+	stale   staleState   // what this elector knows of the leader's heartbeats
+	started bool
+	closed  bool
+	cancel  context.CancelFunc
+	done    chan struct{} // set in New, never reassigned: closed when every goroutine of the elector has ended
+	closing chan struct{} // closed when Close has finished; nil before Close
 
 	wg sync.WaitGroup // the loop goroutine and leader-function goroutines
 }
@@ -73,10 +76,19 @@ func New(b backend.Backend, name, id string, opts *Options) (*Elector, error) {
 		return nil, fmt.Errorf("%w: empty election name", ErrInvalidOptions)
 	case id == "":
 		return nil, fmt.Errorf("%w: empty instance ID", ErrInvalidOptions)
+	case strings.HasPrefix(name, backend.LockKeyPrefix):
+		return nil, fmt.Errorf("%w: election name %q: names beginning with %q are reserved for package lock",
+			ErrInvalidOptions, name, backend.LockKeyPrefix)
+	}
+	if err := b.ValidateKey(name); err != nil {
+		return nil, fmt.Errorf("%w: election name %q cannot be stored by this backend: %w", ErrInvalidOptions, name, err)
 	}
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if min := b.MinTTL(); o.TTL < min {
+		return nil, fmt.Errorf("%w: TTL (%v) is below the backend's minimum of %v", ErrInvalidOptions, o.TTL, min)
 	}
 	log := o.Logger.With("election", name, "id", id)
 	e := &Elector{
@@ -204,7 +216,7 @@ func (e *Elector) IsLeader() bool {
 }
 
 func (e *Elector) leadingLocked() bool {
-	return e.state == Leader && time.Now().Before(e.deadline)
+	return e.state == Leader && e.hold != nil && e.hold.Held()
 }
 
 // State returns the elector's state. Like IsLeader, it reports Follower
@@ -358,7 +370,10 @@ func (e *Elector) failed(msg string, err error) {
 // forwarding events to the loop. After every (re)subscription it wakes the
 // loop once, since changes may have been missed while unsubscribed.
 func (e *Elector) watch(ctx context.Context) {
-	var failures int
+	var (
+		failures   int
+		subscribed bool // a subscription was established before
+	)
 	for ctx.Err() == nil {
 		ch, err := e.watcher.Watch(ctx, e.name)
 		if err != nil {
@@ -373,7 +388,14 @@ func (e *Elector) watch(ctx context.Context) {
 			continue
 		}
 		failures = 0
-		e.notify(backend.Event{Key: e.name, Type: backend.EventChanged})
+		// Changes may have been missed while unsubscribed; after a broken
+		// subscription the store may also have restarted and lost data.
+		typ := backend.EventChanged
+		if subscribed {
+			typ = backend.EventReset
+		}
+		subscribed = true
+		e.notify(backend.Event{Key: e.name, Type: typ})
 		for ev := range ch {
 			e.notify(ev)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
 )
@@ -56,6 +57,21 @@ type ElectionFailed struct {
 	Err error
 }
 
+// LeaderStale reports that the leader's heartbeat record has been missing
+// for longer than HeartbeatTTL (measured by this elector's monotonic clock
+// from when it first saw it missing), while its lease is still held. It is a
+// report for people and alerts, never acted on: only the lease's TTL ends a
+// lease, because a record can vanish while its owner is alive (a store that
+// lost data, an eviction, a delete by hand, a same-ID instance stopping).
+// It is published once per leader and term each time the record goes
+// missing; Status shows the current state.
+type LeaderStale struct {
+	Leader Record
+	// Age is how long the heartbeat has been missing, by this elector's
+	// clock.
+	Age time.Duration
+}
+
 // EventsDropped is delivered to a listener that fell so far behind that its
 // queue overflowed: Count of its oldest pending events were discarded. It
 // stands where those events stood.
@@ -69,6 +85,7 @@ func (LeadershipLost) event()     {}
 func (LeaderChanged) event()      {}
 func (ElectionFailed) event()     {}
 func (EventsDropped) event()      {}
+func (LeaderStale) event()        {}
 
 // LossReason says why a term ended.
 type LossReason int
@@ -290,14 +307,16 @@ func (e *Elector) Observe(ctx context.Context) <-chan Record {
 			}
 		}
 	}
+	// Snapshot and subscribe under one lock: LeaderChanged is published
+	// under e.mu, so none can fall between the two.
 	e.mu.Lock()
 	put(e.leader)
-	e.mu.Unlock()
 	unsubscribe := e.bus.subscribe(func(ev Event) {
 		if lc, ok := ev.(LeaderChanged); ok {
 			put(lc.Leader)
 		}
 	}, func() { close(ch) })
+	e.mu.Unlock()
 	context.AfterFunc(ctx, unsubscribe) // harmless after Close: unsubscribe is idempotent
 	return ch
 }

@@ -7,29 +7,69 @@ import (
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/keeper"
 )
+
+// lossError is the cause of a cancelled leader context: it matches
+// ErrLeadershipLost and the underlying error, if any.
+type lossError struct {
+	reason LossReason
+	err    error
+}
+
+func (l *lossError) Error() string {
+	if l.err == nil {
+		return fmt.Sprintf("%v: %s", ErrLeadershipLost, l.reason)
+	}
+	return fmt.Sprintf("%v: %s: %v", ErrLeadershipLost, l.reason, l.err)
+}
+
+func (l *lossError) Unwrap() []error {
+	if l.err == nil {
+		return []error{ErrLeadershipLost}
+	}
+	return []error{ErrLeadershipLost, l.err}
+}
+
+// keeperReason maps the keeper's reasons to the elector's.
+func keeperReason(r keeper.Reason) LossReason {
+	switch r {
+	case keeper.Deadline:
+		return ReasonDeadline
+	case keeper.LeaseLost:
+		return ReasonLeaseLost
+	default:
+		return ReasonClosed
+	}
+}
 
 // lead holds leadership of one term, from a verified acquisition to the
 // release of the lease, and returns why the term ended.
 //
 // Leadership ends (step-down) at the first of: ctx ends, Resign, fn returns,
-// the backend reports the lease lost, or the renew deadline passes. At
-// step-down IsLeader turns false, then the leader context is cancelled, then
-// the events are published. The lease is still renewed until fn has
-// returned; only then is it released.
+// the backend reports the lease lost, or the renew deadline passes; the
+// keeper decides which came first, once. At step-down IsLeader turns false,
+// then the leader context is cancelled, then the events are published. The
+// lease is still renewed until fn has returned; only then is it released.
 func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, sent time.Time, rec Record, fn func(context.Context) error) LossReason {
 	o := &e.opts
-	renewSent := sent
-	deadline := e.deadlineFor(renewSent, ls.hbSent, lease)
-	leaderCtx, cancelLeader := context.WithCancelCause(context.WithValue(ctx, leaderKey{}, &leaderInfo{e: e, term: lease.Term}))
-	defer cancelLeader(nil)
-	lostCause := fmt.Errorf("%w: %s", ErrLeadershipLost, ReasonDeadline)
-	deadlineTimer := time.AfterFunc(time.Until(deadline), func() { cancelLeader(lostCause) })
-	defer deadlineTimer.Stop()
+	hold := keeper.Start(ctx, keeper.Config{
+		Backend:        e.b,
+		TTL:            o.TTL,
+		RenewDeadline:  o.RenewDeadline,
+		RenewInterval:  o.RenewInterval,
+		RequestTimeout: o.RequestTimeout,
+		Cause: func(r keeper.Reason, err error) error {
+			return &lossError{reason: keeperReason(r), err: err}
+		},
+		OnError: func(op string, err error) { e.failed(op, err) },
+	}, lease, sent)
+	leaderCtx := context.WithValue(hold.Context(), leaderKey{}, &leaderInfo{e: e, term: lease.Term})
 
 	e.mu.Lock()
 	from := e.state
-	e.state, e.term, e.deadline, e.leader = Leader, lease.Term, deadline, rec
+	e.state, e.term, e.hold, e.leader = Leader, lease.Term, hold, rec
+	e.stale = staleState{}
 	e.bus.publish(StateChanged{From: from, To: Leader})
 	e.bus.publish(LeadershipAcquired{Term: lease.Term})
 	e.bus.publish(LeaderChanged{Leader: rec})
@@ -48,32 +88,37 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 			fnErr = fn(leaderCtx)
 		})
 	}
+
 	e.cleanupMembers(ctx)
 
 	var (
-		stepping   bool
-		reason     LossReason
-		lost       bool  // the backend said the lease is gone: nothing to renew or release
-		lastErr    error // the last renewal or heartbeat error
-		pending    []resignRequest
-		ctxDone    = ctx.Done()
-		leaderDone = leaderCtx.Done()
+		stepping bool
+		reason   LossReason
+		pending  []resignRequest
+		ctxDone  = ctx.Done()
+		holdDone = hold.Done()
 	)
+	// stepDown ends the term once. r is the elector's reason; zero means the
+	// keeper stepped down by itself (deadline, lease lost). Whichever of the
+	// two came first is the reason, decided by the keeper under its lock.
 	stepDown := func(r LossReason, err error) {
 		if stepping {
 			return
 		}
-		stepping, reason = true, r
-		ctxDone, leaderDone = nil, nil
-		e.mu.Lock()
-		e.state, e.term, e.deadline = Follower, 0, time.Time{}
-		e.mu.Unlock()
-		cause := fmt.Errorf("%w: %s", ErrLeadershipLost, r)
-		if err != nil {
-			cause = fmt.Errorf("%w: %s: %w", ErrLeadershipLost, r, err)
+		stepping = true
+		ctxDone, holdDone = nil, nil
+		if r == 0 || !hold.Stop(&lossError{reason: r, err: err}) {
+			_, cause := hold.Reason()
+			var le *lossError
+			if errors.As(cause, &le) {
+				r, err = le.reason, le.err
+			} else {
+				r, err = ReasonClosed, cause
+			}
 		}
-		cancelLeader(cause)
+		reason = r
 		e.mu.Lock()
+		e.state, e.term, e.hold = Follower, 0, nil
 		e.bus.publish(StateChanged{From: Leader, To: Follower})
 		e.bus.publish(LeadershipLost{Term: lease.Term, Reason: r, Err: err})
 		e.mu.Unlock()
@@ -82,37 +127,15 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 			p.begun <- nil
 		}
 	}
-	// extend moves the deadline after a successful renewal or heartbeat,
-	// unless it has already passed (then the deadline timer steps down).
-	extend := func() {
-		nd := e.deadlineFor(renewSent, ls.hbSent, lease)
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		if !time.Now().Before(e.deadline) || !deadlineTimer.Stop() {
-			return
-		}
-		e.deadline = nd
-		deadlineTimer.Reset(time.Until(nd))
-	}
-	callDeadline := func() time.Time {
-		if stepping {
-			return time.Time{}
-		}
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		return e.deadline
-	}
 
-	renewTimer := time.NewTimer(time.Until(sent.Add(o.RenewInterval)))
-	defer renewTimer.Stop()
 	hbTimer := time.NewTimer(time.Until(ls.nextHB))
 	defer hbTimer.Stop()
 	for !stepping || !fnFinished {
 		select {
 		case <-ctxDone:
 			stepDown(ReasonClosed, nil)
-		case <-leaderDone:
-			stepDown(ReasonDeadline, lastErr)
+		case <-holdDone:
+			stepDown(0, nil)
 		case <-fnDone:
 			fnDone, fnFinished = nil, true
 			stepDown(ReasonReturned, fnErr)
@@ -123,59 +146,37 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 			} else {
 				stepDown(ReasonResigned, nil)
 			}
-		case <-renewTimer.C:
-			if lost {
-				break
-			}
-			s := time.Now()
-			err := e.renew(lease, s, callDeadline())
-			switch {
-			case err == nil:
-				renewSent = s
-				if !stepping {
-					extend()
-				}
-				renewTimer.Reset(time.Until(s.Add(o.RenewInterval)))
-			case errors.Is(err, backend.ErrLeaseLost):
-				lost = true
-				stepDown(ReasonLeaseLost, err)
-			default:
-				lastErr = err
-				e.failed("renew", err)
-				renewTimer.Reset(o.RenewInterval / 4)
+		case ev := <-e.wake:
+			// A re-established watch (the store may have restarted and lost
+			// the lease) or someone else's acquisition (it may have): renew
+			// now, so a lost lease is noticed within a round trip.
+			if ev.Type == backend.EventReset || ev.Type == backend.EventChanged {
+				hold.RenewNow()
 			}
 		case <-hbTimer.C:
-			if err := e.heartbeat(context.Background(), ls, callDeadline()); err != nil {
-				lastErr = err
-			} else if !stepping {
-				extend()
+			// Heartbeats are information (members, the leader's last sign of
+			// life); a failure is reported but never ends leadership.
+			dl := time.Time{}
+			if !stepping {
+				dl = hold.Deadline()
 			}
+			_ = e.heartbeat(context.Background(), ls, dl)
 			hbTimer.Reset(time.Until(ls.nextHB))
 		}
 	}
 
-	var relErr error
-	if !lost {
-		if relErr = e.release(lease); relErr != nil {
-			e.failed("release", relErr)
-		} else {
-			e.setLeader(Record{})
-		}
+	relErr := hold.Release(context.Background())
+	switch {
+	case relErr == nil:
+		e.setLeader(Record{})
+	case errors.Is(relErr, backend.ErrLeaseLost):
+		relErr = nil // nothing was left to release
+	default:
+		e.log.Warn("sovereign: release failed; retrying in the background", "term", lease.Term, "err", relErr)
 	}
+	e.wg.Go(func() { <-hold.Finished() })
 	for _, p := range pending {
 		p.released <- relErr
 	}
 	return reason
-}
-
-// renew renews lease, bounding the call by RequestTimeout and by deadline
-// when it is not zero.
-func (e *Elector) renew(lease backend.Lease, sent, deadline time.Time) error {
-	dl := sent.Add(e.opts.RequestTimeout)
-	if !deadline.IsZero() {
-		dl = minTime(dl, deadline)
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), dl)
-	defer cancel()
-	return e.b.Renew(ctx, lease)
 }

@@ -20,7 +20,6 @@ const minRetry = 20 * time.Millisecond
 
 // loopState belongs to the loop goroutine alone.
 type loopState struct {
-	hbSent      time.Time // when the last successful heartbeat was sent
 	nextHB      time.Time // when the next heartbeat is due
 	hbFailures  int       // consecutive failed heartbeats
 	nextAttempt time.Time // when the next acquisition attempt is due
@@ -71,16 +70,16 @@ func (e *Elector) stopped() {
 }
 
 // campaign runs until this elector holds a verified lease (ok) or ctx ends.
+// Heartbeats go on meanwhile, on their own schedule; they never gate an
+// attempt, and nothing about them can end another instance's lease.
 func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Lease, sent time.Time, rec Record, ok bool) {
-	o := &e.opts
 	for ctx.Err() == nil {
 		now := time.Now()
 		if !now.Before(ls.nextHB) {
-			e.heartbeat(ctx, ls, time.Time{})
+			_ = e.heartbeat(ctx, ls, time.Time{})
 			now = time.Now()
 		}
-		fresh := !ls.hbSent.IsZero() && now.Before(ls.hbSent.Add(o.HeartbeatTTL-o.margin()))
-		canAttempt := fresh && !now.Before(ls.sitOutUntil)
+		canAttempt := !now.Before(ls.sitOutUntil)
 		if canAttempt && !now.Before(ls.nextAttempt) {
 			if lease, sent, rec, ok = e.attempt(ctx, ls); ok {
 				return lease, sent, rec, true
@@ -90,7 +89,7 @@ func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Le
 		next := ls.nextHB
 		if canAttempt {
 			next = minTime(next, ls.nextAttempt)
-		} else if fresh {
+		} else {
 			next = minTime(next, ls.sitOutUntil)
 		}
 		if ev, woke := e.waitUntil(ctx, next); woke {
@@ -100,6 +99,8 @@ func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Le
 					e.setState(Candidate)
 				}
 			}
+			// A release, an expiry, a change or a re-established watch: look
+			// now rather than at the scheduled time.
 			ls.nextAttempt = time.Now()
 			if !canAttempt {
 				// Sitting out: no attempt now, but keep knowing who leads.
@@ -135,6 +136,7 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 		ls.failures = 0
 		rec := held.Holder
 		e.setLeader(rec)
+		e.observeHolder(rec)
 		e.setState(Follower)
 		wait := max(rec.TTL, 0) + expiryMargin
 		if rec.TTL <= expiryMargin {
@@ -167,6 +169,7 @@ func (e *Elector) refreshLeader(ctx context.Context) {
 	switch {
 	case err == nil:
 		e.setLeader(rec)
+		e.observeHolder(rec)
 	case errors.Is(err, backend.ErrNotHeld):
 		e.setLeader(Record{})
 	}
@@ -209,7 +212,6 @@ func (e *Elector) heartbeat(ctx context.Context, ls *loopState, deadline time.Ti
 		return err
 	}
 	ls.hbFailures = 0
-	ls.hbSent = s
 	ls.nextHB = s.Add(o.HeartbeatInterval)
 	return nil
 }
@@ -249,19 +251,11 @@ func (e *Elector) waitUntil(ctx context.Context, t time.Time) (ev backend.Event,
 	}
 }
 
-// deadlineFor returns when leadership ends unless renewed: RenewDeadline after
-// the last successful renewal was sent (shortened if the backend granted less
-// than the TTL asked for), and no later than the point where followers could
-// find this instance's heartbeat record gone.
-func (e *Elector) deadlineFor(renewSent, hbSent time.Time, lease backend.Lease) time.Time {
-	o := &e.opts
-	d := renewSent.Add(min(o.RenewDeadline, lease.TTL-o.margin()))
-	return minTime(d, hbSent.Add(o.HeartbeatTTL-o.margin()))
-}
-
-// cleanupMembers removes heartbeat records of other instances that are too
-// old for their owner to still count on them: such an instance heartbeats
-// again before it campaigns.
+// cleanupMembers removes heartbeat records of other instances that are older
+// than HeartbeatTTL, which their owners would have refreshed had they used
+// this election's options (a record written with a longer TTL by a stopped
+// instance, say). It is membership hygiene only: heartbeat records never
+// decide who holds a lease.
 func (e *Elector) cleanupMembers(ctx context.Context) {
 	o := &e.opts
 	ctx, cancel := context.WithTimeout(ctx, o.RequestTimeout)
@@ -272,7 +266,7 @@ func (e *Elector) cleanupMembers(ctx context.Context) {
 		return
 	}
 	for _, m := range members {
-		if m.ID == e.id || m.Age <= o.HeartbeatTTL-o.margin() {
+		if m.ID == e.id || m.Age <= o.HeartbeatTTL {
 			continue
 		}
 		if err := e.b.RemoveMember(ctx, e.name, m.ID); err != nil {

@@ -3,6 +3,7 @@ package sovereign_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -265,6 +266,19 @@ func TestEventsDroppedForSlowListener(t *testing.T) {
 	})
 }
 
+// limited is a backend with etcd's limits: whole-second TTLs and no
+// "/heartbeat/" in keys.
+type limited struct{ *memorybackend.Backend }
+
+func (limited) MinTTL() time.Duration { return time.Second }
+
+func (l limited) ValidateKey(key string) error {
+	if strings.Contains(key, "/heartbeat/") {
+		return fmt.Errorf("%w: key %q contains %q", backend.ErrInvalid, key, "/heartbeat/")
+	}
+	return l.Backend.ValidateKey(key)
+}
+
 func TestBadOptions(t *testing.T) {
 	mem := memorybackend.New()
 	defer mem.Close()
@@ -284,7 +298,11 @@ func TestBadOptions(t *testing.T) {
 		{"interval not below deadline", mem, "e", "a", &sovereign.Options{RenewDeadline: 2 * time.Second, RenewInterval: 2 * time.Second}, "RenewInterval (2s) must be less than RenewDeadline (2s)"},
 		{"request timeout not below deadline", mem, "e", "a", &sovereign.Options{RequestTimeout: 8 * time.Second}, "RequestTimeout (8s) must be less than RenewDeadline (7s)"},
 		{"negative jitter", mem, "e", "a", &sovereign.Options{StartupJitter: -time.Millisecond}, "StartupJitter is negative"},
-		{"heartbeat too slow", mem, "e", "a", &sovereign.Options{HeartbeatInterval: 12 * time.Second}, "HeartbeatInterval (12s) must be less than"},
+		{"heartbeat too slow", mem, "e", "a", &sovereign.Options{HeartbeatInterval: 16 * time.Second}, "HeartbeatInterval (16s) must be less than HeartbeatTTL (15s)"},
+		{"name reserved for locks", mem, "lock/x", "a", nil, `names beginning with "lock/" are reserved`},
+		{"TTL below the backend's minimum", limited{mem}, "e", "a", &sovereign.Options{TTL: 500 * time.Millisecond}, "TTL (500ms) is below the backend's minimum of 1s"},
+		{"name the backend cannot store", limited{mem}, "jobs/heartbeat/x", "a", nil, `election name "jobs/heartbeat/x" cannot be stored by this backend`},
+		{"TTL far too short", mem, "e", "a", &sovereign.Options{TTL: 100 * time.Microsecond}, "RenewInterval (20µs) must be at least 100µs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, err := sovereign.New(tc.b, tc.elect, tc.id, tc.opts)
@@ -357,7 +375,10 @@ func TestNoTakeoverOfARenewingHolderWithoutHeartbeat(t *testing.T) {
 	})
 }
 
-func TestHeartbeatFailureStepsDownBeforeRecordExpires(t *testing.T) {
+// A leader whose heartbeats fail reports it and keeps leading while its
+// renewals succeed; a follower that finds the leader's heartbeat record
+// missing reports LeaderStale and never takes the lease.
+func TestHeartbeatFailureIsReportedNotActedOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memorybackend.NewStore()
 		ha := &hooked{Backend: store.Client()}
@@ -368,6 +389,12 @@ func TestHeartbeatFailureStepsDownBeforeRecordExpires(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer a.Close()
+		var failed atomic.Int64
+		a.Subscribe(func(ev sovereign.Event) {
+			if _, ok := ev.(sovereign.ElectionFailed); ok {
+				failed.Add(1)
+			}
+		})
 		if err := a.Start(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -375,21 +402,58 @@ func TestHeartbeatFailureStepsDownBeforeRecordExpires(t *testing.T) {
 		if !a.IsLeader() {
 			t.Fatal("a does not lead")
 		}
-		var lastHB time.Time
+		term := a.Term()
 		ha.set(func(h *hooked) {
 			h.onHB = func(ctx context.Context) (error, bool) { return errors.New("heartbeat refused"), true }
 		})
-		members, _ := store.Client().Members(t.Context(), "election")
-		lastHB = time.Now().Add(-members[0].Age)
-		for a.IsLeader() {
+		// The record expires; then someone deletes what is left by hand.
+		time.Sleep(a.Options().HeartbeatTTL)
+		raw := store.Client()
+		defer raw.Close()
+		if err := raw.RemoveMember(t.Context(), "election", "a"); err != nil {
+			t.Fatal(err)
+		}
+
+		cb := store.Client()
+		defer cb.Close()
+		b, err := sovereign.New(cb, "election", "b", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		var stale atomic.Pointer[sovereign.LeaderStale]
+		b.Subscribe(func(ev sovereign.Event) {
+			if ls, ok := ev.(sovereign.LeaderStale); ok {
+				stale.Store(&ls)
+			}
+		})
+		if err := b.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		full := a.Options()
+		o = &full
+		for range 3 * int(o.HeartbeatTTL/time.Millisecond) {
 			time.Sleep(time.Millisecond)
+			if !a.IsLeader() || a.Term() != term {
+				t.Fatalf("a: IsLeader %v term %d, want still leading term %d while its renewals succeed", a.IsLeader(), a.Term(), term)
+			}
+			if b.IsLeader() {
+				t.Fatal("b leads: it took over a live lease whose heartbeat record was missing")
+			}
 		}
-		o2 := a.Options()
-		if d := time.Since(lastHB); d > o2.HeartbeatTTL-(o2.TTL-o2.RenewDeadline) {
-			t.Errorf("stepped down %v after the last heartbeat, want <= HeartbeatTTL - margin (%v)", d, o2.HeartbeatTTL-(o2.TTL-o2.RenewDeadline))
+		synctest.Wait()
+		if failed.Load() == 0 {
+			t.Error("no ElectionFailed for the failing heartbeats")
 		}
-		if ms, _ := store.Client().Members(t.Context(), "election"); len(ms) == 0 {
-			t.Error("heartbeat record already gone when the leader stepped down: a follower could have taken over")
+		ls := stale.Load()
+		if ls == nil {
+			t.Fatal("b published no LeaderStale for a leader whose heartbeat record was missing")
+		}
+		if ls.Leader.HolderID != "a" || ls.Leader.Term != term || ls.Age <= o.HeartbeatTTL {
+			t.Errorf("LeaderStale = %+v, want leader a term %d missing for more than %v", *ls, term, o.HeartbeatTTL)
+		}
+		if st := b.Status(); !st.LeaderStale || st.Leader.HolderID != "a" {
+			t.Errorf("b.Status() = %+v, want LeaderStale for a", st)
 		}
 	})
 }

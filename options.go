@@ -22,6 +22,9 @@ const (
 	// heartbeatTTLExtra is added to TTL for the default HeartbeatTTL, as in
 	// the Sovereign design (leader TTL + 5 s).
 	heartbeatTTLExtra = 5 * time.Second
+	// minInterval is the shortest RenewInterval and RequestTimeout accepted:
+	// below it an elector spends its time on timers, not on leading.
+	minInterval = 100 * time.Microsecond
 )
 
 // Options configure an Elector. A nil *Options means every default. Zero
@@ -35,7 +38,7 @@ type Options struct {
 	TTL time.Duration
 
 	// RenewDeadline is how long a leader keeps leading after it *sent* the
-	// last acquire, renew or heartbeat that succeeded. Past it the leader
+	// last acquire or renew that succeeded. Past it the leader
 	// steps down by itself (leader context cancelled, IsLeader false), even
 	// if the process was paused and no goroutine ran. TTL - RenewDeadline is
 	// the safety margin that absorbs clock-rate drift between this process
@@ -55,15 +58,18 @@ type Options struct {
 	RequestTimeout time.Duration
 
 	// HeartbeatInterval is how often every instance, leader or not, refreshes
-	// its heartbeat record. Must be less than HeartbeatTTL - (TTL -
-	// RenewDeadline).
+	// its heartbeat record. Must be less than HeartbeatTTL.
 	// Default: 1/2 of TTL (5 s).
 	HeartbeatInterval time.Duration
 
-	// HeartbeatTTL is the lifetime of a heartbeat record. A follower that sees
-	// the leader's heartbeat record gone while its lease is still held takes
-	// the lease over, by an owner-checked compare on that exact lease; a
-	// leader whose heartbeats fail steps down before that can happen.
+	// HeartbeatTTL is the lifetime of a heartbeat record. Heartbeats are
+	// information: Members lists them, Leader shows the holder's last one,
+	// and a follower that finds the leader's record missing for longer than
+	// HeartbeatTTL publishes LeaderStale. They never end a lease: only the
+	// lease's TTL does, since a record also vanishes while its owner lives
+	// (a store that lost data, an eviction, a same-ID instance stopping). A
+	// leader whose heartbeats fail reports it (ElectionFailed) and keeps
+	// leading while its renewals succeed.
 	// Default: TTL + 5 s.
 	HeartbeatTTL time.Duration
 
@@ -152,9 +158,14 @@ func (o *Options) withDefaults() (Options, error) {
 		return r, fmt.Errorf("%w: RenewInterval (%v) must be less than RenewDeadline (%v)", ErrInvalidOptions, r.RenewInterval, r.RenewDeadline)
 	case r.RequestTimeout >= r.RenewDeadline:
 		return r, fmt.Errorf("%w: RequestTimeout (%v) must be less than RenewDeadline (%v)", ErrInvalidOptions, r.RequestTimeout, r.RenewDeadline)
-	case r.HeartbeatInterval >= r.HeartbeatTTL-r.margin():
-		return r, fmt.Errorf("%w: HeartbeatInterval (%v) must be less than HeartbeatTTL - (TTL - RenewDeadline) (%v)",
-			ErrInvalidOptions, r.HeartbeatInterval, r.HeartbeatTTL-r.margin())
+	case r.HeartbeatInterval >= r.HeartbeatTTL:
+		return r, fmt.Errorf("%w: HeartbeatInterval (%v) must be less than HeartbeatTTL (%v)",
+			ErrInvalidOptions, r.HeartbeatInterval, r.HeartbeatTTL)
+	case r.RenewInterval < minInterval:
+		return r, fmt.Errorf("%w: RenewInterval (%v) must be at least %v (TTL %v is too short)",
+			ErrInvalidOptions, r.RenewInterval, minInterval, r.TTL)
+	case r.RequestTimeout < minInterval:
+		return r, fmt.Errorf("%w: RequestTimeout (%v) must be at least %v", ErrInvalidOptions, r.RequestTimeout, minInterval)
 	}
 	return r, nil
 }

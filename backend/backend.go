@@ -53,6 +53,11 @@ import (
 	"time"
 )
 
+// LockKeyPrefix begins the backend key of every lock of package lock, so that
+// locks and elections live in separate key spaces: a lock "billing" is stored
+// under "lock/billing", and election names must not begin with the prefix.
+const LockKeyPrefix = "lock/"
+
 // Sentinel errors. Implementations return these (possibly wrapped, with %w)
 // so callers can test for them with errors.Is.
 var (
