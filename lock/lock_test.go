@@ -764,3 +764,32 @@ func TestBoundedState(t *testing.T) {
 		}
 	})
 }
+
+// TestPerLockTTL: AcquireOptions.TTL sets the lease's TTL and scales the
+// renew deadline with it.
+func TestPerLockTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := client(t, store)
+		l := newLocker(t, c, "a", fastOpts()) // TTL 1s, deadline 700ms
+		t0 := time.Now()
+		lk, err := l.TryAcquire(t.Context(), "k", &lock.AcquireOptions{TTL: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := lk.Deadline().Sub(t0); d != 3500*time.Millisecond {
+			t.Errorf("deadline: got %v after acquiring, want 3.5s (7/10 of the lock's TTL)", d)
+		}
+		if rec := lk.Record(); rec.TTL != 5*time.Second {
+			t.Errorf("record TTL: got %v, want 5s", rec.TTL)
+		}
+		time.Sleep(2500 * time.Millisecond) // renewed every second
+		c.Partition()
+		<-lk.Done()
+		if d := time.Since(t0); d != 5500*time.Millisecond { // last renewal at 2s
+			t.Errorf("lost after %v, want 5.5s (last renewal at 2s + 3.5s)", d)
+		}
+		c.Heal()
+		lk.Release(t.Context())
+	})
+}
