@@ -118,7 +118,7 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 			wait = min(max(wait, minRetry), p.ttl)
 		case ctx.Err() != nil:
 			return nil, l.gaveUp(ctx, key, q.lastHolder(), lastErr)
-		case errors.Is(err, backend.ErrInvalid), errors.Is(err, backend.ErrClosed):
+		case errors.Is(err, backend.ErrInvalid), errors.Is(err, backend.ErrClosed), errors.Is(err, ErrClosed):
 			return nil, err
 		default:
 			failures++

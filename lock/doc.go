@@ -49,7 +49,15 @@
 // Do and TryDo release the lock only after the function has returned, and
 // keep renewing it while the function winds down after its context was
 // cancelled, so nobody else acquires the lock while it still runs (unless
-// the lock was lost at the store, which the result then reports).
+// the lock was lost at the store, which the result then reports). The
+// exception is AcquireOptions.MaxHold, which stops renewals when it passes:
+// the lock then expires at the store one TTL after its last renewal,
+// running function or not.
+//
+// While it holds a lock, a Locker also watches the lock's key (when the
+// backend can watch) and renews at once when the watch reports anything or
+// breaks, so a store that restarted and lost the lease is noticed within a
+// round trip rather than at the next renewal.
 //
 // No lock can stop a paused process from acting late on a decision it took
 // before the pause. Pass Lock.Term, the fencing term, with every write to a
