@@ -62,6 +62,7 @@ func TestNewValidatesOptions(t *testing.T) {
 		{"WaitTimeout below 1ms", c, &redisbackend.Options{WaitReplicas: 1, WaitTimeout: time.Microsecond}},
 		{"negative HealthCheckInterval", c, &redisbackend.Options{HealthCheckInterval: -time.Second}},
 		{"negative WatchBuffer", c, &redisbackend.Options{WatchBuffer: -1}},
+		{"negative TermRetention", c, &redisbackend.Options{TermRetention: -time.Second}},
 		{"unknown PubSub mode", c, &redisbackend.Options{PubSub: redisbackend.PubSubMode(42)}},
 	}
 	for _, tt := range tests {
@@ -136,6 +137,9 @@ func TestKeyLayout(t *testing.T) {
 			}
 			if got := c.Get(ctx, tt.wantBase+":term").Val(); got != strconv.FormatUint(l.Term, 10) {
 				t.Errorf("GET %s:term: got %q, want %d", tt.wantBase, got, l.Term)
+			}
+			if pttl := c.PTTL(ctx, tt.wantBase+":term").Val(); pttl <= 30*time.Second || pttl > time.Minute {
+				t.Errorf("PTTL %s:term: got %v, want in (30s, 1m] (the default TermRetention, above the lease's TTL)", tt.wantBase, pttl)
 			}
 			hb := c.HGetAll(ctx, tt.wantBase+":heartbeat:node-1").Val()
 			if hb["ttl"] != "20000" || hb["at"] == "" {

@@ -26,9 +26,12 @@
 //	                                     term, acquired_at and renewed_at (unix ms), ttl (ms)
 //	                                     and one field meta:<name> per metadata entry;
 //	                                     PEXPIRE ttl. Absent when nobody holds the key.
-//	sovereign:{billing}:term             string: the fencing term counter, no TTL; survives
-//	                                     release and expiry. Holds the last term handed
-//	                                     out, an integer below 2^53-1 (see Fencing terms).
+//	sovereign:{billing}:term             string: the fencing term counter. Holds the last
+//	                                     term handed out, an integer below 2^53-1 (see
+//	                                     Fencing terms). Every Acquire sets its PEXPIRE to
+//	                                     the larger of the lease's TTL and
+//	                                     Options.TermRetention (1 minute): it survives
+//	                                     release and expiry for that long, then goes.
 //	sovereign:{billing}:heartbeat:<id>   hash: fields at (unix ms) and ttl (ms, as granted),
 //	                                     PEXPIRE ttl; the age is ttl - PTTL.
 //	sovereign:{billing}:members          set of the IDs that sent heartbeats (an index;
@@ -41,6 +44,15 @@
 // as it is, so it must not contain '{' or '}', which would change the hash
 // tag (ValidateKey and every method refuse such keys with an error wrapping
 // backend.ErrInvalid); '/' and ':' are fine.
+//
+// Per-key state is bounded in time: the lease hash expires with its TTL (or
+// goes at Release), each heartbeat record with its own TTL, the members set
+// once the longest heartbeat TTL it has seen passes without a heartbeat
+// (RemoveMember and Members also remove IDs from it, and Redis deletes an
+// empty set), and the term counter TermRetention after the last Acquire
+// (see Fencing terms). Once a key is released and its heartbeats have
+// expired, the keyspace is back to its size before the key was used, at
+// most TermRetention later.
 //
 // If a key at one of these paths holds something else (a string where the
 // lease hash belongs, say), the scripts leave it untouched and the call
@@ -73,25 +85,32 @@
 //
 // A term is an opaque, increasing integer: compare terms, never do arithmetic
 // on them or expect them to count 1, 2, 3. Acquire sets the new term to the
-// larger of the key's counter plus one (INCR) and the Redis server's clock in
+// larger of the key's counter plus one and the Redis server's clock in
 // microseconds since 1970 (TIME, seconds*1000000 + microseconds), and stores
-// it back in the counter, so terms look like 1763781234567890 and the next
-// INCR continues above the last one. On one server whose data survives (or
-// with persistence) terms strictly increase whatever the clock does, since the
-// counter only grows. The clock matters only when the counter is lost (see
-// Replication): the next acquisition then starts from the new server's clock,
-// which is above every term the old server handed out as long as that clock is
-// later than the time of the last acquisition on the old server. Terms do not
-// run ahead of the clock: two acquisitions of one key are two script
-// executions (each needs a round trip), well over a microsecond apart, so by
-// the next acquisition the clock has passed the previous term and the term is
-// the clock's reading. A restart or failover takes far longer than any skew
-// NTP leaves between two servers, so in practice the new clock is later; a
-// clock stepped back by more than the downtime (or a replica whose clock is
-// behind the old primary's by more than the time the failover took) breaks the
-// guarantee and can hand out a term that was used before. A Lua number holds
-// these values exactly until 2^53 (the year 2255); the scripts write them as
-// decimal strings.
+// it back in the counter, so terms look like 1763781234567890.
+//
+// Why terms strictly increase. While the counter exists, each term is above
+// the one before it, whatever the clock does. The counter goes away in three
+// ways: it expires, TermRetention (default 1 minute, at least the lease's
+// TTL) after the last Acquire; or it is lost with the data (a restart without
+// persistence, a failover to a replica that missed it; see Replication). The
+// next Acquire then starts from the server's clock, so it suffices that the
+// clock has passed every earlier term. Terms do not run ahead of the clock:
+// two acquisitions of one key are two script executions, well over a
+// microsecond apart (a release or an expiry lies between them), so the clock
+// has passed the previous term by the next acquisition and the term is the
+// clock's reading. Only a clock stepped back while the counter exists lets
+// terms ride the counter ahead of the clock, by at most how far it was
+// stepped back. Hence: after an expiry, the next term is above every earlier
+// one unless the server's clock was stepped back, in total, by more than
+// TermRetention since the counter was created; after a loss of data, unless
+// the new server's clock is behind the time of the old one's last
+// acquisition (a clock stepped back by more than the downtime, or a replica
+// whose clock is behind the old primary's by more than the failover took).
+// NTP slews a clock by milliseconds, so neither happens in practice; raise
+// TermRetention if your servers' clocks may be stepped back by minutes. A
+// Lua number holds these values exactly until 2^53 (the year 2255); the
+// scripts write them as decimal strings.
 //
 // # Replication
 //
@@ -204,6 +223,16 @@ type Options struct {
 	// breaks it (its watches are closed). default: 15 seconds
 	HealthCheckInterval time.Duration
 
+	// TermRetention is how long a key's term counter is kept after its last
+	// Acquire (at least the lease's TTL). After that the counter expires and
+	// the next term comes from the server's clock, which is above every
+	// earlier term unless the clock was stepped back by more than
+	// TermRetention (see Fencing terms in the package doc). Longer is safer
+	// against clock steps and costs one small string key per key acquired
+	// within the window: with many distinct lock keys, about 100 bytes times
+	// the keys acquired per TermRetention. default: 1 minute
+	TermRetention time.Duration
+
 	// WatchBuffer is the capacity of each watch channel; when it is full,
 	// further events are dropped (the buffered ones already tell the
 	// receiver to read the state). default: 4
@@ -215,6 +244,7 @@ const (
 	defaultWaitTimeout         = 500 * time.Millisecond
 	defaultHealthCheckInterval = 15 * time.Second
 	defaultWatchBuffer         = 4
+	defaultTermRetention       = time.Minute
 )
 
 // Backend is a backend.Backend and backend.Watcher on Redis. It is safe for
@@ -230,6 +260,7 @@ type Backend struct {
 	publishCmd  string     // "PUBLISH", "SPUBLISH" or ""
 	healthCheck time.Duration
 	watchBuffer int
+	termKeep    time.Duration // Options.TermRetention
 
 	closed atomic.Bool
 	hubs   hubs
@@ -281,6 +312,12 @@ func New(client Client, opts *Options) (*Backend, error) {
 	if o.WatchBuffer == 0 {
 		o.WatchBuffer = defaultWatchBuffer
 	}
+	if o.TermRetention < 0 {
+		return nil, fmt.Errorf("redisbackend: %w: TermRetention %v is negative", backend.ErrInvalid, o.TermRetention)
+	}
+	if o.TermRetention == 0 {
+		o.TermRetention = defaultTermRetention
+	}
 	b := &Backend{
 		client:      client,
 		prefix:      o.Prefix,
@@ -288,6 +325,7 @@ func New(client Client, opts *Options) (*Backend, error) {
 		waitTimeout: o.WaitTimeout,
 		healthCheck: o.HealthCheckInterval,
 		watchBuffer: o.WatchBuffer,
+		termKeep:    o.TermRetention,
 	}
 	switch c := client.(type) {
 	case *redis.Client:
@@ -467,8 +505,8 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	lease, term, hb := b.leaseKeys(req.Key)
 	token := backend.NewToken()
 	ttl := ttlMillis(req.TTL)
-	args := make([]any, 0, 5+2*len(req.Metadata))
-	args = append(args, req.HolderID, token, ttl, b.publishCmd, b.channel(req.Key))
+	args := make([]any, 0, 6+2*len(req.Metadata))
+	args = append(args, req.HolderID, token, ttl, max(ttl, ttlMillis(b.termKeep)), b.publishCmd, b.channel(req.Key))
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
 	}

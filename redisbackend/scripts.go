@@ -106,7 +106,7 @@ end
 `
 
 // acquireScript: KEYS lease, term, heartbeat base; ARGV holder, token,
-// ttl ms, publish command (empty for none), channel, then metadata
+// ttl ms, term counter lifetime ms, publish command (empty for none), channel, then metadata
 // name/value pairs. Returns OK and the new term as a decimal string, or
 // HELD and the holder's record.
 var acquireScript = redis.NewScript(luaPrelude + `
@@ -116,25 +116,20 @@ local ts = term_state(KEYS[2])
 if ts ~= 'ok' and ts ~= 'none' then return {'WRONGTYPE', KEYS[2], ts} end
 if ls == 'ok' then return record('HELD', KEYS[1], KEYS[3]) end
 -- The term is the counter plus one, but at least the server's clock in
--- microseconds: a counter lost with the data (a restart without
--- persistence, a failover to a replica that missed it) starts again above
--- every term the old server handed out, as long as the new server's clock
--- is past the old one's last acquisition. The chosen term is stored back,
--- so the next INCR continues above it.
-local term = redis.call('INCR', KEYS[2])
-local floor = now_us()
-if term < floor then
-  term = floor
-  redis.call('SET', KEYS[2], fmt(term))
-end
+-- microseconds: a counter that expired or was lost with the data starts
+-- again above every earlier term, as long as the clock is past the last
+-- acquisition (see Fencing terms in the package doc). The counter keeps the
+-- term for ARGV[4] ms.
+local term = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, now_us())
+redis.call('SET', KEYS[2], fmt(term), 'PX', ARGV[4])
 local now = fmt(now_ms())
 redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', ARGV[2], 'term', fmt(term),
   'acquired_at', now, 'renewed_at', now, 'ttl', ARGV[3])
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   redis.call('HSET', KEYS[1], 'meta:' .. ARGV[i], ARGV[i + 1])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-if ARGV[4] ~= '' then redis.call(ARGV[4], ARGV[5], 'acquired:' .. fmt(term)) end
+if ARGV[5] ~= '' then redis.call(ARGV[5], ARGV[6], 'acquired:' .. fmt(term)) end
 return {'OK', fmt(term)}
 `)
 

@@ -1,0 +1,143 @@
+package redisbackend_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/testredis"
+	"github.com/sovereign-go/sovereign/redisbackend"
+)
+
+// TestTermCounterExpires: the term counter lives for the larger of the
+// lease's TTL and TermRetention after each Acquire, and the term after it
+// expired is still greater than every earlier one (it comes from the
+// server's clock).
+func TestTermCounterExpires(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	const retention = 10 * time.Second
+	b := newBackend(t, c, &redisbackend.Options{TermRetention: retention})
+	ctx := ctxBound(t)
+	var prev uint64
+	for _, ttl := range []time.Duration{time.Second, 30 * time.Second} {
+		t.Run(fmt.Sprintf("lease TTL %v", ttl), func(t *testing.T) {
+			l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: ttl})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Term <= prev {
+				t.Fatalf("term: got %d, want > %d (the earlier term, its counter expired)", l.Term, prev)
+			}
+			prev = l.Term
+			want := max(ttl, retention)
+			if got := mr.TTL("sovereign:{k}:term"); got != want {
+				t.Errorf("TTL of the counter: got %v, want %v (the larger of the lease's TTL and TermRetention)", got, want)
+			}
+			if err := b.Release(ctx, l); err != nil {
+				t.Fatal(err)
+			}
+			mr.FastForward(want - time.Millisecond)
+			if !mr.Exists("sovereign:{k}:term") {
+				t.Fatalf("counter gone %v after Acquire, want it kept for %v", want-time.Millisecond, want)
+			}
+			mr.FastForward(time.Millisecond)
+			if keys := mr.Keys(); len(keys) != 0 {
+				t.Fatalf("keys %v after the counter's lifetime: want none", keys)
+			}
+		})
+	}
+}
+
+// boundedKeys is the number of distinct keys TestKeyspaceBounded uses;
+// SOVEREIGN_BOUNDED_KEYS overrides it (100000 for the measurement in the
+// package's history).
+func boundedKeys(t *testing.T) int {
+	if v := os.Getenv("SOVEREIGN_BOUNDED_KEYS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			t.Fatalf("SOVEREIGN_BOUNDED_KEYS=%q: want a positive integer", v)
+		}
+		return n
+	}
+	return 10_000
+}
+
+// TestKeyspaceBounded: on a real server, many distinct keys are acquired,
+// heartbeated and released; once the heartbeats and term counters have
+// expired, DBSIZE is back to what it was before.
+func TestKeyspaceBounded(t *testing.T) {
+	srv := testredis.StartConfig(t, testredis.Config{Args: []string{"--hz", "100"}})
+	c := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true, PoolSize: 32})
+	admin := srv.NewClient(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	// Something of the user's, which must stay.
+	if err := admin.Set(ctx, "user:data", "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	baseline := admin.DBSize(ctx).Val()
+	// The counter lives for the larger of the lease's TTL and TermRetention;
+	// the lease's TTL leaves room for a slow release under load.
+	const ttl, retention = 2 * time.Second, 200 * time.Millisecond
+	b := newBackend(t, c, &redisbackend.Options{TermRetention: retention})
+	n := boundedKeys(t)
+
+	const workers = 32
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				key := fmt.Sprintf("lock/job-%d", i)
+				l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "h", TTL: ttl})
+				if err == nil {
+					err = b.Heartbeat(ctx, key, "h", retention)
+				}
+				if err == nil {
+					err = b.Release(ctx, l)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("key %s: %w", key, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	peak := admin.DBSize(ctx).Val()
+	deadline := time.Now().Add(2 * time.Minute) // generous: active expiry under load
+	var size int64
+	for {
+		size = admin.DBSize(ctx).Val()
+		if size == baseline {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("DBSIZE: got %d, want %d (the size before) 2m after %d keys were released", size, baseline, n)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the server's active expiry
+	}
+	t.Logf("%d keys acquired, heartbeated and released in %v (%.0f keys/s); DBSIZE %d before, %d after the last release, %d %v later",
+		n, took.Round(time.Millisecond), float64(n)/took.Seconds(), baseline, peak, size, time.Since(start.Add(took)).Round(time.Millisecond))
+	if got := admin.Get(ctx, "user:data").Val(); got != "x" {
+		t.Fatalf("user data: got %q, want it untouched", got)
+	}
+}
