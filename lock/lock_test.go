@@ -793,3 +793,38 @@ func TestPerLockTTL(t *testing.T) {
 		lk.Release(t.Context())
 	})
 }
+
+// TestHungStore: a waiter whose calls (watch included) hang keeps trying,
+// each call bounded by RequestTimeout, and acquires once the store answers.
+func TestHungStore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := client(t, store)
+		l := newLocker(t, c, "a", fastOpts())
+		c.Hang()
+		got := make(chan error, 1)
+		go func() {
+			lk, err := l.Acquire(t.Context(), "k", nil)
+			if err == nil {
+				lk.Release(context.Background())
+			}
+			got <- err
+		}()
+		time.Sleep(5 * time.Second)
+		select {
+		case err := <-got:
+			t.Fatalf("Acquire returned %v while the store hung", err)
+		default:
+		}
+		healed := time.Now()
+		c.Heal()
+		if err := <-got; err != nil {
+			t.Fatalf("Acquire after Heal: %v", err)
+		}
+		// Calls in flight when Heal came proceed; at worst the next attempt
+		// comes after one backoff (at most RenewInterval).
+		if d := time.Since(healed); d > 200*time.Millisecond {
+			t.Errorf("acquired %v after Heal, want within RenewInterval (200ms)", d)
+		}
+	})
+}
