@@ -1,0 +1,297 @@
+package keeper_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/keeper"
+	"github.com/sovereign-go/sovereign/memorybackend"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var errLost = errors.New("test: lost")
+
+// config: TTL 1s, deadline 700ms, renew every 200ms, requests 200ms.
+func config(b backend.Backend) keeper.Config {
+	return keeper.Config{
+		Backend: b, TTL: time.Second, RenewDeadline: 700 * time.Millisecond,
+		RenewInterval: 200 * time.Millisecond, RequestTimeout: 200 * time.Millisecond,
+		Cause: func(r keeper.Reason, err error) error { return errors.Join(errLost, errors.New(r.String()), err) },
+	}
+}
+
+// start acquires "k" on c and keeps it.
+func start(t *testing.T, c *memorybackend.Backend, cfg keeper.Config) *keeper.Hold {
+	t.Helper()
+	sent := time.Now()
+	l, err := c.Acquire(t.Context(), backend.AcquireRequest{Key: "k", HolderID: "a", TTL: cfg.TTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keeper.Start(t.Context(), cfg, l, sent)
+}
+
+func release(t *testing.T, h *keeper.Hold) {
+	t.Helper()
+	_ = h.Release(context.Background())
+	<-h.Finished()
+}
+
+func TestRenewalsKeepTheLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		h := start(t, c, config(c))
+		time.Sleep(10 * time.Second)
+		if !h.Held() {
+			t.Fatal("Held false after 10 TTLs of healthy renewals")
+		}
+		st := h.Status()
+		if d := st.Deadline.Sub(st.LastRenewal); d != 700*time.Millisecond {
+			t.Errorf("deadline - last renewal: got %v, want RenewDeadline 700ms", d)
+		}
+		if got := c.Calls()["Renew"]; got < 45 || got > 51 {
+			t.Errorf("renewals in 10s: got %d, want about 50 (every 200ms)", got)
+		}
+		release(t, h)
+		if _, err := c.Get(t.Context(), "k"); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("Get after Release: got %v, want ErrNotHeld", err)
+		}
+	})
+}
+
+// A partitioned holder steps down at the deadline, before the store can
+// expire its lease, with the deadline's cause.
+func TestDeadlineUnderPartition(t *testing.T) {
+	for _, fault := range []string{"partition", "hang"} {
+		t.Run(fault, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memorybackend.NewStore()
+				c := store.Client()
+				defer c.Close()
+				other := store.Client()
+				defer other.Close()
+				h := start(t, c, config(c))
+				time.Sleep(time.Second)
+				last := h.Status().LastRenewal
+				if fault == "partition" {
+					c.Partition()
+				} else {
+					c.Hang()
+				}
+				<-h.Done()
+				stepped := time.Now()
+				if want := last.Add(700 * time.Millisecond); !stepped.Equal(want) {
+					t.Errorf("stepped down at %v after the last renewal, want exactly RenewDeadline (700ms)", stepped.Sub(last))
+				}
+				if h.Held() {
+					t.Error("Held true after the context was cancelled")
+				}
+				if r, cause := h.Reason(); r != keeper.Deadline || !errors.Is(cause, errLost) || !errors.Is(context.Cause(h.Context()), errLost) {
+					t.Errorf("reason %v cause %v: want Deadline with the configured cause", r, cause)
+				}
+				if rec, err := other.Get(t.Context(), "k"); err != nil || rec.HolderID != "a" {
+					t.Errorf("at step-down the store shows %+v, %v: want the lease still held (TTL not yet over)", rec, err)
+				}
+				c.Heal()
+				release(t, h)
+			})
+		})
+	}
+}
+
+// A renewal that succeeds after the deadline passed never revives the hold.
+func TestLateRenewalDoesNotRevive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		cfg := config(c)
+		cfg.RequestTimeout = 600 * time.Millisecond
+		h := start(t, c, cfg)
+		c.SetLatency(550 * time.Millisecond) // renewals land, but late
+		<-h.Done()
+		time.Sleep(2 * time.Second)
+		if h.Held() {
+			t.Fatal("Held true again after a late renewal")
+		}
+		if r, _ := h.Reason(); r != keeper.Deadline {
+			t.Errorf("reason %v, want Deadline", r)
+		}
+		c.SetLatency(0)
+		release(t, h)
+	})
+}
+
+// After the store lost the lease, RenewNow finds out within one round trip.
+func TestRenewNowAfterDataLoss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		c.SetLatency(5 * time.Millisecond)
+		h := start(t, c, config(c))
+		time.Sleep(50 * time.Millisecond)
+		store.Restart(nil)
+		at := time.Now()
+		h.RenewNow()
+		<-h.Done()
+		if d := time.Since(at); d > 10*time.Millisecond {
+			t.Errorf("stepped down %v after the data loss, want one round trip (5ms)", d)
+		}
+		if r, cause := h.Reason(); r != keeper.LeaseLost || !errors.Is(cause, backend.ErrLeaseLost) {
+			t.Errorf("reason %v cause %v, want LeaseLost wrapping backend.ErrLeaseLost", r, cause)
+		}
+		if err := h.Release(context.Background()); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("Release of a lost lease: got %v, want ErrLeaseLost", err)
+		}
+		if err := h.Release(context.Background()); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("second Release: got %v, want the first call's result", err)
+		}
+		<-h.Finished()
+	})
+}
+
+// Stop cancels the context at once with the owner's cause; renewals go on
+// until Release, which then deletes the lease.
+func TestStopKeepsRenewingUntilRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		h := start(t, c, config(c))
+		mine := errors.New("owner stopped")
+		if !h.Stop(mine) {
+			t.Fatal("Stop: got false, want true for the first step-down")
+		}
+		if h.Stop(errors.New("again")) {
+			t.Error("second Stop: got true, want false")
+		}
+		if got := context.Cause(h.Context()); got != mine {
+			t.Errorf("cause %v, want the owner's", got)
+		}
+		time.Sleep(5 * time.Second) // the owner's work winds down
+		if rec, err := c.Get(t.Context(), "k"); err != nil || rec.HolderID != "a" {
+			t.Fatalf("5s after Stop: got %+v, %v; want the lease still renewed", rec, err)
+		}
+		if err := h.Release(context.Background()); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		<-h.Finished()
+		if _, err := c.Get(t.Context(), "k"); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("Get after Release: got %v, want ErrNotHeld", err)
+		}
+	})
+}
+
+// A release that fails while the store is unreachable is retried once it is
+// back, long before the lease's TTL would have ended it.
+func TestReleaseRetriedWhenStoreIsBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		other := store.Client()
+		defer other.Close()
+		cfg := config(c)
+		cfg.TTL, cfg.RenewDeadline = time.Minute, 50*time.Second
+		h := start(t, c, cfg)
+		c.Partition()
+		if err := h.Release(context.Background()); err == nil || errors.Is(err, backend.ErrLeaseLost) {
+			t.Fatalf("Release while partitioned: got %v, want the store's error", err)
+		}
+		time.Sleep(time.Second)
+		c.Heal()
+		time.Sleep(time.Second)
+		if _, err := other.Get(t.Context(), "k"); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("1s after the store came back: got %v, want the lease released by a retry", err)
+		}
+		<-h.Finished()
+	})
+}
+
+// MaxHold steps down with its reason and stops renewing, so the store ends
+// the lease one TTL after the last renewal even if the owner never returns.
+func TestMaxHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		cfg := config(c)
+		cfg.MaxHold = 3 * time.Second
+		start0 := time.Now()
+		h := start(t, c, cfg)
+		<-h.Done()
+		if d := time.Since(start0); d != 3*time.Second {
+			t.Errorf("stepped down after %v, want MaxHold (3s)", d)
+		}
+		if r, _ := h.Reason(); r != keeper.MaxHold {
+			t.Errorf("reason %v, want MaxHold", r)
+		}
+		time.Sleep(cfg.TTL + time.Millisecond)
+		if _, err := c.Get(t.Context(), "k"); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("one TTL after MaxHold: got %v, want the lease expired (no renewals)", err)
+		}
+		release(t, h)
+	})
+}
+
+// Extend renews at once and moves the deadline; NoRenew holds for one
+// deadline only.
+func TestNoRenewAndExtend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		cfg := config(c)
+		cfg.NoRenew = true
+		h := start(t, c, cfg)
+		time.Sleep(500 * time.Millisecond)
+		if err := h.Extend(t.Context()); err != nil {
+			t.Fatalf("Extend: %v", err)
+		}
+		if got, want := h.Deadline(), time.Now().Add(700*time.Millisecond); !got.Equal(want) {
+			t.Errorf("deadline after Extend: got %v, want now + 700ms", got.Sub(time.Now()))
+		}
+		<-h.Done()
+		if got := c.Calls()["Renew"]; got != 1 {
+			t.Errorf("renewals with NoRenew: got %d, want only the one Extend", got)
+		}
+		if err := h.Extend(t.Context()); err == nil {
+			t.Error("Extend after step-down: got nil, want an error")
+		}
+		release(t, h)
+	})
+}
+
+// Verify detects a lease that is no longer the holder's.
+func TestVerify(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		h := start(t, c, config(c))
+		if rec, err := h.Verify(t.Context()); err != nil || rec.Term != h.Lease().Term {
+			t.Fatalf("Verify: %+v, %v", rec, err)
+		}
+		store.Restart(nil)
+		if _, err := c.Acquire(t.Context(), backend.AcquireRequest{Key: "k", HolderID: "b", TTL: time.Second}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.Verify(t.Context()); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("Verify after another acquired: got %v, want ErrLeaseLost", err)
+		}
+		if h.Held() {
+			t.Error("Held true after a failed Verify")
+		}
+		release(t, h)
+	})
+}
