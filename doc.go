@@ -35,12 +35,19 @@
 // same ID never share a lease. After acquiring, the elector reads the record
 // back and checks holder, token and term (double verification) before it
 // leads. The leader renews every RenewInterval; renewals and releases are
-// owner-checked by the token. Every instance writes a heartbeat record every
-// HeartbeatInterval. Followers schedule their next attempt from the lease's
-// remaining TTL and, where the backend can watch, wake at once on a release,
-// so a graceful hand-over takes milliseconds and a crashed leader is replaced
-// about one TTL after its last renewal. Backend errors are retried with
-// jittered backoff; an outage is reported (ElectionFailed), never fatal.
+// owner-checked by the token. Followers schedule their next attempt from the
+// lease's remaining TTL and, where the backend can watch, wake at once on a
+// release, so a graceful hand-over takes milliseconds and a crashed leader is
+// replaced about one TTL after its last renewal. Backend errors are retried
+// with jittered backoff; an outage is reported (ElectionFailed), never fatal.
+//
+// Only the lease's own TTL, or its holder's release, ends a lease. Every
+// instance also writes a heartbeat record every HeartbeatInterval, but
+// heartbeats are information: Members lists them, Leader shows the holder's
+// last one, and a follower that finds the leader's record missing for longer
+// than HeartbeatTTL publishes LeaderStale. None of this ever ends a lease,
+// because a record also vanishes while its owner is alive: a store that lost
+// its data, an evicted key, a delete by hand, a same-ID instance stopping.
 //
 // # What is guaranteed
 //
@@ -51,27 +58,53 @@
 // received that request, which is later. So no two electors believe they lead
 // at the same time, provided that
 //
-//   - the backend keeps a lease for its TTL (a Redis failover with
-//     asynchronous replication can lose it: see redisbackend's WaitReplicas,
-//     or use etcd);
+//   - the store does not lose or delete a live lease (see below);
 //   - the clocks of the leader's machine and of the backend do not drift
 //     apart by more than TTL - RenewDeadline over one TTL (3 s in 10 s with the
-//     defaults; real clocks drift by parts per million). Only clock rates
-//     matter: all deadlines use the monotonic clock, and wall-clock jumps have
-//     no effect;
+//     defaults; real clocks drift by parts per million);
 //   - all instances of an election use the same Options.
 //
-// IsLeader checks the deadline against the clock on every call, so even a
-// process that was paused (a long GC pause, SIGSTOP, a suspended VM) answers
-// false as soon as it runs again; the leader context is cancelled by a timer
-// that fires at the deadline even if the elector's own goroutine is stuck.
+// The deadline is kept on the monotonic clock, so a wall clock stepped back
+// changes nothing, and on the wall clock as well: IsLeader, State and Term
+// answer as not leading once either has passed it. A process that was paused
+// (a long GC pause, SIGSTOP) answers false as soon as it runs again, and the
+// leader context is cancelled by a timer that fires at the deadline even if
+// the elector's own goroutine is stuck. A machine that was suspended (a VM
+// frozen by its hypervisor, a laptop asleep) is covered only in part: Linux's
+// monotonic clock does not advance during a suspend, so after the resume only
+// the wall clock can show that the deadline passed, and only once the guest's
+// wall clock has been corrected; until a call to IsLeader (or the next
+// renewal, at most RenewInterval later) notices, the leader context stays
+// live. A wall clock stepped forward past the deadline makes the leader step
+// down early, which is safe.
+//
+// # When the store loses data
+//
+// A store that loses a live lease (Redis restarted without persistence, a
+// Redis failover to a replica that had not received the write, an evicted
+// key, a lease deleted by hand) breaks the first proviso: a follower can
+// acquire the now-free key while the old leader still believes it leads. The
+// elector narrows that window: when its watch breaks and is re-established,
+// or when it sees someone else's acquisition, the leader renews at once and
+// steps down when the store answers that its lease is gone, so the overlap
+// lasts about one round trip to the store (measured in the package's tests
+// and the chaos checker; see the README). Where the store gives no sign (no
+// watch, or a failover that keeps the connection), the window is at most
+// RenewInterval + RequestTimeout. Fencing terms still increase across such
+// a loss on every backend (on Redis they follow the server's clock, see
+// redisbackend), so a downstream store that checks terms rejects the old
+// leader's late writes.
 //
 // What no lease can guarantee is that a process paused between checking its
 // leadership and acting on it does not act late. That is what the fencing
 // term is for: pass Term (or TermFromContext(leaderCtx)) with every write to a
 // downstream system and have it reject a term lower than the highest it has
 // seen (for SQL: UPDATE ... WHERE fencing_term <= $term). With that, a stale
-// leader's late write is refused rather than applied.
+// leader's late write is refused rather than applied. Terms are 64-bit (on
+// Redis they are large, about the server clock in microseconds): store them
+// in a BIGINT, not a 32-bit column. Moving an election from Redis to etcd
+// makes its terms drop (etcd's are revisions); give the downstream store a
+// new fencing key, or reset its stored term, when you move.
 //
 // # Testing your code
 //

@@ -171,12 +171,32 @@ func (h *Hold) Done() <-chan struct{} { return h.ctx.Done() }
 func (h *Hold) Finished() <-chan struct{} { return h.finished }
 
 // Held reports whether the hold has not stepped down and its deadline has
-// not passed, checking the monotonic clock now.
+// not passed, checking the clocks now: the monotonic clock, and the wall
+// clock as well (see wallNow). A wall clock past the deadline steps down.
 func (h *Hold) Held() bool {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	return !h.stepped && time.Now().Before(h.deadline)
+	held := !h.stepped && time.Now().Before(h.deadline)
+	wallPassed := held && !wallNow().Before(h.deadline.Round(0))
+	h.mu.Unlock()
+	if wallPassed {
+		h.stepDown(Deadline, errWallClock, nil)
+		return false
+	}
+	return held
 }
+
+// wallNow reads the wall clock, stripped of its monotonic reading. The
+// deadline is kept on both clocks: Linux's monotonic clock stops while the
+// machine is suspended (a suspended VM, a laptop asleep), so after a resume
+// only the wall clock, once corrected, shows that the lease's TTL has passed.
+// A wall clock stepped forward therefore makes a holder step down early, the
+// safe direction; one stepped back changes nothing (the monotonic deadline
+// still holds). Tests replace it.
+var wallNow = func() time.Time { return time.Now().Round(0) }
+
+// errWallClock is the error of a step-down because the wall clock passed the
+// deadline before the monotonic clock did.
+var errWallClock = errors.New("keeper: the wall clock passed the deadline (machine suspended, or clock stepped forward)")
 
 // Deadline returns when the hold steps down unless a renewal succeeds.
 func (h *Hold) Deadline() time.Time {
@@ -356,6 +376,7 @@ func (h *Hold) run() {
 
 // renewTick renews once and re-arms t.
 func (h *Hold) renewTick(t *time.Timer) {
+	h.Held() // steps down first if the wall clock passed the deadline
 	err := h.renew(context.Background())
 	switch {
 	case err == nil:

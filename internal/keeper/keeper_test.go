@@ -295,3 +295,53 @@ func TestVerify(t *testing.T) {
 		release(t, h)
 	})
 }
+
+// A machine suspended for longer than the TTL: the monotonic clock stood
+// still, the wall clock (corrected after the resume) did not. The hold
+// answers false and steps down at once.
+func TestWallClockPastDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		var suspended time.Duration
+		restore := keeper.SetWallClock(func() time.Time { return time.Now().Round(0).Add(suspended) })
+		defer restore()
+		h := start(t, c, config(c))
+		time.Sleep(time.Second)
+		if !h.Held() {
+			t.Fatal("Held false before the suspend")
+		}
+		suspended = 5 * time.Second
+		if h.Held() {
+			t.Fatal("Held true after a suspend longer than the TTL (wall clock past the deadline)")
+		}
+		select {
+		case <-h.Done():
+		default:
+			t.Fatal("context not cancelled when Held found the wall clock past the deadline")
+		}
+		if r, cause := h.Reason(); r != keeper.Deadline || cause == nil {
+			t.Errorf("reason %v cause %v, want Deadline", r, cause)
+		}
+		suspended = 0
+		release(t, h)
+	})
+}
+
+// A wall clock stepped back changes nothing.
+func TestWallClockSteppedBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		restore := keeper.SetWallClock(func() time.Time { return time.Now().Round(0).Add(-time.Hour) })
+		defer restore()
+		h := start(t, c, config(c))
+		time.Sleep(5 * time.Second)
+		if !h.Held() {
+			t.Fatal("Held false with a wall clock stepped back")
+		}
+		release(t, h)
+	})
+}
