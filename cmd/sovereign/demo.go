@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/memorybackend"
+)
+
+// startDemo runs candidates on the in-memory backend b, so that serve
+// --demo has something to show: three replicas of a "billing-cron" whose
+// leader resigns now and then, a lone "nightly-report" and a held lock. It
+// returns a function that stops them and waits for them.
+func startDemo(ctx context.Context, b backend.Backend, prefix string) (stop func(), err error) {
+	if _, ok := b.(*memorybackend.Backend); !ok {
+		return nil, errors.New("--demo needs --backend memory://")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var electors []*sovereign.Elector
+	for _, id := range []string{"web-1", "web-2", "web-3"} {
+		e, err := sovereign.New(b, prefix+"billing-cron", id, &sovereign.Options{
+			TTL: 6 * time.Second, Logger: quiet, Metadata: map[string]string{"version": "1.4.2"},
+		})
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		electors = append(electors, e)
+	}
+	report, err := sovereign.New(b, prefix+"nightly-report", "batch-7", &sovereign.Options{Logger: quiet})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	electors = append(electors, report)
+	for _, e := range electors {
+		if err := e.Start(ctx); err != nil {
+			cancel()
+			return nil, err
+		}
+	}
+	// The billing-cron leader hands over every few seconds.
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Duration(6+rand.IntN(6)) * time.Second):
+			}
+			for _, e := range electors[:3] {
+				if e.IsLeader() {
+					_ = e.Resign(ctx)
+					break
+				}
+			}
+		}
+	})
+	// A lock, held and renewed the way package lock stores it.
+	wg.Go(func() {
+		key := lockPrefix + prefix + "db-migrate"
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "deploy-42", TTL: 15 * time.Second,
+			Metadata: map[string]string{"migration": "0042_add_index"}})
+		if err != nil {
+			return
+		}
+		for {
+			select {
+			case <-ctx.Done():
+				_ = b.Release(context.Background(), l)
+				return
+			case <-time.After(3 * time.Second):
+				_ = b.Renew(ctx, l)
+			}
+		}
+	})
+	return func() {
+		cancel()
+		for _, e := range electors {
+			e.Close()
+		}
+		wg.Wait()
+	}, nil
+}

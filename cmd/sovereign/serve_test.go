@@ -1,0 +1,274 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/memorybackend"
+)
+
+var updateScreenshot = flag.Bool("screenshot", false, "write the status page's screenshot to testdata/status-page.png")
+
+// startServe runs the status server in-process on a shared memory store.
+func startServe(t *testing.T, b backend.Backend, names ...string) *httptest.Server {
+	t.Helper()
+	s := newServer(b, serverOptions{label: "memory://", names: names, interval: time.Second, forget: time.Hour, timeout: 5 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { s.run(ctx) })
+	hs := httptest.NewServer(s.handler())
+	t.Cleanup(func() {
+		cancel()
+		hs.CloseClientConnections()
+		hs.Close()
+		wg.Wait()
+	})
+	return hs
+}
+
+func acquire(t *testing.T, b backend.Backend, key, id string, ttl time.Duration, md map[string]string) backend.Lease {
+	t.Helper()
+	l, err := b.Acquire(context.Background(), backend.AcquireRequest{Key: key, HolderID: id, TTL: ttl, Metadata: md})
+	if err != nil {
+		t.Fatalf("acquire %q as %q: %v", key, id, err)
+	}
+	return l
+}
+
+func heartbeat(t *testing.T, b backend.Backend, key string, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		if err := b.Heartbeat(context.Background(), key, id, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestServeBrowser loads the status page in headless Chromium and checks
+// that it shows a leader change, pushed over server-sent events, within a
+// second of the change, without reloading the page.
+func TestServeBrowser(t *testing.T) {
+	br := startBrowser(t)
+	store := memorybackend.NewStore()
+	b := store.Client()
+	defer b.Close()
+	heartbeat(t, b, "billing-cron", "web-1", "web-2", "web-3")
+	la := acquire(t, b, "billing-cron", "web-1", 30*time.Second, map[string]string{"version": "1.4.2"})
+	acquire(t, b, "nightly-report", "batch-7", 20*time.Second, nil) // no heartbeat: a stale warning
+	heartbeat(t, b, lockPrefix+"db-migrate", "deploy-42")
+	acquire(t, b, lockPrefix+"db-migrate", "deploy-42", 15*time.Second, map[string]string{"migration": "0042_add_index"})
+	hs := startServe(t, b, "payments-sweeper") // never held: shown as "no leader"
+
+	if err := br.call("Page.navigate", map[string]any{"url": hs.URL + "/"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Mark the page so a reload would be noticed.
+	if _, err := br.eval(waitHolderJS("billing-cron", "web-1") + `.then(() => { window.__notReloaded = true; return true; })`); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ key, holder string }{
+		{"nightly-report", "batch-7"},
+		{lockPrefix + "db-migrate", "deploy-42"},
+		{"payments-sweeper", ""},
+	} {
+		if _, err := br.eval(waitHolderJS(tc.key, tc.holder)); err != nil {
+			t.Fatalf("%s: %v", tc.key, err)
+		}
+	}
+	v, err := br.eval(`document.querySelector('section[data-key="nightly-report"] .warning')?.textContent ?? ""`)
+	if err != nil || !strings.Contains(string(v), "no live heartbeat") {
+		t.Errorf("got nightly-report warning %s (%v), want one about the missing heartbeat", v, err)
+	}
+	v, err = br.eval(`document.querySelector('section[data-key="payments-sweeper"] .holder').textContent`)
+	if err != nil || string(v) != `"no leader"` {
+		t.Errorf("got payments-sweeper holder %s (%v), want \"no leader\"", v, err)
+	}
+
+	// The change: web-1 resigns, web-2 takes over.
+	changed := time.Now()
+	if err := b.Release(context.Background(), la); err != nil {
+		t.Fatal(err)
+	}
+	acquire(t, b, "billing-cron", "web-2", 30*time.Second, map[string]string{"version": "1.4.2"})
+	if _, err := br.eval(waitHolderJS("billing-cron", "web-2")); err != nil {
+		t.Fatal(err)
+	}
+	shown := time.Since(changed)
+	t.Logf("the page showed the new leader %v after the change", shown)
+	if shown > time.Second {
+		t.Errorf("the page showed the new leader %v after the change, want within 1s", shown)
+	}
+	if v, err := br.eval(`window.__notReloaded === true`); err != nil || string(v) != "true" {
+		t.Errorf("got page marker %s (%v): the page was reloaded, want a live update", v, err)
+	}
+
+	png, err := br.screenshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "status-page.png")
+	if *updateScreenshot {
+		path = filepath.Join("testdata", "status-page.png")
+	}
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", path)
+}
+
+// waitHolderJS returns a promise that resolves once the card of key shows
+// holder ("" for no leader), and rejects after 20 s.
+func waitHolderJS(key, holder string) string {
+	k, _ := json.Marshal(key)
+	h, _ := json.Marshal(holder)
+	return fmt.Sprintf(`new Promise((resolve, reject) => {
+		const check = () => {
+			const el = document.querySelector('section[data-key=' + JSON.stringify(%s) + '] .holder');
+			return el && el.dataset.holder === %s;
+		};
+		if (check()) return resolve(true);
+		const obs = new MutationObserver(() => { if (check()) { obs.disconnect(); resolve(true); } });
+		obs.observe(document, {subtree: true, childList: true, characterData: true, attributes: true});
+		setTimeout(() => { obs.disconnect(); reject(new Error("the page did not show holder " + %s + " of " + %s + ": " + (document.body ? document.body.innerText : "(no body)"))); }, 20000);
+	})`, k, h, h, k)
+}
+
+// TestServeHTTP checks /healthz, /metrics, /api/state and the event stream
+// without a browser.
+func TestServeHTTP(t *testing.T) {
+	store := memorybackend.NewStore()
+	b := store.Client()
+	defer b.Close()
+	heartbeat(t, b, "job", "a", "b")
+	acquire(t, b, "job", "a", time.Minute, nil)
+	acquire(t, b, lockPrefix+"x/y", "h", time.Minute, nil)
+	hs := startServe(t, b, "idle")
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get(hs.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	// Wait for the first snapshot that has read the backend.
+	events := subscribeEvents(t, hs.URL)
+	snap := events.next(func(s snapshot) bool { return s.OK })
+	if len(snap.Entries) != 3 {
+		t.Fatalf("got %d entries, want 3 (job, idle, lock x/y): %+v", len(snap.Entries), snap.Entries)
+	}
+	if code, body := get("/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("got /healthz %d %q, want 200 ok", code, body)
+	}
+	_, metrics := get("/metrics")
+	for _, want := range []string{
+		"# TYPE sovereign_election_held gauge",
+		`sovereign_election_held{name="job",kind="election"} 1`,
+		`sovereign_election_held{name="idle",kind="election"} 0`,
+		`sovereign_election_held{name="x/y",kind="lock"} 1`,
+		`sovereign_election_term{name="job",kind="election"} `,
+		`sovereign_election_ttl_seconds{name="job",kind="election"} `,
+		`sovereign_election_members{name="job",kind="election"} 2`,
+		`sovereign_election_holder_info{name="job",kind="election",holder="a"} 1`,
+		"sovereign_up 1",
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, metrics)
+		}
+	}
+	code, page := get("/")
+	if code != 200 || !strings.Contains(page, "<title>Sovereign status</title>") {
+		t.Errorf("got / %d, want the page", code)
+	}
+
+	// A backend that fails: /healthz turns 503.
+	b.Partition()
+	defer b.Heal()
+	events.next(func(s snapshot) bool { return !s.OK })
+	if code, body := get("/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "unreachable") {
+		t.Fatalf("got /healthz %d %q with the backend partitioned, want 503", code, body)
+	}
+}
+
+// eventStream reads snapshots from /events.
+type eventStream struct {
+	t     *testing.T
+	snaps chan snapshot
+}
+
+func subscribeEvents(t *testing.T, base string) *eventStream {
+	t.Helper()
+	resp, err := http.Get(base + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Errorf("got /events content type %q, want text/event-stream", ct)
+	}
+	es := &eventStream{t: t, snaps: make(chan snapshot, 64)}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(es.snaps)
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			data, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok {
+				continue
+			}
+			var s snapshot
+			if err := json.Unmarshal([]byte(data), &s); err != nil {
+				t.Errorf("event %q: %v", data, err)
+				return
+			}
+			es.snaps <- s
+		}
+	})
+	t.Cleanup(func() {
+		resp.Body.Close()
+		for range es.snaps {
+		}
+		wg.Wait()
+	})
+	return es
+}
+
+// next returns the next snapshot for which ok returns true.
+func (es *eventStream) next(ok func(snapshot) bool) snapshot {
+	es.t.Helper()
+	timeout := time.After(wait)
+	for {
+		select {
+		case s, open := <-es.snaps:
+			if !open {
+				es.t.Fatal("event stream ended")
+			}
+			if ok(s) {
+				return s
+			}
+		case <-timeout:
+			es.t.Fatalf("no matching snapshot within %v", wait)
+		}
+	}
+}
+
+func TestPrometheusLabel(t *testing.T) {
+	if got, want := label("a\"b\\c\nd"), `"a\"b\\c\nd"`; got != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+}
