@@ -15,6 +15,11 @@ func TestConformance(t *testing.T) {
 		return backendtest.Env{
 			Open:     func() backend.Backend { return store.Client() },
 			ShortTTL: 300 * time.Millisecond,
+			Size:     store.Len, // Retention zero: terms come from a store-wide counter
+			Restart: func(loseData bool) {
+				store.Restart(&memorybackend.RestartOptions{KeepLeases: !loseData})
+			},
+			TermsSurviveDataLoss: true, // the counter survives unless LoseTerms
 		}
 	})
 }

@@ -12,6 +12,12 @@
 //
 // Each subtest checks one promise of the contract and fails when the backend
 // breaks it. Subtests run one after another, each on a fresh Env.
+//
+// Two promises need more of the Env than a client: bounded per-key state
+// (Env.Size, Env.Retention) and behaviour across a store restart
+// (Env.Restart, Env.TermsSurviveDataLoss). An Env without those hooks skips
+// the subtests that need them, saying which hook is missing, so give them
+// wherever the store can provide them.
 package backendtest
 
 import (
@@ -36,6 +42,43 @@ type Env struct {
 	// ShortTTL is the TTL used by expiry tests. Zero means 500ms. etcd sets
 	// 1-2s (whole seconds).
 	ShortTTL time.Duration
+
+	// Size returns how much state the store holds for this Env: the number
+	// of keys or records it stores (memory: Store.Len; Redis: the keys
+	// under the backend's prefix; etcd: the keys under the prefix and the
+	// live leases), counting everything a backend might leave behind: term
+	// counters, heartbeat records, member sets. The suite only compares it
+	// with its value before a subtest used any key, so any measure that
+	// grows with per-key state will do. Nil: the BoundedState subtest is
+	// skipped, and says so.
+	Size func() int
+	// Retention is how long the store may keep state for a key after the
+	// key's lease has been released or has expired and its heartbeat
+	// records have expired: a term counter kept so that terms keep
+	// increasing, say. BoundedState lets that much time pass (with Advance,
+	// at once) beyond the records' TTLs before it expects Size back at its
+	// baseline, and then checks that terms still increase. Zero: nothing
+	// outlives the records. A Retention above a minute needs Advance;
+	// without it BoundedState is skipped.
+	Retention time.Duration
+
+	// Restart restarts the store, as a server restart or a failover does,
+	// and returns once the store serves requests again. With loseData the
+	// store comes back empty: every lease, heartbeat record and, unless
+	// TermsSurviveDataLoss, term counter is gone (a Redis without
+	// persistence). Without it the store keeps its data (a restart with
+	// persistence). Clients opened before Restart must keep working; a
+	// call or two may fail while they reconnect (the suite retries reads
+	// for a while). Every watch open across a restart must be closed or
+	// deliver EventReset. Nil: the RestartKeepingData and RestartLosingData
+	// subtests are skipped, and say so.
+	Restart func(loseData bool)
+	// TermsSurviveDataLoss says that the backend promises terms handed out
+	// after Restart(true) greater than every term handed out before it (the
+	// memory store keeps its counter, Redis starts terms from the server
+	// clock). RestartLosingData then checks it; otherwise it only logs the
+	// terms it saw.
+	TermsSurviveDataLoss bool
 }
 
 const (
@@ -77,6 +120,16 @@ func Run(t *testing.T, newEnv func(t *testing.T) Env) {
 		{"Closed", testClosed},
 		{"InvalidArguments", testInvalid},
 		{"ConcurrentUse", testConcurrent},
+		{"SetMetadata", testSetMetadata},
+		{"List", testList},
+		{"ListPrefixIsLiteral", testListLiteral},
+		{"ListOnlyLiveLeases", testListLive},
+		{"ValidateKey", testValidateKey},
+		{"MinTTL", testMinTTL},
+		{"NoTakeover", testNoTakeover},
+		{"BoundedState", testBounded},
+		{"RestartKeepingData", func(t *testing.T, h *harness) { testRestart(t, h, false) }},
+		{"RestartLosingData", func(t *testing.T, h *harness) { testRestart(t, h, true) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -206,8 +207,8 @@ func testSameHolderID(t *testing.T, h *harness) {
 	}
 }
 
-// testTerms: terms strictly increase across release, expiry, re-acquisition
-// and takeover; renewal keeps the term.
+// testTerms: terms strictly increase across release, expiry and
+// re-acquisition; renewal keeps the term.
 func testTerms(t *testing.T, h *harness) {
 	a, b := h.open(), h.open()
 	var terms []uint64
@@ -547,6 +548,8 @@ func calls(b backend.Backend, ctx context.Context, l backend.Lease) map[string]f
 		"Heartbeat":    func() error { return b.Heartbeat(ctx, l.Key, "x", longTTL) },
 		"Members":      func() error { _, err := b.Members(ctx, l.Key); return err },
 		"RemoveMember": func() error { return b.RemoveMember(ctx, l.Key, "x") },
+		"SetMetadata":  func() error { return b.SetMetadata(ctx, l, map[string]string{"x": "y"}) },
+		"List":         func() error { _, err := b.List(ctx, ""); return err },
 	}
 	if w, ok := b.(backend.Watcher); ok {
 		m["Watch"] = func() error { _, err := w.Watch(ctx, l.Key); return err }
@@ -611,6 +614,9 @@ func testInvalid(t *testing.T, h *harness) {
 		{"Release empty key", func() error { return b.Release(h.ctx, lease(func(l *backend.Lease) { l.Key = "" })) }},
 		{"Release empty holder", func() error { return b.Release(h.ctx, lease(func(l *backend.Lease) { l.HolderID = "" })) }},
 		{"Release empty token", func() error { return b.Release(h.ctx, lease(func(l *backend.Lease) { l.Token = "" })) }},
+		{"SetMetadata empty key", func() error { return b.SetMetadata(h.ctx, lease(func(l *backend.Lease) { l.Key = "" }), nil) }},
+		{"SetMetadata empty holder", func() error { return b.SetMetadata(h.ctx, lease(func(l *backend.Lease) { l.HolderID = "" }), nil) }},
+		{"SetMetadata empty token", func() error { return b.SetMetadata(h.ctx, lease(func(l *backend.Lease) { l.Token = "" }), nil) }},
 		{"Get empty key", func() error { _, err := b.Get(h.ctx, ""); return err }},
 		{"Heartbeat empty key", func() error { return b.Heartbeat(h.ctx, "", "a", ttl) }},
 		{"Heartbeat empty ID", func() error { return b.Heartbeat(h.ctx, key, "", ttl) }},
@@ -699,4 +705,333 @@ func testConcurrent(t *testing.T, h *harness) {
 	if err != nil || len(ms) != workers {
 		t.Errorf("Members after the run: got %d members, error %v; want %d", len(ms), err, workers)
 	}
+}
+
+// list returns the records List(prefix) returns, failing on an error.
+func (h *harness) list(b backend.Backend, prefix string) []backend.Record {
+	h.t.Helper()
+	recs, err := b.List(h.ctx, prefix)
+	if err != nil {
+		h.t.Fatalf("List(%q): got error %v, want nil", prefix, err)
+	}
+	return recs
+}
+
+// keysOf returns the keys of recs, in order.
+func keysOf(recs []backend.Record) []string {
+	keys := make([]string, 0, len(recs))
+	for _, r := range recs {
+		keys = append(keys, r.Key)
+	}
+	return keys
+}
+
+// mustList fails unless List(prefix) returns exactly the keys want, in that
+// order, and returns the records.
+func (h *harness) mustList(b backend.Backend, prefix string, want ...string) []backend.Record {
+	h.t.Helper()
+	recs := h.list(b, prefix)
+	if got := keysOf(recs); !slices.Equal(got, want) {
+		h.t.Fatalf("List(%q): got keys %q, want %q", prefix, got, want)
+	}
+	return recs
+}
+
+// testSetMetadata: SetMetadata replaces the metadata of the exact lease
+// held, visibly in Get, List and HeldError, without extending the lease; a
+// stale or foreign lease gets ErrLeaseLost and changes nothing.
+func testSetMetadata(t *testing.T, h *harness) {
+	a, b := h.open(), h.open()
+	orig := map[string]string{"v": "1", "old": "x"}
+	l := h.acquire(a, backend.AcquireRequest{Key: key, HolderID: "a", TTL: 4 * h.env.ShortTTL, Metadata: maps.Clone(orig)})
+	metadata := func(step string) map[string]string {
+		t.Helper()
+		rec := h.get(b, key)
+		if !sameLease(rec, l) {
+			t.Fatalf("Get after %s: got holder %q term %d, want %q term %d", step, rec.HolderID, rec.Term, l.HolderID, l.Term)
+		}
+		return rec.Metadata
+	}
+
+	// Foreign leases change nothing.
+	wrong := map[string]backend.Lease{
+		"random token": {Key: l.Key, HolderID: l.HolderID, Token: backend.NewToken(), Term: l.Term, TTL: l.TTL},
+		"wrong holder": {Key: l.Key, HolderID: "b", Token: l.Token, Term: l.Term, TTL: l.TTL},
+	}
+	for name, w := range wrong {
+		if err := b.SetMetadata(h.ctx, w, map[string]string{"v": "foreign"}); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("SetMetadata with %s: got %v, want ErrLeaseLost", name, err)
+		}
+		if md := metadata("SetMetadata with " + name); !maps.Equal(md, orig) {
+			t.Errorf("metadata after SetMetadata with %s: got %v, want unchanged %v", name, md, orig)
+		}
+	}
+
+	// Let some of the lease's TTL pass, so that an extension would show.
+	h.elapse(h.env.ShortTTL)
+	before := h.get(b, key)
+	if before.TTL >= l.TTL {
+		t.Fatalf("remaining TTL %v after it, got %v, want below the granted %v", h.env.ShortTTL, before.TTL, l.TTL)
+	}
+	md := map[string]string{"v": "2", "new": "y", "empty": ""}
+	want := maps.Clone(md)
+	if err := a.SetMetadata(h.ctx, l, md); err != nil {
+		t.Fatalf("SetMetadata of the held lease: got %v, want nil", err)
+	}
+	md["v"] = "changed by the caller after SetMetadata"
+	after := h.get(b, key)
+	if !maps.Equal(after.Metadata, want) {
+		t.Errorf("Get metadata after SetMetadata: got %v, want %v (replaced, not merged)", after.Metadata, want)
+	}
+	if after.TTL > before.TTL {
+		t.Errorf("remaining TTL after SetMetadata: got %v, want at most the %v before it (SetMetadata must not extend the lease)",
+			after.TTL, before.TTL)
+	}
+	_, err := b.Acquire(h.ctx, backend.AcquireRequest{Key: key, HolderID: "b", TTL: longTTL})
+	var held *backend.HeldError
+	if !errors.As(err, &held) {
+		t.Fatalf("Acquire of a held key: got %v, want *HeldError", err)
+	}
+	if !maps.Equal(held.Holder.Metadata, want) {
+		t.Errorf("HeldError metadata after SetMetadata: got %v, want %v", held.Holder.Metadata, want)
+	}
+	if recs := h.mustList(b, key, key); !maps.Equal(recs[0].Metadata, want) {
+		t.Errorf("List metadata after SetMetadata: got %v, want %v", recs[0].Metadata, want)
+	}
+
+	if err := a.SetMetadata(h.ctx, l, nil); err != nil {
+		t.Fatalf("SetMetadata(nil): got %v, want nil", err)
+	}
+	if md := metadata("SetMetadata(nil)"); len(md) != 0 {
+		t.Errorf("metadata after SetMetadata(nil): got %v, want none", md)
+	}
+
+	// A released lease: ErrLeaseLost, and the key stays free.
+	if err := a.Release(h.ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := a.SetMetadata(h.ctx, l, map[string]string{"v": "stale"}); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("SetMetadata of a released lease: got %v, want ErrLeaseLost", err)
+	}
+	h.mustBeFree(b, key)
+	// ... and once someone else holds the key, its metadata is untouched.
+	bmd := map[string]string{"holder": "b"}
+	lb := h.acquire(b, backend.AcquireRequest{Key: key, HolderID: "b", TTL: longTTL, Metadata: bmd})
+	if err := a.SetMetadata(h.ctx, l, map[string]string{"v": "stale"}); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("SetMetadata of a released lease after re-acquisition: got %v, want ErrLeaseLost", err)
+	}
+	rec := h.get(a, key)
+	if !sameLease(rec, lb) || !maps.Equal(rec.Metadata, bmd) {
+		t.Errorf("record after a stale SetMetadata: got holder %q metadata %v, want %q with %v", rec.HolderID, rec.Metadata, lb.HolderID, bmd)
+	}
+}
+
+// testList: List returns the complete records of the held keys beginning
+// with the prefix, sorted by key; keys may contain "/" and ":" (lock keys
+// look like "lock/tally:42/x"); an empty prefix lists every held key.
+func testList(t *testing.T, h *harness) {
+	a, b := h.open(), h.open()
+	type held struct {
+		lease backend.Lease
+		md    map[string]string
+	}
+	leases := map[string]held{}
+	// Acquired out of order, so that a backend returning them in
+	// acquisition order is caught.
+	for i, k := range []string{"lock/tally:42/y", "lock/tally:5", "billing", "lock/tally:42/x", "lock/tally:420", "lock/tally:42"} {
+		md := map[string]string{"key": k, "n": fmt.Sprint(i)}
+		c := a
+		if i%2 == 1 {
+			c = b
+		}
+		l := h.acquire(c, backend.AcquireRequest{Key: k, HolderID: fmt.Sprintf("holder-%d", i), TTL: longTTL, Metadata: maps.Clone(md)})
+		leases[k] = held{l, md}
+	}
+	// Heartbeat records of a holder and of a key nobody holds are not leases.
+	if err := a.Heartbeat(h.ctx, "lock/tally:42/x", leases["lock/tally:42/x"].lease.HolderID, longTTL); err != nil {
+		t.Fatalf("Heartbeat: %v", err)
+	}
+	if err := a.Heartbeat(h.ctx, "lock/tally:42/z", "someone", longTTL); err != nil {
+		t.Fatalf("Heartbeat: %v", err)
+	}
+
+	recs := h.mustList(b, "lock/tally:42/", "lock/tally:42/x", "lock/tally:42/y")
+	for _, rec := range recs {
+		want := leases[rec.Key]
+		if !sameLease(rec, want.lease) {
+			t.Errorf("List record of %q: got holder %q token %q term %d, want %q %q %d",
+				rec.Key, rec.HolderID, rec.Token, rec.Term, want.lease.HolderID, want.lease.Token, want.lease.Term)
+		}
+		if !maps.Equal(rec.Metadata, want.md) {
+			t.Errorf("List record of %q: got metadata %v, want %v", rec.Key, rec.Metadata, want.md)
+		}
+		if rec.TTL <= 0 || rec.TTL > want.lease.TTL {
+			t.Errorf("List record of %q: got TTL %v, want in (0, %v]", rec.Key, rec.TTL, want.lease.TTL)
+		}
+		if rec.AcquiredAt.IsZero() {
+			t.Errorf("List record of %q: AcquiredAt is zero", rec.Key)
+		}
+	}
+	h.mustList(b, "lock/tally:42", "lock/tally:42", "lock/tally:42/x", "lock/tally:42/y", "lock/tally:420")
+	h.mustList(b, "lock/", "lock/tally:42", "lock/tally:42/x", "lock/tally:42/y", "lock/tally:420", "lock/tally:5")
+	h.mustList(b, "billing", "billing")
+	h.mustList(b, "lock/tally:42/x/")
+	h.mustList(b, "nothing/")
+	all := h.mustList(b, "", "billing", "lock/tally:42", "lock/tally:42/x", "lock/tally:42/y", "lock/tally:420", "lock/tally:5")
+	for _, rec := range all {
+		if want := leases[rec.Key]; !sameLease(rec, want.lease) || !maps.Equal(rec.Metadata, want.md) {
+			t.Errorf(`List(""): record of %q: got %+v, want the lease %+v with metadata %v`, rec.Key, rec, want.lease, want.md)
+		}
+	}
+}
+
+// testListLiteral: List matches its prefix byte for byte: glob characters
+// ("*", "?", "[", "\") in a prefix have no special meaning.
+func testListLiteral(t *testing.T, h *harness) {
+	a := h.open()
+	var keys []string
+	for _, k := range []string{`glob/a*`, `glob/a*b`, `glob/a?`, `glob/a[b]`, `glob/a\b`, `glob/ab`, `glob/abc`, `glob/aXb`, `glob/a\*`} {
+		if err := a.ValidateKey(k); err != nil {
+			t.Logf("ValidateKey(%q) refuses it (%v): not used", k, err)
+			continue
+		}
+		h.acquireKey(a, k, "a", longTTL)
+		keys = append(keys, k)
+	}
+	accepted := func(ks ...string) []string {
+		var out []string
+		for _, k := range ks {
+			if slices.Contains(keys, k) {
+				out = append(out, k)
+			}
+		}
+		return out
+	}
+	for _, c := range []struct {
+		prefix string
+		want   []string
+	}{
+		{`glob/a*`, []string{`glob/a*`, `glob/a*b`}},
+		{`glob/a?`, []string{`glob/a?`}},
+		{`glob/a[b]`, []string{`glob/a[b]`}},
+		{`glob/a[`, []string{`glob/a[b]`}},
+		{`glob/a\`, []string{`glob/a\*`, `glob/a\b`}},
+		{`glob/a\*`, []string{`glob/a\*`}},
+		{`glob/ab`, []string{`glob/ab`, `glob/abc`}},
+	} {
+		h.mustList(a, c.prefix, accepted(c.want...)...)
+	}
+}
+
+// testListLive: List lists held leases only: never a heartbeat record, a
+// released lease or an expired one.
+func testListLive(t *testing.T, h *harness) {
+	a, b := h.open(), h.open()
+	expiring := h.acquireKey(a, "list/expired", "a", h.env.ShortTTL)
+	released := h.acquireKey(a, "list/released", "a", longTTL)
+	if err := a.Release(h.ctx, released); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	l := h.acquireKey(a, "list/held", "a", longTTL)
+	for _, hb := range []struct{ key, id string }{
+		{"list/held", "a"}, {"list/held", "b"}, {"list/heartbeat-only", "c"}, {"list/released", "a"}, {"list/expired", "a"},
+	} {
+		if err := b.Heartbeat(h.ctx, hb.key, hb.id, longTTL); err != nil {
+			t.Fatalf("Heartbeat(%q, %q): %v", hb.key, hb.id, err)
+		}
+	}
+	h.eventually("expiry of list/expired", expiring.TTL, h.freeCond(b, expiring.Key))
+	for _, prefix := range []string{"list/", "list", ""} {
+		recs := h.mustList(b, prefix, "list/held")
+		if !sameLease(recs[0], l) {
+			t.Errorf("List(%q): got holder %q term %d, want %q term %d", prefix, recs[0].HolderID, recs[0].Term, l.HolderID, l.Term)
+		}
+	}
+	h.mustList(b, "list/heartbeat-only")
+	h.mustList(b, "list/released")
+	h.mustList(b, "list/expired")
+}
+
+// testValidateKey: ValidateKey refuses the empty key with ErrInvalid and
+// accepts ordinary keys, lock keys included, which can then be used.
+func testValidateKey(t *testing.T, h *harness) {
+	b := h.open()
+	err := b.ValidateKey("")
+	if !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf(`ValidateKey(""): got %v, want ErrInvalid`, err)
+	}
+	for _, k := range []string{"billing", "lock/a/b:c", "lock/tally:42/x", "billing-cron.v2"} {
+		if err := b.ValidateKey(k); err != nil {
+			t.Errorf("ValidateKey(%q): got %v, want nil", k, err)
+			continue
+		}
+		l := h.acquireKey(b, k, "a", longTTL)
+		h.mustHold(b, l)
+	}
+}
+
+// testMinTTL: MinTTL is positive and a lease of MinTTL can be acquired.
+func testMinTTL(t *testing.T, h *harness) {
+	b := h.open()
+	min := b.MinTTL()
+	if min <= 0 {
+		t.Fatalf("MinTTL: got %v, want > 0", min)
+	}
+	l, err := b.Acquire(h.ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: min})
+	if err != nil {
+		t.Fatalf("Acquire with TTL MinTTL (%v): got %v, want nil", min, err)
+	}
+	if l.TTL < min || l.Term == 0 || l.Token == "" {
+		t.Errorf("lease with TTL MinTTL (%v): got %+v, want TTL >= %v, a term and a token", min, l, min)
+	}
+	t.Logf("MinTTL %v, granted %v", min, l.TTL)
+}
+
+// testNoTakeover: a holder whose heartbeat record is gone, deleted or
+// expired, keeps its lease: another Acquire gets ErrHeld and the holder can
+// still renew. Only the lease's own TTL ends it.
+func testNoTakeover(t *testing.T, h *harness) {
+	a, b := h.open(), h.open()
+	if err := a.Heartbeat(h.ctx, key, "a", longTTL); err != nil {
+		t.Fatalf("Heartbeat: %v", err)
+	}
+	if err := b.Heartbeat(h.ctx, key, "b", longTTL); err != nil {
+		t.Fatalf("Heartbeat: %v", err)
+	}
+	l := h.acquireKey(a, key, "a", longTTL)
+	stillHeld := func(how string) {
+		t.Helper()
+		rec := h.get(b, key)
+		if !sameLease(rec, l) || rec.HasHeartbeat() {
+			t.Fatalf("record after the holder's heartbeat %s: got holder %q term %d, HeartbeatAt %v; want %q term %d without heartbeat",
+				how, rec.HolderID, rec.Term, rec.HeartbeatAt, l.HolderID, l.Term)
+		}
+		_, err := b.Acquire(h.ctx, backend.AcquireRequest{Key: key, HolderID: "b", TTL: longTTL})
+		var held *backend.HeldError
+		if !errors.As(err, &held) || !sameLease(held.Holder, l) {
+			t.Fatalf("Acquire by another instance after the holder's heartbeat %s: got %v, want ErrHeld naming %q term %d",
+				how, err, l.HolderID, l.Term)
+		}
+		if err := a.Renew(h.ctx, l); err != nil {
+			t.Fatalf("Renew after the holder's heartbeat %s: got %v, want nil", how, err)
+		}
+		h.mustHold(b, l)
+	}
+
+	if err := b.RemoveMember(h.ctx, key, "a"); err != nil {
+		t.Fatalf("RemoveMember: %v", err)
+	}
+	stillHeld("was deleted")
+
+	if err := a.Heartbeat(h.ctx, key, "a", h.env.ShortTTL); err != nil {
+		t.Fatalf("Heartbeat: %v", err)
+	}
+	if !h.get(b, key).HasHeartbeat() {
+		t.Fatal("record after a new heartbeat: no heartbeat, want the holder's")
+	}
+	h.eventually("expiry of the holder's heartbeat", h.env.ShortTTL, func() (bool, string) {
+		rec := h.get(b, key)
+		return !rec.HasHeartbeat(), fmt.Sprintf("heartbeat %v old", rec.HeartbeatAge)
+	})
+	stillHeld("expired")
 }
