@@ -88,6 +88,24 @@ func (c *crashable) Get(ctx context.Context, key string) (backend.Record, error)
 	return c.inner.Get(ctx, key)
 }
 
+func (c *crashable) SetMetadata(ctx context.Context, l backend.Lease, md map[string]string) error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	return c.inner.SetMetadata(ctx, l, md)
+}
+
+func (c *crashable) List(ctx context.Context, prefix string) ([]backend.Record, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	return c.inner.List(ctx, prefix)
+}
+
+func (c *crashable) ValidateKey(key string) error { return c.inner.ValidateKey(key) }
+
+func (c *crashable) MinTTL() time.Duration { return c.inner.MinTTL() }
+
 func (c *crashable) Heartbeat(ctx context.Context, key, id string, ttl time.Duration) error {
 	if err := c.check(); err != nil {
 		return err
