@@ -108,18 +108,28 @@ func (lk *Lock) monitor() {
 
 // watchHeld asks for a renewal at once whenever the key's watch reports
 // anything (a reset, a release or expiry, another acquisition) or breaks,
-// until the hold steps down.
+// until the hold steps down. It subscribes only once the lock has been held
+// for a quarter of RenewInterval, so short locks cost no subscription, and
+// renews right after subscribing, which covers that first stretch.
 func (lk *Lock) watchHeld() {
 	ctx := lk.hold.Context()
+	delay := time.NewTimer(lk.p.renewInterval / 4)
+	select {
+	case <-ctx.Done():
+		delay.Stop()
+		return
+	case <-delay.C:
+	}
 	sub := lk.l.subscribe(ctx, lk.lease.Key, lk.p.requestTimeout, lk.p.renewInterval)
 	defer sub.stop()
+	first := true
 	for ctx.Err() == nil {
 		sub.ensure()
 		if sub.off {
 			return
 		}
-		if sub.resubbed {
-			sub.resubbed = false
+		if sub.ch != nil && (sub.resubbed || first) {
+			sub.resubbed, first = false, false
 			lk.hold.RenewNow() // changes may have been missed
 		}
 		var (

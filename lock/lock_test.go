@@ -152,14 +152,17 @@ func TestLossByPartition(t *testing.T) {
 		if err != nil {
 			t.Fatalf("TryAcquire: %v", err)
 		}
-		time.Sleep(500 * time.Millisecond) // renewals at 200 and 400 ms succeeded
+		time.Sleep(500 * time.Millisecond) // renewed every 200ms
 		ac.Partition()
+		// Deadline: the last renewal's send time + RenewDeadline (700ms).
+		// The store keeps the lease until that renewal + TTL (1s).
+		dl := lk.Deadline()
+		if d := dl.Sub(t0); d < 900*time.Millisecond || d > 1200*time.Millisecond {
+			t.Errorf("deadline %v after acquiring, want a renewal in the last 200ms + 700ms", d)
+		}
 		<-lk.Done()
-		lostAt := time.Since(t0)
-		// Deadline: last renewal sent (400ms) + RenewDeadline (700ms). The
-		// store keeps the lease until 400ms + TTL (1s).
-		if lostAt != 1100*time.Millisecond {
-			t.Errorf("lock context cancelled at %v, want 1.1s (last renewal + RenewDeadline)", lostAt)
+		if !time.Now().Equal(dl) {
+			t.Errorf("lock context cancelled %v after the deadline, want at it", time.Since(dl))
 		}
 		if lk.Held() {
 			t.Error("Held: got true after the deadline, want false")
@@ -783,11 +786,15 @@ func TestPerLockTTL(t *testing.T) {
 		if rec := lk.Record(); rec.TTL != 5*time.Second {
 			t.Errorf("record TTL: got %v, want 5s", rec.TTL)
 		}
-		time.Sleep(2500 * time.Millisecond) // renewed every second
+		time.Sleep(2500 * time.Millisecond) // renewed every second (RenewInterval scaled to 1s)
 		c.Partition()
+		dl := lk.Deadline()
+		if lastRenewal := dl.Add(-3500 * time.Millisecond); time.Since(lastRenewal) > time.Second || lastRenewal.Before(t0.Add(time.Second)) {
+			t.Errorf("deadline %v after acquiring: the last renewal was not within the last second", dl.Sub(t0))
+		}
 		<-lk.Done()
-		if d := time.Since(t0); d != 5500*time.Millisecond { // last renewal at 2s
-			t.Errorf("lost after %v, want 5.5s (last renewal at 2s + 3.5s)", d)
+		if !time.Now().Equal(dl) {
+			t.Errorf("lost %v after the deadline, want at it", time.Since(dl))
 		}
 		c.Heal()
 		lk.Release(t.Context())
