@@ -68,7 +68,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 	select {
 	case <-w.turn:
 	case <-ctx.Done():
-		return nil, l.gaveUp(ctx, key, q.lastHolder(), nil)
+		return nil, l.gaveUp(ctx, "acquire", key, q.lastHolder(), nil)
 	}
 	return l.acquireHead(ctx, key, bk, p, q, w)
 }
@@ -117,7 +117,7 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 			}
 			wait = min(max(wait, minRetry), p.ttl)
 		case ctx.Err() != nil:
-			return nil, l.gaveUp(ctx, key, q.lastHolder(), lastErr)
+			return nil, l.gaveUp(ctx, "acquire", key, q.lastHolder(), lastErr)
 		case errors.Is(err, backend.ErrInvalid), errors.Is(err, backend.ErrClosed), errors.Is(err, ErrClosed):
 			return nil, err
 		default:
@@ -127,22 +127,22 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 			wait = backoff(p.renewInterval, failures)
 		}
 		if !sub.wait(ctx, wait, w.wake) {
-			return nil, l.gaveUp(ctx, key, q.lastHolder(), lastErr)
+			return nil, l.gaveUp(ctx, "acquire", key, q.lastHolder(), lastErr)
 		}
 	}
 }
 
 // gaveUp returns the error of a wait that ctx ended.
-func (l *Locker) gaveUp(ctx context.Context, key string, last *backend.Record, lastErr error) error {
+func (l *Locker) gaveUp(ctx context.Context, op, key string, last *backend.Record, lastErr error) error {
 	switch {
 	case context.Cause(ctx) == ErrClosed:
-		return fmt.Errorf("lock: acquire %q: %w", key, ErrClosed)
+		return fmt.Errorf("lock: %s %q: %w", op, key, ErrClosed)
 	case last != nil:
 		return &HeldError{Key: key, Holder: *last, Err: ctx.Err()}
 	case lastErr != nil:
-		return fmt.Errorf("lock: acquire %q: %w (last error: %w)", key, ctx.Err(), lastErr)
+		return fmt.Errorf("lock: %s %q: %w (last error: %w)", op, key, ctx.Err(), lastErr)
 	}
-	return fmt.Errorf("lock: acquire %q: %w", key, ctx.Err())
+	return fmt.Errorf("lock: %s %q: %w", op, key, ctx.Err())
 }
 
 // attempt makes one acquisition attempt and, when it succeeds, starts
@@ -277,14 +277,14 @@ func (l *Locker) WaitFree(ctx context.Context, key string) error {
 			last, failures = &r, 0
 			wait = min(max(max(rec.TTL, 0)+expiryMargin, minRetry), o.TTL)
 		case ctx.Err() != nil:
-			return l.gaveUp(ctx, key, last, lastErr)
+			return l.gaveUp(ctx, "wait free", key, last, lastErr)
 		default:
 			failures++
 			lastErr = err
 			wait = backoff(o.RenewInterval, failures)
 		}
 		if !sub.wait(ctx, wait, nil) {
-			return l.gaveUp(ctx, key, last, lastErr)
+			return l.gaveUp(ctx, "wait free", key, last, lastErr)
 		}
 	}
 }
