@@ -54,8 +54,9 @@ type Env struct {
 	Size func() int
 	// Retention is how long the store may keep state for a key after the
 	// key's lease has been released or has expired and its heartbeat
-	// records have expired: a term counter kept so that terms keep
-	// increasing, say. BoundedState lets that much time pass (with Advance,
+	// records have expired (a record deleted by RemoveMember counts as
+	// expiring when its TTL would have ended): a term counter kept so that
+	// terms keep increasing, say. BoundedState lets that much time pass (with Advance,
 	// at once) beyond the records' TTLs before it expects Size back at its
 	// baseline, and then checks that terms still increase. Zero: nothing
 	// outlives the records. A Retention above a minute needs Advance;
