@@ -835,3 +835,46 @@ func TestHungStore(t *testing.T) {
 		}
 	})
 }
+
+// noWatch hides the memory client's Watch: a backend that cannot watch.
+type noWatch struct{ backend.Backend }
+
+// TestAcquireWithoutWatch: over a backend that cannot watch, a waiter
+// re-checks when the holder's lease would expire (its remaining TTL plus a
+// small margin), not by polling.
+func TestAcquireWithoutWatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		opts := &lock.Options{TTL: 10 * time.Second, Logger: quiet}
+		alice := newLocker(t, client(t, store), "alice", opts)
+		bc := client(t, store)
+		bob := newLocker(t, noWatch{bc}, "bob", opts)
+		la, err := alice.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		var he *lock.HeldError
+		if _, err := bob.TryAcquire(t.Context(), "k", nil); !errors.As(err, &he) {
+			t.Fatalf("TryAcquire: got %v, want a HeldError", err)
+		}
+		left := he.Holder.TTL // what bob's first attempt below sees too
+		bc.ResetCalls()
+		t0 := time.Now()
+		go func() {
+			time.Sleep(3 * time.Second)
+			la.Release(context.Background())
+		}()
+		lb, err := bob.Acquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lb.Release(t.Context())
+		if d := time.Since(t0); d != left+5*time.Millisecond {
+			t.Errorf("bob acquired after %v, want %v (the TTL left at his attempt + 5ms)", d, left+5*time.Millisecond)
+		}
+		if n := bc.Calls()["Acquire"]; n != 2 {
+			t.Errorf("bob's Acquire calls: got %d, want 2", n)
+		}
+	})
+}
