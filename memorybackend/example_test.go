@@ -44,3 +44,31 @@ func Example() {
 	// a healed, renew error: <nil>
 	// a's calls: 2 renewals
 }
+
+// A restart without persistence loses every lease: the holder learns it on
+// its next renewal, watches are closed so receivers re-subscribe, and the
+// store-wide term counter keeps fencing terms increasing.
+func ExampleStore_Restart() {
+	ctx := context.Background()
+	store := memorybackend.NewStore()
+	a, b := store.Client(), store.Client()
+	defer a.Close()
+	defer b.Close()
+
+	events, _ := b.Watch(ctx, "scheduler")
+	lease, _ := a.Acquire(ctx, backend.AcquireRequest{Key: "scheduler", HolderID: "a", TTL: time.Minute})
+	fmt.Println("a holds term", lease.Term)
+
+	store.Restart(nil) // &memorybackend.RestartOptions{LoseTerms: true} would reset the terms too
+	for range events {
+	}
+	fmt.Println("b's watch closed")
+	fmt.Println("a's renewal reports the lease lost:", errors.Is(a.Renew(ctx, lease), backend.ErrLeaseLost))
+	lb, _ := b.Acquire(ctx, backend.AcquireRequest{Key: "scheduler", HolderID: "b", TTL: time.Minute})
+	fmt.Println("b holds term", lb.Term)
+	// Output:
+	// a holds term 1
+	// b's watch closed
+	// a's renewal reports the lease lost: true
+	// b holds term 2
+}
