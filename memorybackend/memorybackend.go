@@ -23,7 +23,8 @@
 // on every access. It starts no goroutine of its own: the only code that
 // runs outside a caller's call is the short callback of a key's expiry timer
 // (time.AfterFunc), which delivers EventExpired when a lease expires and
-// forgets the key once nothing of it is left (see Bounded state). Inside a
+// forgets the key once nothing of it is left (see Bounded state), and that of
+// a watch whose context ends (context.AfterFunc), which closes it. Inside a
 // testing/synctest bubble time is therefore virtual, and a test can let a
 // lease expire with time.Sleep at no cost. Create the store, its clients and
 // their watches inside the bubble that uses them: the store's expiry timers
@@ -47,7 +48,9 @@
 // records or watches is forgotten at once; otherwise it is forgotten when its
 // lease has expired, its last heartbeat record has expired (its expiry timer
 // fires then) and its watches are closed. Len reports how many keys the
-// store holds state for.
+// store holds state for. The store rebuilds its key map once it has shrunk
+// to a quarter of its peak, so a store that once held many keys gives their
+// memory back.
 //
 // # Watch
 //
