@@ -878,3 +878,26 @@ func TestAcquireWithoutWatch(t *testing.T) {
 		}
 	})
 }
+
+// TestDoPanics: a panicking function still releases its lock; the panic
+// reaches Do's caller.
+func TestDoPanics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		l := newLocker(t, client(t, store), "a", fastOpts())
+		other := newLocker(t, client(t, store), "b", fastOpts())
+		func() {
+			defer func() {
+				if r := recover(); r != "boom" {
+					t.Errorf("recovered %v, want boom", r)
+				}
+			}()
+			l.Do(t.Context(), "k", nil, func(context.Context, *lock.Lock) error { panic("boom") })
+		}()
+		lk, err := other.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatalf("TryAcquire after the panic: %v, want the lock released", err)
+		}
+		lk.Release(t.Context())
+	})
+}
