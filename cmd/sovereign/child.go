@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -235,4 +236,33 @@ func defaultID() string {
 		h = "unknown"
 	}
 	return h + "-" + strconv.Itoa(os.Getpid())
+}
+
+// outcome is how a supervised command ended.
+type outcome struct {
+	// lost reports that the holding context ended first and the command was
+	// stopped; cause is why.
+	lost  bool
+	cause error
+	// code is the command's exit status (meaningless when lost).
+	code   int
+	status string // the command's end, for logs
+}
+
+// supervise runs the started child c until it exits by itself, or until
+// held ends, in which case it stops the child (SIGTERM to its process
+// group, SIGKILL after the grace). Either way it returns only once the
+// child has exited and what was left of its process group is gone, so the
+// caller may then give the lease up.
+func supervise(held context.Context, sup *supervisor, c *child) outcome {
+	defer sup.clear()
+	select {
+	case <-c.done:
+		c.killGroup()
+		return outcome{code: c.exitCode(), status: c.describe()}
+	case <-held.Done():
+	}
+	cause := context.Cause(held)
+	c.stop(cause.Error())
+	return outcome{lost: true, cause: cause, code: c.exitCode(), status: c.describe()}
 }

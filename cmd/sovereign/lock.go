@@ -3,8 +3,158 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sovereign-go/sovereign/lock"
 )
 
 func cmdLock(ctx context.Context, env *env, args []string) error {
-	return exitWith(exitSoftware, errors.New("lock: not implemented yet"))
+	fs := newFlagSet(env, "lock", "lock [flags] KEY -- CMD [ARGS...]")
+	var h holdFlags
+	h.register(fs)
+	try := fs.Bool("try", false, "one attempt: if the lock is held, say by whom and exit 75")
+	waitFor := fs.Duration("wait", 0, "wait at most this long for the lock, then exit 75 (default: wait until stopped)")
+	pos, argv, err := parseArgs(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || len(argv) == 0 {
+		fs.Usage()
+		return exitWith(exitUsage, errFlagsReported)
+	}
+	if *waitFor < 0 {
+		return usageError("--wait must not be negative")
+	}
+	if *try && *waitFor > 0 {
+		return usageError("--try and --wait exclude each other")
+	}
+	key := pos[0]
+	log := h.logger(env)
+
+	b, err := env.open()
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	if err := b.ValidateKey(lockPrefix + key); err != nil {
+		return exitWith(exitUsage, fmt.Errorf("lock key: %w", err))
+	}
+	locker, err := lock.New(b.Backend, h.id, &lock.Options{TTL: h.ttl, RenewDeadline: h.renewDeadline, Logger: log})
+	if err != nil {
+		return exitWith(exitUsage, err)
+	}
+	defer locker.Close()
+	lo := locker.Options()
+	grace, err := checkGrace(h.grace, lo.TTL, lo.RenewDeadline)
+	if err != nil {
+		return err
+	}
+	spec := childSpec{argv: argv, shell: h.shell, grace: grace, log: log}
+
+	waitCtx, cancelWait := context.WithCancel(ctx)
+	defer cancelWait()
+	var sup supervisor
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
+	go sup.handle(sigs, cancelWait)
+
+	if err := probe(waitCtx, b, lockPrefix+key, env.backend.commandTimeout); err != nil {
+		if code, ok := sup.signalled(); ok {
+			return exitWith(code, nil)
+		}
+		return err
+	}
+	if err := becomeSubreaper(); err != nil {
+		log.Warn("sovereign: cannot become a child subreaper; the command's orphaned children will not be waited for", "err", err)
+	}
+
+	ao := &lock.AcquireOptions{Metadata: h.meta(argv)}
+	var lk *lock.Lock
+	switch {
+	case *try:
+		actx, cancel := context.WithTimeout(waitCtx, env.backend.commandTimeout)
+		lk, err = locker.TryAcquire(actx, key, ao)
+		cancel()
+	case *waitFor > 0:
+		actx, cancel := context.WithTimeout(waitCtx, *waitFor)
+		lk, err = locker.Acquire(actx, key, ao)
+		cancel()
+	default:
+		lk, err = locker.Acquire(waitCtx, key, ao)
+	}
+	if err != nil {
+		if code, ok := sup.signalled(); ok {
+			return exitWith(code, nil)
+		}
+		var held *lock.HeldError
+		if errors.As(err, &held) {
+			return exitWith(exitHeld, errors.New(describeHeld(held)))
+		}
+		return unreachable(err)
+	}
+	release := func() {
+		rctx, cancel := context.WithTimeout(context.Background(), lo.RequestTimeout)
+		defer cancel()
+		if err := lk.Release(rctx); err != nil && !errors.Is(err, lock.ErrLockLost) {
+			log.Warn("sovereign: releasing the lock failed; it expires by its TTL", "key", key, "err", err)
+		}
+	}
+	c, err := sup.start(spec, childEnv(map[string]string{
+		"SOVEREIGN_KEY":       key,
+		"SOVEREIGN_HOLDER_ID": h.id,
+		"SOVEREIGN_TERM":      strconv.FormatUint(lk.Term(), 10),
+	}))
+	if err != nil {
+		release()
+		if code, ok := sup.signalled(); ok {
+			return exitWith(code, nil)
+		}
+		return err
+	}
+	log.Info("sovereign: lock held; command started", "key", key, "term", lk.Term(), "pid", c.pgid)
+	out := supervise(lk.Context(), &sup, c)
+	release()
+	if out.lost {
+		log.Warn("sovereign: lock lost; command stopped", "key", key, "term", lk.Term(), "cause", out.cause, "status", out.status)
+		return exitWith(exitLost, fmt.Errorf("%v; the command was stopped (%s)", out.cause, out.status))
+	}
+	log.Info("sovereign: command exited; lock released", "key", key, "term", lk.Term(), "status", out.status)
+	return exitWith(out.code, nil)
+}
+
+// describeHeld says who holds a lock: holder, term, since when, TTL left,
+// metadata.
+func describeHeld(e *lock.HeldError) string {
+	r := e.Holder
+	var b strings.Builder
+	fmt.Fprintf(&b, "lock %q is held by %q (term %d)", e.Key, r.HolderID, r.Term)
+	if !r.AcquiredAt.IsZero() {
+		fmt.Fprintf(&b, " since %s (%s ago)", r.AcquiredAt.Format(time.RFC3339), round(time.Since(r.AcquiredAt)))
+	}
+	if r.TTL > 0 {
+		fmt.Fprintf(&b, ", lease %s left", round(r.TTL))
+	}
+	if len(r.Metadata) > 0 {
+		keys := make([]string, 0, len(r.Metadata))
+		for k := range r.Metadata {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var parts []string
+		for _, k := range keys {
+			parts = append(parts, k+"="+r.Metadata[k])
+		}
+		fmt.Fprintf(&b, "; metadata %s", strings.Join(parts, " "))
+	}
+	if e.Err != nil {
+		fmt.Fprintf(&b, " (gave up waiting: %v)", e.Err)
+	}
+	return b.String()
 }

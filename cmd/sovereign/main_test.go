@@ -213,6 +213,7 @@ type proc struct {
 	mu     sync.Mutex // guards stderrLines
 	stderr []string
 	lines  chan string // stderr lines as they come
+	out    chan string // stdout lines as they come
 	done   chan struct{}
 	code   int
 }
@@ -223,9 +224,12 @@ func start(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
-	p := &proc{t: t, cmd: cmd, stdout: &bytes.Buffer{}, lines: make(chan string, 4096), done: make(chan struct{})}
-	cmd.Stdout = &lockedBuffer{b: p.stdout, mu: &p.mu}
+	p := &proc{t: t, cmd: cmd, stdout: &bytes.Buffer{}, lines: make(chan string, 4096), out: make(chan string, 4096), done: make(chan struct{})}
 	pr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	po, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,6 +237,18 @@ func start(t *testing.T, env []string, args ...string) *proc {
 		t.Fatal(err)
 	}
 	var readDone sync.WaitGroup
+	readDone.Go(func() {
+		sc := bufio.NewScanner(po)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.stdout.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			select {
+			case p.out <- sc.Text():
+			default:
+			}
+		}
+	})
 	readDone.Go(func() {
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
@@ -299,6 +315,18 @@ func (p *proc) waitLog(s string) string {
 				return l
 			}
 		case <-p.done:
+			// Every line was queued before done closed.
+			for {
+				select {
+				case l := <-p.lines:
+					if strings.Contains(l, s) {
+						return l
+					}
+					continue
+				default:
+				}
+				break
+			}
 			p.t.Fatalf("sovereign exited (%d) before logging %q; stderr:\n%s", p.code, s, p.stderrText())
 		case <-timeout:
 			p.t.Fatalf("sovereign did not log %q within %v; stderr:\n%s", s, wait, p.stderrText())
@@ -325,15 +353,16 @@ func (p *proc) stdoutText() string {
 	return p.stdout.String()
 }
 
-type lockedBuffer struct {
-	mu *sync.Mutex
-	b  *bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
+// nextOut returns the next line sovereign printed on stdout.
+func (p *proc) nextOut() string {
+	p.t.Helper()
+	select {
+	case l := <-p.out:
+		return l
+	case <-time.After(wait):
+		p.t.Fatalf("sovereign printed no line within %v; stderr:\n%s", wait, p.stderrText())
+		return ""
+	}
 }
 
 // alive reports whether process pid exists (a zombie counts as gone: it

@@ -213,29 +213,22 @@ func cmdRun(ctx context.Context, env *env, args []string) error {
 			return err
 		}
 		log.Info("sovereign: leading; command started", "election", name, "term", term, "pid", c.pgid)
-		select {
-		case <-c.done:
-			c.killGroup()
-			sup.clear()
-			code := c.exitCode()
-			log.Info("sovereign: command exited; stepping down", "election", name, "term", term, "status", c.describe())
-			setResult(exitWith(code, nil))
+		out := supervise(lctx, &sup, c)
+		if !out.lost {
+			log.Info("sovereign: command exited; stepping down", "election", name, "term", term, "status", out.status)
+			setResult(exitWith(out.code, nil))
 			cancelRun()
 			return nil
-		case <-lctx.Done():
 		}
-		cause := context.Cause(lctx)
-		c.stop(cause.Error())
-		sup.clear()
 		if code, ok := sup.signalled(); ok {
 			setResult(exitWith(code, nil))
 			return nil
 		}
-		log.Warn("sovereign: leadership lost; command stopped", "election", name, "term", term, "cause", cause, "status", c.describe())
+		log.Warn("sovereign: leadership lost; command stopped", "election", name, "term", term, "cause", out.cause, "status", out.status)
 		if *rejoin {
 			return nil
 		}
-		setResult(exitWith(exitLost, fmt.Errorf("leadership of %q (term %d) lost: %v; the command was stopped (%s)", name, term, cause, c.describe())))
+		setResult(exitWith(exitLost, fmt.Errorf("election %q term %d: %v; the command was stopped (%s)", name, term, out.cause, out.status)))
 		cancelRun()
 		return nil
 	}

@@ -103,9 +103,12 @@ func (e *entry) warn(fullTTL time.Duration) {
 	if !e.Held {
 		return
 	}
-	if e.LastHeartbeat == nil {
+	switch {
+	case e.Kind == "lock":
+		// Locks do not heartbeat: only an election's holder is expected to.
+	case e.LastHeartbeat == nil:
 		e.Warnings = append(e.Warnings, "the holder has no live heartbeat record: it may be dead or cut off; its lease still ends only by its TTL")
-	} else if fullTTL > 0 && *e.HeartbeatAgeSeconds > fullTTL.Seconds() {
+	case fullTTL > 0 && *e.HeartbeatAgeSeconds > fullTTL.Seconds():
 		e.Warnings = append(e.Warnings, fmt.Sprintf("the holder's last heartbeat is %s old, longer than the lease TTL", round(secs(*e.HeartbeatAgeSeconds))))
 	}
 	if fullTTL > 0 {
@@ -166,7 +169,7 @@ func writeStatus(w io.Writer, e entry, now time.Time) {
 		tw.row("ttl", fmt.Sprintf("%s left", round(secs(e.TTLSeconds))))
 		if e.LastHeartbeat != nil {
 			tw.row("heartbeat", fmt.Sprintf("%s ago", round(secs(*e.HeartbeatAgeSeconds))))
-		} else {
+		} else if e.Kind == "election" {
 			tw.row("heartbeat", "none")
 		}
 		if len(e.Metadata) > 0 {
@@ -182,7 +185,7 @@ func writeStatus(w io.Writer, e entry, now time.Time) {
 			tw.row("metadata", strings.Join(parts, " "))
 		}
 	}
-	if len(e.Members) == 0 {
+	if len(e.Members) == 0 && e.Kind == "election" {
 		tw.row("members", "none")
 	}
 	for i, m := range e.Members {
