@@ -14,8 +14,9 @@ import (
 )
 
 // Prefix is prepended to every lock key to form its backend key, so locks
-// and elections never share a key.
-const Prefix = "lock/"
+// and elections never share a key (the elector refuses election names that
+// begin with it).
+const Prefix = backend.LockKeyPrefix
 
 // DefaultTTL is the default lock TTL.
 const DefaultTTL = 10 * time.Second
