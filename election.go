@@ -56,6 +56,7 @@ type Elector struct {
 	hold    *keeper.Hold // the lease of the current leadership; nil when not leading
 	leader  Record       // last known leader; HolderID "" when none
 	stale   staleState   // what this elector knows of the leader's heartbeats
+	health  health       // what Check reads
 	started bool
 	closed  bool
 	cancel  context.CancelFunc
@@ -87,6 +88,9 @@ func New(b backend.Backend, name, id string, opts *Options) (*Elector, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.Metrics == nil {
+		o.Metrics = NopMetrics{}
+	}
 	if min := b.MinTTL(); o.TTL < min {
 		return nil, fmt.Errorf("%w: TTL (%v) is below the backend's minimum of %v", ErrInvalidOptions, o.TTL, min)
 	}
@@ -97,7 +101,7 @@ func New(b backend.Backend, name, id string, opts *Options) (*Elector, error) {
 		id:   id,
 		opts: o,
 		log:  log,
-		bus:  newBus(log),
+		bus:  newBus(log, func() { o.Metrics.EventsDropped(name, 1) }),
 		cmds: make(chan resignRequest),
 		wake: make(chan backend.Event, 1),
 		done: make(chan struct{}),
@@ -158,6 +162,7 @@ func (e *Elector) start(ctx context.Context, fn func(context.Context) error) err
 		return ErrStarted
 	}
 	e.started = true
+	e.health.startedAt = time.Now()
 	ctx, e.cancel = context.WithCancel(ctx)
 	e.wg.Add(1)
 	go func() {
@@ -362,6 +367,9 @@ func (e *Elector) setLeader(r Record) {
 }
 
 func (e *Elector) failed(msg string, err error) {
+	if msg == "renew" {
+		e.opts.Metrics.RenewFailed(e.name)
+	}
 	e.log.Warn("sovereign: "+msg, "err", err)
 	e.bus.publish(ElectionFailed{Err: fmt.Errorf("%s: %w", msg, err)})
 }

@@ -129,7 +129,8 @@ const maxPending = 1024
 // bus delivers events to listeners. Each listener has its own goroutine and
 // queue, so a slow, blocking or panicking listener affects only itself.
 type bus struct {
-	log *slog.Logger
+	log    *slog.Logger
+	onDrop func() // called for every event dropped from a listener's queue
 
 	mu     sync.Mutex // guards subs, nextID, closed
 	subs   map[int]*listener
@@ -152,8 +153,8 @@ type listener struct {
 	signal chan struct{} // capacity 1: something changed
 }
 
-func newBus(log *slog.Logger) *bus {
-	return &bus{log: log, subs: make(map[int]*listener)}
+func newBus(log *slog.Logger, onDrop func()) *bus {
+	return &bus{log: log, subs: make(map[int]*listener), onDrop: onDrop}
 }
 
 // subscribe adds a listener. onExit, if not nil, runs on the listener's
@@ -193,6 +194,9 @@ func (b *bus) publish(ev Event) {
 		if len(l.queue) >= maxPending {
 			l.queue = l.queue[1:]
 			l.dropped++
+			if b.onDrop != nil {
+				b.onDrop()
+			}
 		}
 		l.queue = append(l.queue, ev)
 		l.mu.Unlock()

@@ -63,6 +63,10 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 			return &lossError{reason: keeperReason(r), err: err}
 		},
 		OnError: func(op string, err error) { e.failed(op, err) },
+		OnRenew: func(_, deadline time.Time) {
+			e.backendOK()
+			o.Metrics.LeaseRenewed(e.name, deadline)
+		},
 	}, lease, sent)
 	leaderCtx := context.WithValue(hold.Context(), leaderKey{}, &leaderInfo{e: e, term: lease.Term})
 
@@ -74,6 +78,7 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 	e.bus.publish(LeadershipAcquired{Term: lease.Term})
 	e.bus.publish(LeaderChanged{Leader: rec})
 	e.mu.Unlock()
+	o.Metrics.LeadershipAcquired(e.name, lease.Term, hold.Deadline())
 	e.log.Info("sovereign: became leader", "term", lease.Term)
 
 	var (
@@ -83,8 +88,10 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 	)
 	if fn != nil {
 		fnDone = make(chan struct{})
+		e.setFnRunning(true)
 		e.wg.Go(func() {
 			defer close(fnDone)
+			defer e.setFnRunning(false)
 			fnErr = fn(leaderCtx)
 		})
 	}
@@ -122,6 +129,8 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 		e.bus.publish(StateChanged{From: Leader, To: Follower})
 		e.bus.publish(LeadershipLost{Term: lease.Term, Reason: r, Err: err})
 		e.mu.Unlock()
+		e.noteCancelled()
+		o.Metrics.LeadershipLost(e.name, lease.Term, r)
 		e.log.Info("sovereign: stepped down", "term", lease.Term, "reason", r, "err", err)
 		for _, p := range pending {
 			p.begun <- nil

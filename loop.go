@@ -120,6 +120,9 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 	lease, err := e.b.Acquire(cctx, req)
 	cancel()
 	var held *backend.HeldError
+	if err == nil || errors.As(err, &held) {
+		e.backendOK()
+	}
 	switch {
 	case err == nil:
 		e.setState(Candidate)
@@ -168,9 +171,11 @@ func (e *Elector) refreshLeader(ctx context.Context) {
 	rec, err := e.b.Get(cctx, e.name)
 	switch {
 	case err == nil:
+		e.backendOK()
 		e.setLeader(rec)
 		e.observeHolder(rec)
 	case errors.Is(err, backend.ErrNotHeld):
+		e.backendOK()
 		e.setLeader(Record{})
 	}
 }
@@ -212,6 +217,7 @@ func (e *Elector) heartbeat(ctx context.Context, ls *loopState, deadline time.Ti
 		return err
 	}
 	ls.hbFailures = 0
+	e.backendOK()
 	ls.nextHB = s.Add(o.HeartbeatInterval)
 	return nil
 }

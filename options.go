@@ -91,6 +91,10 @@ type Options struct {
 	// leader's record (hostname, version, ...).
 	Metadata map[string]string
 
+	// Metrics receives the elector's measurements (see Metrics; the
+	// contrib/prometheus module adapts it to Prometheus). Default: none.
+	Metrics Metrics
+
 	// Logger receives the elector's logs: transitions at Info, failures at
 	// Warn. Default: slog.Default().
 	Logger *slog.Logger

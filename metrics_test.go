@@ -1,0 +1,168 @@
+package sovereign_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/memorybackend"
+)
+
+type recMetrics struct {
+	sovereign.NopMetrics
+	mu       sync.Mutex
+	acquired []uint64
+	renewed  int
+	failed   int
+	lost     []sovereign.LossReason
+}
+
+func (m *recMetrics) LeadershipAcquired(_ string, term uint64, _ time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.acquired = append(m.acquired, term)
+}
+
+func (m *recMetrics) LeaseRenewed(string, time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.renewed++
+}
+
+func (m *recMetrics) RenewFailed(string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.failed++
+}
+
+func (m *recMetrics) LeadershipLost(_ string, _ uint64, r sovereign.LossReason) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lost = append(m.lost, r)
+}
+
+func TestMetricsHook(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		cl := store.Client()
+		defer cl.Close()
+		m := &recMetrics{}
+		o := fastOpts()
+		o.Metrics = m
+		e, err := sovereign.New(cl, "election", "a", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second) // five renewals
+		term := e.Term()
+		cl.Partition()
+		time.Sleep(time.Second)
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if len(m.acquired) != 1 || m.acquired[0] != term {
+			t.Errorf("LeadershipAcquired: got %v, want [%d]", m.acquired, term)
+		}
+		if m.renewed < 4 {
+			t.Errorf("LeaseRenewed: got %d calls in 1s, want about 5", m.renewed)
+		}
+		if m.failed == 0 {
+			t.Error("RenewFailed: got no call while partitioned")
+		}
+		if len(m.lost) != 1 || m.lost[0] != sovereign.ReasonDeadline {
+			t.Errorf("LeadershipLost: got %v, want [deadline]", m.lost)
+		}
+	})
+}
+
+func TestCheck(t *testing.T) {
+	t.Run("leader function ignoring its context", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			store := memorybackend.NewStore()
+			cl := store.Client()
+			defer cl.Close()
+			e, err := sovereign.New(cl, "election", "a", fastOpts())
+			if err != nil {
+				t.Fatal(err)
+			}
+			release := make(chan struct{})
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_ = e.Run(ctx, func(context.Context) error { <-release; return nil }) // ignores its context
+			}()
+			time.Sleep(100 * time.Millisecond)
+			if err := e.Check(time.Second); err != nil {
+				t.Fatalf("Check while leading: %v", err)
+			}
+			resigned := make(chan error, 1)
+			go func() { resigned <- e.Resign(context.Background()) }() // returns once fn has returned
+
+			time.Sleep(500 * time.Millisecond)
+			if err := e.Check(time.Second); err != nil {
+				t.Errorf("Check 500ms after the cancel, tolerance 1s: got %v, want nil", err)
+			}
+			time.Sleep(time.Second)
+			err = e.Check(time.Second)
+			if !errors.Is(err, sovereign.ErrUnhealthy) {
+				t.Errorf("Check 1.5s after the cancel: got %v, want ErrUnhealthy", err)
+			}
+			rr := httptest.NewRecorder()
+			e.HealthHandler(time.Second).ServeHTTP(rr, httptest.NewRequest("GET", "/healthz", nil))
+			if rr.Code != http.StatusServiceUnavailable {
+				t.Errorf("health handler: got %d, want 503", rr.Code)
+			}
+			close(release)
+			if err := <-resigned; err != nil {
+				t.Errorf("Resign: %v", err)
+			}
+			if err := e.Check(time.Second); err != nil {
+				t.Errorf("Check after the function returned: %v", err)
+			}
+			cancel()
+			<-done
+		})
+	})
+	t.Run("backend unreachable", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			store := memorybackend.NewStore()
+			cl := store.Client()
+			defer cl.Close()
+			e, err := sovereign.New(cl, "election", "a", fastOpts())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Second)
+			cl.Partition()
+			time.Sleep(2 * time.Second)
+			if err := e.Check(time.Second); err != nil {
+				t.Errorf("Check 2s into an outage (TTL 1s): got %v, want nil (limit 3 TTLs)", err)
+			}
+			time.Sleep(2 * time.Second)
+			if err := e.Check(time.Second); !errors.Is(err, sovereign.ErrUnhealthy) {
+				t.Errorf("Check 4s into an outage: got %v, want ErrUnhealthy", err)
+			}
+			rr := httptest.NewRecorder()
+			cl.Heal()
+			time.Sleep(time.Second)
+			e.HealthHandler(time.Second).ServeHTTP(rr, httptest.NewRequest("GET", "/healthz", nil))
+			if rr.Code != http.StatusOK {
+				t.Errorf("health handler after the outage: got %d %q, want 200", rr.Code, rr.Body)
+			}
+		})
+	})
+}
