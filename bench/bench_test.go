@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"math"
 	"strings"
@@ -50,9 +51,9 @@ func TestMarkdown(t *testing.T) {
 	r.note("a note")
 	got := r.markdown()
 	for _, want := range []string{
-		"| Measure | Sovereign-Redis | Sovereign-etcd | etcd concurrency.Election | redsync/v4 | bsm/redislock |",
-		"| Hand-over p50 (ms) | 2.0 | — | — | — | — |", // the median of three runs
-		"| Pairs/s | — | — | — | — | 1234 |",
+		"| Measure | Sovereign-Redis | Sovereign-etcd | etcd concurrency.Election | etcd concurrency.Mutex | redsync/v4 | bsm/redislock |",
+		"| Hand-over p50 (ms) | 2.0 | — | — | — | — | — |", // the median of three runs
+		"| Pairs/s | — | — | — | — | — | 1234 |",
 		"\na note\n",
 	} {
 		if !strings.Contains(got, want) {
@@ -72,6 +73,8 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{"defaults", nil, true},
 		{"quick subset", []string{"-quick", "-only", "lock,idle"}, true},
+		{"locks and hand-off", []string{"-only", "lock,handoff", "-handoff-samples", "5"}, true},
+		{"no hand-off samples", []string{"-handoff-samples", "0"}, false},
 		{"unknown scenario", []string{"-only", "nope"}, false},
 		{"bad many", []string{"-many", "redis:x"}, false},
 		{"fractional ttl", []string{"-ttl", "1500ms"}, false},
@@ -149,7 +152,7 @@ func TestScenariosSmoke(t *testing.T) {
 		})
 	}
 
-	ls, err := e.lockers()
+	ls, err := e.lockImpls()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,19 +162,90 @@ func TestScenariosSmoke(t *testing.T) {
 		}
 	}()
 	for _, l := range ls {
-		t.Run("lock/"+l.col, func(t *testing.T) {
-			res, err := l.run(e.name("lock"), 2, 100*time.Millisecond)
+		for _, m := range []lockMode{{2, false}, {2, true}} {
+			t.Run("lock/"+l.name+"/"+m.String(), func(t *testing.T) {
+				res, err := l.run(e.name("lock"), m.g, m.shared, 100*time.Millisecond)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.pairsPerSec <= 0 {
+					t.Errorf("got %v pairs/s, want > 0", res.pairsPerSec)
+				}
+				if m.shared {
+					return
+				}
+				// The peers and the Sovereign-Redis backend contract acquire
+				// and release in one request each (a connection dialled
+				// mid-run may add a few); package lock adds its read-back.
+				switch {
+				case l.col == colSovRedis && l.contract, l.col == colRedsync, l.col == colRedislock, l.col == colMutex:
+					if math.Abs(res.requestsPerPair-2) > 0.01 {
+						t.Errorf("got %v requests per pair, want 2", res.requestsPerPair)
+					}
+				case res.requestsPerPair < 2:
+					t.Errorf("got %v requests per pair, want at least 2", res.requestsPerPair)
+				}
+			})
+		}
+	}
+
+	for _, h := range e.handoffImpls() {
+		t.Run("handoff/"+h.col, func(t *testing.T) {
+			res, err := h.run(e.name("handoff"), 3, 1, 0, 10*time.Millisecond)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.pairsPerSec <= 0 {
-				t.Errorf("got %v pairs/s, want > 0", res.pairsPerSec)
+			if len(res.delays) != 1 {
+				t.Fatalf("got %d samples, want 1", len(res.delays))
 			}
-			// Every implementation acquires and releases in one command
-			// each (a connection dialled mid-run may add a few).
-			if math.Abs(res.cmdsPerPair-2) > 0.01 {
-				t.Errorf("got %v commands per pair, want 2", res.cmdsPerPair)
+			// A hand-off cannot end before the release began; redsync
+			// waits up to 250 ms between tries.
+			if d := res.delays[0]; d <= 0 || d > 5*time.Second {
+				t.Errorf("got %v, want between 0 and 5s", d)
 			}
+			if res.requestsPerHandoff < 1 {
+				t.Errorf("got %v requests per hand-off, want at least 1 (the acquisition)", res.requestsPerHandoff)
+			}
+		})
+	}
+}
+
+// BenchmarkLockPairs measures one TryAcquire+Release pair (or the peers'
+// equivalent) per iteration, on one goroutine, for profiling:
+//
+//	go test -run '^$' -bench 'LockPairs/Sovereign-Redis_\(package' -cpuprofile /tmp/cpu.out
+func BenchmarkLockPairs(b *testing.B) {
+	rs := testredis.Start(b)
+	es, err := startEtcd()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(es.stop)
+	e := &env{redis: rs, etcd: es, log: slog.New(slog.DiscardHandler)}
+	ls, err := e.lockImpls()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		for _, l := range ls {
+			l.close()
+		}
+	}()
+	for _, l := range ls {
+		b.Run(l.name, func(b *testing.B) {
+			w, done, err := l.worker(e.name("bench"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer done()
+			ctx := context.Background()
+			c0 := l.requests()
+			for b.Loop() {
+				if err := w(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(l.requests()-c0)/float64(b.N), "requests/op")
 		})
 	}
 }

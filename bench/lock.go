@@ -13,92 +13,230 @@ import (
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/etcdbackend"
+	"github.com/sovereign-go/sovereign/lock"
 	"github.com/sovereign-go/sovereign/redisbackend"
+	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
-// lockTTL is the TTL of every lock in the lock benchmark.
+// lockTTL is the TTL of every lock in the lock benchmarks.
 const lockTTL = 10 * time.Second
 
-// locker is one lock implementation: pair makes a worker that acquires and
-// releases key once per call.
-type locker struct {
-	col    string
-	client *redis.Client
-	ctr    *cmdCounter
-	worker func(key string) func(ctx context.Context) error
-	close  func()
+// lockImpl is one lock implementation of the pairs scenario: one client
+// (one process) whose workers each acquire and release a key once per call.
+type lockImpl struct {
+	col      string // table column
+	contract bool   // Sovereign through the backend contract, without package lock
+	name     string // for progress lines and test names
+	requests func() int64
+	// worker returns a function that acquires and releases key once, and a
+	// function that frees what the worker holds (an etcd session).
+	worker func(key string) (pair func(ctx context.Context) error, done func(), err error)
+	// held reports whether err says the key was held by someone else.
+	held  func(err error) bool
+	close func()
 }
 
-func (e *env) lockers() ([]*locker, error) {
-	var ls []*locker
-	mk := func(col string) *locker {
-		ctr := &cmdCounter{}
-		cli := newRedisClient(e.redis.Addr(), "lock-"+col, ctr)
-		l := &locker{col: col, client: cli, ctr: ctr, close: func() { cli.Close() }}
-		ls = append(ls, l)
-		return l
-	}
+// redisLockClient returns a counted client named for col.
+func (e *env) redisLockClient(name string) (*redis.Client, *cmdCounter) {
+	ctr := &cmdCounter{}
+	return newRedisClient(e.redis.Addr(), "lock-"+name, ctr), ctr
+}
 
-	sov := mk(colSovRedis)
-	rb, err := redisbackend.New(sov.client, nil)
-	if err != nil {
-		return nil, err
-	}
-	sov.close = func() { rb.Close(); sov.client.Close() }
-	sov.worker = func(key string) func(context.Context) error {
-		return func(ctx context.Context) error {
-			l, err := rb.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "bench", TTL: lockTTL})
+// lockImpls returns every implementation of the pairs scenario, each with
+// its own client. On error it closes those already made.
+func (e *env) lockImpls() (_ []*lockImpl, err error) {
+	var ls []*lockImpl
+	defer func() {
+		if err != nil {
+			for _, l := range ls {
+				l.close()
+			}
+		}
+	}()
+	noop := func() {}
+
+	// Sovereign through package lock, then through the backend contract
+	// alone, on each store.
+	for _, k := range []kind{kindRedis, kindEtcd} {
+		for _, contract := range []bool{false, true} {
+			b, requests, closeB, err := e.sovBackend(k, fmt.Sprintf("locks-%s-%v", k, contract))
 			if err != nil {
-				return err
+				return nil, err
 			}
-			return rb.Release(ctx, l)
+			l := &lockImpl{col: k.column(), contract: contract, requests: requests, close: closeB}
+			if contract {
+				l.name = k.column() + " (backend contract)"
+				l.held = func(err error) bool { return errors.Is(err, backend.ErrHeld) }
+				l.worker = func(key string) (func(context.Context) error, func(), error) {
+					bk := lock.Prefix + key
+					return func(ctx context.Context) error {
+						ls, err := b.Acquire(ctx, backend.AcquireRequest{Key: bk, HolderID: "bench", TTL: lockTTL})
+						if err != nil {
+							return err
+						}
+						return b.Release(ctx, ls)
+					}, noop, nil
+				}
+			} else {
+				lk, err := lock.New(b, "bench", &lock.Options{TTL: lockTTL, Logger: e.log})
+				if err != nil {
+					closeB()
+					return nil, err
+				}
+				l.name = k.column() + " (package lock)"
+				l.close = func() { lk.Close(); closeB() }
+				l.held = func(err error) bool { return errors.Is(err, lock.ErrHeld) }
+				l.worker = func(key string) (func(context.Context) error, func(), error) {
+					return func(ctx context.Context) error {
+						h, err := lk.TryAcquire(ctx, key, nil)
+						if err != nil {
+							return err
+						}
+						return h.Release(ctx)
+					}, noop, nil
+				}
+			}
+			ls = append(ls, l)
 		}
 	}
 
-	rsl := mk(colRedsync)
-	rs := redsync.New(goredis.NewPool(rsl.client))
-	rsl.worker = func(key string) func(context.Context) error {
-		m := rs.NewMutex(key, redsync.WithExpiry(lockTTL), redsync.WithTries(1))
-		return func(ctx context.Context) error {
-			if err := m.LockContext(ctx); err != nil {
-				return err
-			}
-			ok, err := m.UnlockContext(ctx)
-			if err == nil && !ok {
-				err = errors.New("redsync: unlock reported not ok")
-			}
-			return err
+	// etcd concurrency.Mutex: one client, one session per worker (two
+	// Mutexes of one session on one key would share the key).
+	{
+		ctr := &rpcCounter{}
+		cli, err := newEtcdClient(e.etcd, ctr)
+		if err != nil {
+			return nil, err
 		}
+		ls = append(ls, &lockImpl{
+			col: colMutex, name: colMutex, requests: ctr.requests,
+			close: func() { cli.Close() },
+			held:  func(err error) bool { return errors.Is(err, concurrency.ErrLocked) },
+			worker: func(key string) (func(context.Context) error, func(), error) {
+				s, err := concurrency.NewSession(cli, concurrency.WithTTL(int(lockTTL/time.Second)))
+				if err != nil {
+					return nil, nil, err
+				}
+				m := concurrency.NewMutex(s, "/"+key)
+				return func(ctx context.Context) error {
+					if err := m.TryLock(ctx); err != nil {
+						return err
+					}
+					return m.Unlock(ctx)
+				}, func() { s.Close() }, nil
+			},
+		})
 	}
 
-	rlk := mk(colRedislock)
-	lc := redislock.New(rlk.client)
-	rlk.worker = func(key string) func(context.Context) error {
-		return func(ctx context.Context) error {
-			l, err := lc.Obtain(ctx, key, lockTTL, nil)
-			if err != nil {
+	cli, ctr := e.redisLockClient(colRedsync)
+	rs := redsync.New(goredis.NewPool(cli))
+	ls = append(ls, &lockImpl{
+		col: colRedsync, name: colRedsync, requests: ctr.n.Load,
+		close: func() { cli.Close() },
+		held:  redsyncHeld,
+		worker: func(key string) (func(context.Context) error, func(), error) {
+			m := rs.NewMutex(key, redsync.WithExpiry(lockTTL), redsync.WithTries(1))
+			return func(ctx context.Context) error {
+				if err := m.LockContext(ctx); err != nil {
+					return err
+				}
+				ok, err := m.UnlockContext(ctx)
+				if err == nil && !ok {
+					err = errors.New("redsync: unlock reported not ok")
+				}
 				return err
-			}
-			return l.Release(ctx)
-		}
-	}
+			}, noop, nil
+		},
+	})
+
+	cli2, ctr2 := e.redisLockClient(colRedislock)
+	lc := redislock.New(cli2)
+	ls = append(ls, &lockImpl{
+		col: colRedislock, name: colRedislock, requests: ctr2.n.Load,
+		close: func() { cli2.Close() },
+		held:  func(err error) bool { return errors.Is(err, redislock.ErrNotObtained) },
+		worker: func(key string) (func(context.Context) error, func(), error) {
+			return func(ctx context.Context) error {
+				l, err := lc.Obtain(ctx, key, lockTTL, nil)
+				if err != nil {
+					return err
+				}
+				return l.Release(ctx)
+			}, noop, nil
+		},
+	})
 	return ls, nil
+}
+
+// redsyncHeld reports whether a redsync error says the lock is taken.
+func redsyncHeld(err error) bool {
+	var taken *redsync.ErrTaken
+	var nodeTaken *redsync.ErrNodeTaken
+	return errors.Is(err, redsync.ErrFailed) || errors.As(err, &taken) || errors.As(err, &nodeTaken)
+}
+
+// sovBackend returns a Sovereign backend of kind k with its own counted
+// client (named name on Redis), a function returning the requests it has
+// sent so far, and a function closing both.
+func (e *env) sovBackend(k kind, name string) (backend.Backend, func() int64, func(), error) {
+	switch k {
+	case kindRedis:
+		cli, ctr := e.redisLockClient(name)
+		rb, err := redisbackend.New(cli, nil)
+		if err != nil {
+			cli.Close()
+			return nil, nil, nil, err
+		}
+		return rb, ctr.n.Load, func() { rb.Close(); cli.Close() }, nil
+	default:
+		ctr := &rpcCounter{}
+		cli, err := newEtcdClient(e.etcd, ctr)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		eb, err := etcdbackend.New(cli, nil)
+		if err != nil {
+			cli.Close()
+			return nil, nil, nil, err
+		}
+		return eb, ctr.requests, func() { eb.Close(); cli.Close() }, nil
+	}
 }
 
 // lockRun is the outcome of one timed run.
 type lockRun struct {
-	pairsPerSec float64
-	cmdsPerPair float64
+	pairsPerSec     float64
+	requestsPerPair float64 // failed attempts included
+	failedPerPair   float64 // attempts that found the key held, per pair
 }
 
-// run makes acquire+release pairs on g distinct keys, one goroutine each,
-// for d, and reports pairs per second and commands per pair.
-func (l *locker) run(prefix string, g int, d time.Duration) (lockRun, error) {
+// run makes acquire+release pairs with g goroutines for d, each on its own
+// key, or all on one key when shared (then an attempt that finds the key
+// held counts as failed and the goroutine tries again at once), and reports
+// successful pairs per second and requests per pair.
+func (l *lockImpl) run(prefix string, g int, shared bool, d time.Duration) (lockRun, error) {
 	workers := make([]func(context.Context) error, g)
 	for i := range g {
-		workers[i] = l.worker(fmt.Sprintf("%s:%d", prefix, i))
+		key := prefix
+		if !shared {
+			key = fmt.Sprintf("%s:%d", prefix, i)
+		}
+		w, done, err := l.worker(key)
+		if err != nil {
+			return lockRun{}, fmt.Errorf("%s: %w", l.name, err)
+		}
+		defer done()
+		workers[i] = w
 	}
 	ctx := context.Background()
+	try := func(w func(context.Context) error) (bool, error) {
+		err := w(ctx)
+		if err != nil && shared && l.held(err) {
+			return false, nil
+		}
+		return err == nil, err
+	}
 	// Warm up, all goroutines at once: scripts loaded, as many connections
 	// dialled as the run uses (dialling sends commands of its own).
 	warm := make([]error, g)
@@ -106,7 +244,7 @@ func (l *locker) run(prefix string, g int, d time.Duration) (lockRun, error) {
 	for i, w := range workers {
 		wwg.Go(func() {
 			for range 5 {
-				if err := w(ctx); err != nil {
+				if _, err := try(w); err != nil {
 					warm[i] = err
 					return
 				}
@@ -115,35 +253,153 @@ func (l *locker) run(prefix string, g int, d time.Duration) (lockRun, error) {
 	}
 	wwg.Wait()
 	if err := errors.Join(warm...); err != nil {
-		return lockRun{}, fmt.Errorf("%s warm-up: %w", l.col, err)
+		return lockRun{}, fmt.Errorf("%s warm-up: %w", l.name, err)
 	}
-	var pairs, errs atomic.Int64
+	var pairs, failed, errs atomic.Int64
 	var firstErr atomic.Pointer[error]
-	c0 := l.ctr.n.Load()
+	c0 := l.requests()
 	start := time.Now()
 	stop := start.Add(d)
 	var wg sync.WaitGroup
 	for _, w := range workers {
 		wg.Go(func() {
 			for time.Now().Before(stop) {
-				if err := w(ctx); err != nil {
+				ok, err := try(w)
+				switch {
+				case err != nil:
 					errs.Add(1)
 					firstErr.CompareAndSwap(nil, &err)
-					continue
+				case ok:
+					pairs.Add(1)
+				default:
+					failed.Add(1)
 				}
-				pairs.Add(1)
 			}
 		})
 	}
 	wg.Wait()
 	el := time.Since(start)
-	cmds := l.ctr.n.Load() - c0
+	reqs := l.requests() - c0
 	if p := firstErr.Load(); p != nil {
-		return lockRun{}, fmt.Errorf("%s: %d errors, first: %w", l.col, errs.Load(), *p)
+		return lockRun{}, fmt.Errorf("%s: %d errors, first: %w", l.name, errs.Load(), *p)
 	}
 	n := pairs.Load()
+	if n == 0 {
+		return lockRun{}, fmt.Errorf("%s: no pair in %v", l.name, d)
+	}
 	return lockRun{
-		pairsPerSec: float64(n) / el.Seconds(),
-		cmdsPerPair: float64(cmds) / float64(n),
+		pairsPerSec:     float64(n) / el.Seconds(),
+		requestsPerPair: float64(reqs) / float64(n),
+		failedPerPair:   float64(failed.Load()) / float64(n),
 	}, nil
+}
+
+// lockMode is one configuration of the pairs scenario.
+type lockMode struct {
+	g      int
+	shared bool
+}
+
+func (m lockMode) String() string {
+	switch {
+	case m.g == 1:
+		return "1 goroutine"
+	case m.shared:
+		return fmt.Sprintf("%d goroutines, one shared key", m.g)
+	}
+	return fmt.Sprintf("%d goroutines, distinct keys", m.g)
+}
+
+var lockModes = []lockMode{{1, false}, {16, false}, {16, true}}
+
+// Row names of the pairs scenario.
+func pairsRow(m lockMode) string { return "Lock TryAcquire+Release pairs/s, " + m.String() }
+
+func contractRow(m lockMode) string {
+	return "Lock pairs/s, " + m.String() + ": Sovereign backend contract alone (no package lock)"
+}
+
+func ratioRow(m lockMode) string {
+	return "Lock pairs/s, " + m.String() + ": Sovereign ÷ best peer on the same store"
+}
+
+const (
+	rowReqsPerPair       = "Lock: store requests per pair, distinct keys (Redis commands; etcd RPCs)"
+	rowReqsPerPairShared = "Lock: store requests per successful pair, one shared key (failed attempts included)"
+	rowFailedPerPair     = "Lock: failed attempts per successful pair, one shared key"
+)
+
+// locks runs the pairs scenario: every implementation, every mode, in
+// interleaved rounds.
+func locks(e *env, cfg config, r *results) error {
+	ls, err := e.lockImpls()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, l := range ls {
+			l.close()
+		}
+	}()
+	// Rows in a fixed order, whatever runs first.
+	for _, m := range lockModes {
+		r.row(pairsRow(m), "%.0f")
+	}
+	r.row(rowReqsPerPair, "%.2f")
+	r.row(rowReqsPerPairShared, "%.2f")
+	r.row(rowFailedPerPair, "%.2f")
+	for _, m := range lockModes {
+		r.row(ratioRow(m), "%.2f")
+	}
+	for _, m := range lockModes[:2] {
+		r.row(contractRow(m), "%.0f")
+	}
+	for round := range cfg.rounds {
+		for i := range ls {
+			l := ls[(i+round)%len(ls)]
+			var reqs []float64
+			for _, m := range lockModes {
+				if l.contract && m.shared {
+					continue
+				}
+				progress("round %d/%d: lock pairs, %s, %s", round+1, cfg.rounds, l.name, m)
+				res, err := l.run(e.name("lock"), m.g, m.shared, cfg.lockDur)
+				if err != nil {
+					return err
+				}
+				switch {
+				case l.contract:
+					r.add(contractRow(m), l.col, "%.0f", res.pairsPerSec)
+				case m.shared:
+					r.add(pairsRow(m), l.col, "%.0f", res.pairsPerSec)
+					r.add(rowReqsPerPairShared, l.col, "%.2f", res.requestsPerPair)
+					r.add(rowFailedPerPair, l.col, "%.2f", res.failedPerPair)
+				default:
+					r.add(pairsRow(m), l.col, "%.0f", res.pairsPerSec)
+					reqs = append(reqs, res.requestsPerPair)
+				}
+			}
+			if !l.contract {
+				r.add(rowReqsPerPair, l.col, "%.2f", median(reqs))
+			}
+		}
+	}
+	for _, m := range lockModes {
+		for col, peers := range map[string][]string{
+			colSovRedis: {colRedsync, colRedislock},
+			colSovEtcd:  {colMutex},
+		} {
+			sov, ok := r.get(pairsRow(m), col)
+			best := 0.0
+			for _, p := range peers {
+				if v, ok := r.get(pairsRow(m), p); ok {
+					best = max(best, v)
+				}
+			}
+			if ok && best > 0 {
+				r.add(ratioRow(m), col, "%.2f", sov/best)
+			}
+		}
+	}
+	return nil
 }

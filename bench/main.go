@@ -34,6 +34,8 @@ type config struct {
 	manyWindow  time.Duration
 	manyWindows int
 	lockDur     time.Duration
+	handoffN    int
+	handoffHold time.Duration
 	redisBin    string
 	out         string
 }
@@ -44,7 +46,7 @@ type manySpec struct {
 	n    int
 }
 
-var scenarios = []string{"handover", "crash", "idle", "lock", "many"}
+var scenarios = []string{"handover", "crash", "idle", "lock", "handoff", "many"}
 
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -63,6 +65,8 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.manyWindow, "many-window", 5*time.Second, "length of one many-elections measurement window")
 	fs.IntVar(&c.manyWindows, "many-windows", 3, "many-elections windows (CPU figures are the median over windows)")
 	fs.DurationVar(&c.lockDur, "lock-duration", 2*time.Second, "length of one lock run")
+	fs.IntVar(&c.handoffN, "handoff-samples", 30, "lock hand-offs per implementation per round")
+	fs.DurationVar(&c.handoffHold, "handoff-hold", 50*time.Millisecond, "how long a holder keeps the lock in the hand-off scenario (uniform in [0.8, 1.2] × this)")
 	fs.StringVar(&c.redisBin, "redis-server", "/usr/bin/redis-server", "redis-server binary")
 	fs.StringVar(&c.out, "o", "", "also write the report (machine, table, notes) to this file")
 	quick := fs.Bool("quick", false, "a short smoke run: 1 round, few samples, short windows, 1,000 elections")
@@ -75,6 +79,7 @@ func parseFlags(args []string) (config, error) {
 		*many = "redis:1000,etcd:1000,election:1000"
 		c.manySettle, c.manyWindow, c.manyWindows = 3*time.Second, 3*time.Second, 1
 		c.lockDur = 500 * time.Millisecond
+		c.handoffN = 10
 	}
 	c.only = make(map[string]bool)
 	for _, s := range strings.Split(*only, ",") {
@@ -100,7 +105,7 @@ func parseFlags(args []string) (config, error) {
 		c.many = append(c.many, manySpec{k, num})
 	}
 	switch {
-	case c.rounds < 1 || c.handoverN < 1 || c.crashN < 1 || c.manyWindows < 1:
+	case c.rounds < 1 || c.handoverN < 1 || c.crashN < 1 || c.handoffN < 1 || c.manyWindows < 1:
 		return c, fmt.Errorf("rounds, samples and windows must be positive")
 	case c.ttl < time.Second || c.ttl%time.Second != 0:
 		return c, fmt.Errorf("-ttl %v: want whole seconds, at least 1s (etcd leases count in seconds)", c.ttl)
@@ -165,6 +170,11 @@ func run(cfg config) error {
 	}
 	if cfg.only["lock"] {
 		if err := locks(e, cfg, r); err != nil {
+			return err
+		}
+	}
+	if cfg.only["handoff"] {
+		if err := handoffs(e, cfg, r); err != nil {
 			return err
 		}
 	}
@@ -282,42 +292,6 @@ func manyElections(e *env, cfg config, r *results) error {
 	return nil
 }
 
-func locks(e *env, cfg config, r *results) error {
-	ls, err := e.lockers()
-	if err != nil {
-		return err
-	}
-	defer func() {
-		for _, l := range ls {
-			l.close()
-		}
-	}()
-	for round := range cfg.rounds {
-		for i := range ls {
-			l := ls[(i+round)%len(ls)]
-			var cmds []float64
-			for _, g := range []int{1, 16} {
-				progress("round %d/%d: lock pairs, %s, %d goroutine(s)", round+1, cfg.rounds, l.col, g)
-				res, err := l.run(e.name("lock"), g, cfg.lockDur)
-				if err != nil {
-					return err
-				}
-				r.add(fmt.Sprintf("Lock acquire+release pairs/s, %d goroutine%s", g, plural(g)), l.col, "%.0f", res.pairsPerSec)
-				cmds = append(cmds, res.cmdsPerPair)
-			}
-			r.add("Lock: Redis commands per pair", l.col, "%.2f", median(cmds))
-		}
-	}
-	return nil
-}
-
-func plural(n int) string {
-	if n == 1 {
-		return ""
-	}
-	return "s"
-}
-
 // humanInt writes n with thousands separators.
 func humanInt(n int) string {
 	s := strconv.Itoa(n)
@@ -332,7 +306,7 @@ func humanInt(n int) string {
 }
 
 func notes(cfg config, r *results) {
-	if cfg.only["handover"] || cfg.only["crash"] || cfg.only["lock"] {
+	if cfg.only["handover"] || cfg.only["crash"] || cfg.only["lock"] || cfg.only["handoff"] {
 		r.note("Each latency and lock figure is the median over %d interleaved rounds (implementations in rotating order, on the same servers); "+
 			"p50/p99 are per round over %d hand-overs and %d crashes per implementation (nearest rank, so with few samples p99 is the round's maximum).",
 			cfg.rounds, cfg.handoverN, cfg.crashN)
@@ -357,9 +331,24 @@ func notes(cfg config, r *results) {
 			"gRPC interceptors for etcd) over all windows.", cfg.manySettle, cfg.manyWindows, cfg.manyWindow)
 	}
 	if cfg.only["lock"] {
-		r.note("Locks: acquire+release on distinct keys per goroutine, TTL %v, runs of %v; Sovereign through the backend contract "+
-			"(redisbackend Acquire + Release), redsync/v4 with one go-redis pool (WithTries(1)), bsm/redislock Obtain + Release; "+
-			"commands counted with a go-redis hook.", lockTTL, cfg.lockDur)
+		r.note("Lock pairs: one client (one process) per implementation, TTL %v, runs of %v after a warm-up; each goroutine "+
+			"acquires and releases in a loop without waiting (Sovereign: lock.Locker TryAcquire + Lock.Release, default options, one Locker; "+
+			"etcd concurrency.Mutex TryLock + Unlock, one session per goroutine; redsync/v4 LockContext + UnlockContext with one go-redis "+
+			"pool and WithTries(1); bsm/redislock Obtain + Release, no retry). On one shared key an attempt that finds the key held counts "+
+			"as failed and is retried at once; pairs/s counts successful pairs. \"backend contract alone\": redisbackend/etcdbackend "+
+			"Acquire + Release, the floor under package lock. Requests: Redis commands counted with a go-redis hook, etcd RPCs "+
+			"(unary calls and stream messages) with gRPC interceptors. Ratio: Sovereign-Redis ÷ the better of redsync and redislock; "+
+			"Sovereign-etcd ÷ concurrency.Mutex.", lockTTL, cfg.lockDur)
+	}
+	if cfg.only["handoff"] {
+		r.note("Lock hand-off: %d processes (each its own client; Sovereign: its own backend and Locker) contend for one key with a "+
+			"waiting acquire; a holder keeps the lock %v ± 20%% (uniform), releases, and queues again once another process holds it, "+
+			"so %d processes wait at each release. Figure: release call → the next holder's acquire returning; the first %d hand-offs "+
+			"are not recorded. Waiting: Sovereign Locker.Acquire (woken by the backend's watch), etcd concurrency.Mutex.Lock (watches "+
+			"its predecessor's key), redsync/v4 LockContext with its defaults (32 tries, 50-250 ms apart, uniform; called again "+
+			"when out of tries), bsm/redislock Obtain with LinearBackoff(%v) (its README's example). Requests: every process, "+
+			"acquire and release included (Redis: not counting pub/sub SUBSCRIBE/UNSUBSCRIBE, which bypass go-redis hooks).",
+			handoffProcs, cfg.handoffHold, handoffProcs-1, handoffProcs, redislockRetry)
 	}
 }
 

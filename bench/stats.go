@@ -48,11 +48,12 @@ const (
 	colSovRedis  = "Sovereign-Redis"
 	colSovEtcd   = "Sovereign-etcd"
 	colElection  = "etcd concurrency.Election"
+	colMutex     = "etcd concurrency.Mutex"
 	colRedsync   = "redsync/v4"
 	colRedislock = "bsm/redislock"
 )
 
-var columns = []string{colSovRedis, colSovEtcd, colElection, colRedsync, colRedislock}
+var columns = []string{colSovRedis, colSovEtcd, colElection, colMutex, colRedsync, colRedislock}
 
 // results collects, for each row and column, one figure per run; the table
 // shows the median of each cell's figures.
@@ -70,12 +71,18 @@ func newResults() *results {
 // add records one run's figure for row and column; format is the Printf verb
 // used to show the row's medians.
 func (r *results) add(row, col, format string, v float64) {
+	r.row(row, format)
+	r.cells[row][col] = append(r.cells[row][col], v)
+}
+
+// row registers row, shown with format, so that rows appear in the order
+// registered rather than in the order their first figure arrives.
+func (r *results) row(row, format string) {
 	if _, ok := r.cells[row]; !ok {
 		r.rows = append(r.rows, row)
 		r.cells[row] = make(map[string][]float64)
 		r.fmts[row] = format
 	}
-	r.cells[row][col] = append(r.cells[row][col], v)
 }
 
 // note adds a line printed under the table.
