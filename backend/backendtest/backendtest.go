@@ -70,9 +70,11 @@ type Env struct {
 	// persistence). Without it the store keeps its data (a restart with
 	// persistence). Clients opened before Restart must keep working; a
 	// call or two may fail while they reconnect (the suite retries reads
-	// for a while). Every watch open across a restart must be closed or
-	// deliver EventReset. Nil: the RestartKeepingData and RestartLosingData
-	// subtests are skipped, and say so.
+	// for a while). A watch open across a restart must be closed or
+	// deliver EventReset; across one that kept the data it may instead go
+	// on delivering every change (an etcd watch resumes from its revision).
+	// Nil: the RestartKeepingData and RestartLosingData subtests are
+	// skipped, and say so.
 	Restart func(loseData bool)
 	// TermsSurviveDataLoss says that the backend promises terms handed out
 	// after Restart(true) greater than every term handed out before it (the
