@@ -51,26 +51,81 @@ func TestConformanceMiniredis(t *testing.T) {
 				}
 				return b
 			},
-			Advance: mr.FastForward,
+			Advance:   mr.FastForward,
+			Size:      func() int { return len(mr.Keys()) },
+			Retention: time.Minute, // the default TermRetention
+			Restart: func(loseData bool) {
+				mr.Close() // closes every connection, as a server restart does
+				if loseData {
+					mr.FlushAll()
+				}
+				if err := mr.Restart(); err != nil {
+					t.Fatalf("miniredis Restart: %v", err)
+				}
+			},
+			// Terms come from the server's clock (miniredis: the real one)
+			// when the counter is gone.
+			TermsSurviveDataLoss: true,
 		}
 	})
 }
 
-func TestConformanceRedisServer(t *testing.T) {
-	srv := testredis.Start(t)
+// conformanceRetention is the TermRetention of the real-server conformance
+// runs, short so that BoundedState waits little.
+const conformanceRetention = time.Second
+
+// realEnvs returns the Env factory of the real-server conformance runs:
+// one redis-server (a one-node cluster with cluster set) without
+// persistence for the whole suite, and a prefix per Env. Restart(false)
+// saves a snapshot first (SAVE), which the restarted server loads, as with
+// RDB persistence; Restart(true) empties the server and its snapshot before
+// restarting it, so the server comes back without the data.
+func realEnvs(t *testing.T, cluster bool) func(t *testing.T) backendtest.Env {
+	srv := testredis.StartConfig(t, testredis.Config{Cluster: cluster})
+	admin := srv.NewClient(t, nil) // on Cluster: the one node
 	var n atomic.Int64
-	backendtest.Run(t, func(t *testing.T) backendtest.Env {
-		// A prefix per subtest keeps subtests independent on one server.
-		prefix := fmt.Sprintf("conformance:%d:%d:", time.Now().UnixNano(), n.Add(1))
+	return func(t *testing.T) backendtest.Env {
+		ctx := context.Background()
+		prefix := fmt.Sprintf("conformance:%d:", n.Add(1))
+		opts := &redisbackend.Options{Prefix: prefix, TermRetention: conformanceRetention}
 		return backendtest.Env{
 			Open: func() backend.Backend {
-				c := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
-				b, err := redisbackend.New(c, &redisbackend.Options{Prefix: prefix})
+				var c redisbackend.Client
+				if cluster {
+					c = srv.NewClusterClient(t, &redis.ClusterOptions{ContextTimeoutEnabled: true})
+				} else {
+					c = srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
+				}
+				b, err := redisbackend.New(c, opts)
 				if err != nil {
 					t.Fatalf("New: %v", err)
 				}
 				return b
 			},
+			Size: func() int { // the keys under this Env's prefix
+				keys, err := admin.Keys(ctx, prefix+"*").Result() // test code on a test server
+				if err != nil {
+					t.Fatalf("KEYS: %v", err)
+				}
+				return len(keys)
+			},
+			Retention: conformanceRetention,
+			Restart: func(loseData bool) {
+				if loseData {
+					if err := admin.FlushAll(ctx).Err(); err != nil {
+						t.Fatalf("FLUSHALL: %v", err)
+					}
+				}
+				if err := admin.Save(ctx).Err(); err != nil {
+					t.Fatalf("SAVE: %v", err)
+				}
+				srv.Restart(t)
+			},
+			TermsSurviveDataLoss: true,
 		}
-	})
+	}
+}
+
+func TestConformanceRedisServer(t *testing.T) {
+	backendtest.Run(t, realEnvs(t, false))
 }

@@ -29,9 +29,8 @@
 //	sovereign:{billing}:term             string: the fencing term counter. Holds the last
 //	                                     term handed out, an integer below 2^53-1 (see
 //	                                     Fencing terms). Every Acquire sets its PEXPIRE to
-//	                                     the larger of the lease's TTL and
 //	                                     Options.TermRetention (1 minute): it survives
-//	                                     release and expiry for that long, then goes.
+//	                                     release and expiry for at most that long.
 //	sovereign:{billing}:heartbeat:<id>   hash: fields at (unix ms) and ttl (ms, as granted),
 //	                                     PEXPIRE ttl; the age is ttl - PTTL.
 //	sovereign:{billing}:members          set of the IDs that sent heartbeats (an index;
@@ -47,9 +46,11 @@
 //
 // Per-key state is bounded in time: the lease hash expires with its TTL (or
 // goes at Release), each heartbeat record with its own TTL, the members set
-// once the longest heartbeat TTL it has seen passes without a heartbeat
-// (RemoveMember and Members also remove IDs from it, and Redis deletes an
-// empty set), and the term counter TermRetention after the last Acquire
+// when its last heartbeat record does (each Heartbeat extends its expiry to
+// cover the record it writes; RemoveMember and Members drop IDs whose record
+// is gone, RemoveMember recomputes the expiry from the records left, and
+// Redis deletes an empty set; only an instance that shortens its own
+// heartbeat TTL can leave the set up to its earlier TTL longer), and the term counter TermRetention after the last Acquire
 // (see Fencing terms). Once a key is released and its heartbeats have
 // expired, the keyspace is back to its size before the key was used, at
 // most TermRetention later.
@@ -91,8 +92,9 @@
 //
 // Why terms strictly increase. While the counter exists, each term is above
 // the one before it, whatever the clock does. The counter goes away in three
-// ways: it expires, TermRetention (default 1 minute, at least the lease's
-// TTL) after the last Acquire; or it is lost with the data (a restart without
+// ways: it expires, TermRetention (default 1 minute) after the last Acquire
+// (possibly while the lease is still held, which is harmless: nobody can
+// acquire the key before the lease ends); or it is lost with the data (a restart without
 // persistence, a failover to a replica that missed it; see Replication). The
 // next Acquire then starts from the server's clock, so it suffices that the
 // clock has passed every earlier term. Terms do not run ahead of the clock:
@@ -224,7 +226,7 @@ type Options struct {
 	HealthCheckInterval time.Duration
 
 	// TermRetention is how long a key's term counter is kept after its last
-	// Acquire (at least the lease's TTL). After that the counter expires and
+	// Acquire. After that the counter expires and
 	// the next term comes from the server's clock, which is above every
 	// earlier term unless the clock was stepped back by more than
 	// TermRetention (see Fencing terms in the package doc). Longer is safer
@@ -506,7 +508,7 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	token := backend.NewToken()
 	ttl := ttlMillis(req.TTL)
 	args := make([]any, 0, 6+2*len(req.Metadata))
-	args = append(args, req.HolderID, token, ttl, max(ttl, ttlMillis(b.termKeep)), b.publishCmd, b.channel(req.Key))
+	args = append(args, req.HolderID, token, ttl, ttlMillis(b.termKeep), b.publishCmd, b.channel(req.Key))
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
 	}
@@ -719,7 +721,7 @@ func (b *Backend) RemoveMember(ctx context.Context, key, id string) error {
 		return fmt.Errorf("%w: empty instance ID", backend.ErrInvalid)
 	}
 	_, _, hb := b.leaseKeys(key)
-	reply, _, err := b.run(ctx, removeMemberScript, false, []string{hb + id, b.keyBase(key) + ":members"}, id)
+	reply, _, err := b.run(ctx, removeMemberScript, false, []string{hb + id, b.keyBase(key) + ":members", hb}, id)
 	if err != nil {
 		return fmt.Errorf("redisbackend: remove member %q of %q: %w", id, key, err)
 	}

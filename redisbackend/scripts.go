@@ -106,7 +106,7 @@ end
 `
 
 // acquireScript: KEYS lease, term, heartbeat base; ARGV holder, token,
-// ttl ms, term counter lifetime ms, publish command (empty for none), channel, then metadata
+// ttl ms, term counter lifetime ms (TermRetention), publish command (empty for none), channel, then metadata
 // name/value pairs. Returns OK and the new term as a decimal string, or
 // HELD and the holder's record.
 var acquireScript = redis.NewScript(luaPrelude + `
@@ -222,13 +222,29 @@ end
 return out
 `)
 
-// removeMemberScript: KEYS heartbeat key, members; ARGV id.
+// removeMemberScript: KEYS heartbeat key, members, heartbeat base; ARGV id.
+// After removing id, the members set's expiry is recomputed as the longest
+// PTTL of the remaining heartbeat records (IDs without one are dropped), so
+// the set goes when the last of them does, not when the removed one would
+// have.
 var removeMemberScript = redis.NewScript(luaPrelude + `
 local hs = hb_state(KEYS[1])
 if hs ~= 'ok' and hs ~= 'none' then return {'WRONGTYPE', KEYS[1], hs} end
 local ms = set_state(KEYS[2])
 if ms ~= 'ok' and ms ~= 'none' then return {'WRONGTYPE', KEYS[2], ms} end
 if hs == 'ok' then redis.call('DEL', KEYS[1]) end
-if ms == 'ok' then redis.call('SREM', KEYS[2], ARGV[1]) end
+if ms == 'ok' then
+  redis.call('SREM', KEYS[2], ARGV[1])
+  local keep = 0
+  for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+    local p = redis.call('PTTL', KEYS[3] .. id)
+    if p == -2 then
+      redis.call('SREM', KEYS[2], id)
+    elseif p > keep then
+      keep = p
+    end
+  end
+  if keep > 0 then redis.call('PEXPIRE', KEYS[2], keep) end
+end
 return {'OK'}
 `)
