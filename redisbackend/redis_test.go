@@ -580,26 +580,45 @@ func closedWithin(t *testing.T, ch <-chan backend.Event) {
 	}
 }
 
-// TestWatchConnectionLoss: when the shared pub/sub connection breaks, every
-// watch channel closes, and a new Watch works again.
+// TestWatchConnectionLoss: when the shared pub/sub connection breaks, or
+// the server restarts (with or without persistence, cleanly or after a
+// crash), every watch channel closes promptly, and a new Watch works again.
+// The caller (the elector, the lock package) treats the closed channel as a
+// reset: it re-reads and re-subscribes.
 func TestWatchConnectionLoss(t *testing.T) {
 	tests := []struct {
-		name   string
-		break_ func(t *testing.T, srv *testredis.Server, admin *redis.Client)
+		name      string
+		cfg       testredis.Config
+		break_    func(t *testing.T, srv *testredis.Server, admin *redis.Client)
+		leaseKept bool // the lease taken before the break is still there after it
 	}{
-		{"CLIENT KILL TYPE pubsub", func(t *testing.T, _ *testredis.Server, admin *redis.Client) {
+		{"CLIENT KILL TYPE pubsub", testredis.Config{}, func(t *testing.T, _ *testredis.Server, admin *redis.Client) {
 			if err := admin.Do(context.Background(), "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
 				t.Fatalf("CLIENT KILL: %v", err)
 			}
-		}},
-		{"server restart", func(t *testing.T, srv *testredis.Server, _ *redis.Client) { srv.Restart(t) }},
+		}, true},
+		// testredis's default: --save "" --appendonly no.
+		{"restart without persistence", testredis.Config{}, func(t *testing.T, srv *testredis.Server, _ *redis.Client) {
+			srv.Restart(t)
+		}, false},
+		{"restart with persistence", testredis.Config{Persistent: true}, func(t *testing.T, srv *testredis.Server, _ *redis.Client) {
+			srv.Restart(t)
+		}, true},
+		{"crash (SIGKILL) with persistence, then start", testredis.Config{Persistent: true}, func(t *testing.T, srv *testredis.Server, _ *redis.Client) {
+			srv.Kill(t)
+			srv.Start(t)
+		}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := testredis.Start(t)
+			srv := testredis.StartConfig(t, tt.cfg)
 			ctx := ctxBound(t)
 			admin := srv.NewClient(t, nil)
-			b := newBackend(t, srv.NewClient(t, nil), nil)
+			b := newBackend(t, srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true}), nil)
+			held, err := b.Acquire(ctx, backend.AcquireRequest{Key: "held", HolderID: "x", TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
 			a, err := b.Watch(ctx, "a")
 			if err != nil {
 				t.Fatal(err)
@@ -608,10 +627,20 @@ func TestWatchConnectionLoss(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			start := time.Now()
 			tt.break_(t, srv, admin)
 			closedWithin(t, a)
 			closedWithin(t, bb)
+			t.Logf("watches closed %v after the break began", time.Since(start).Round(time.Millisecond))
 
+			eventually(t, "client reconnected", func() bool { return admin.Ping(ctx).Err() == nil })
+			err = b.Renew(ctx, held)
+			if tt.leaseKept && err != nil {
+				t.Errorf("Renew of the lease taken before: got %v, want nil (the data survived)", err)
+			}
+			if !tt.leaseKept && !errors.Is(err, backend.ErrLeaseLost) {
+				t.Errorf("Renew of the lease taken before: got %v, want ErrLeaseLost (the data is gone)", err)
+			}
 			again, err := b.Watch(ctx, "a")
 			if err != nil {
 				t.Fatalf("Watch after the break: got %v, want nil", err)
