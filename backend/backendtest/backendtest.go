@@ -56,19 +56,18 @@ type Env struct {
 	// key's lease has been released or has expired and its heartbeat
 	// records have expired (a record deleted by RemoveMember counts as
 	// expiring when its TTL would have ended): a term counter kept so that
-	// terms keep increasing, say. BoundedState lets that much time pass (with Advance,
-	// at once) beyond the records' TTLs before it expects Size back at its
-	// baseline, and then checks that terms still increase. Zero: nothing
-	// outlives the records. A Retention above a minute needs Advance;
-	// without it BoundedState is skipped.
+	// terms keep increasing, say. BoundedState lets that much time pass
+	// (with Advance, at once) beyond the records' TTLs before it expects
+	// Size back at its baseline, and then checks that terms still
+	// increase. Zero: nothing outlives the records. A Retention above a
+	// minute needs Advance; without it BoundedState is skipped.
 	Retention time.Duration
 
 	// Restart restarts the store, as a server restart or a failover does,
 	// and returns once the store serves requests again. With loseData the
-	// store comes back empty: every lease, heartbeat record and, unless
-	// TermsSurviveDataLoss, term counter is gone (a Redis without
-	// persistence). Without it the store keeps its data (a restart with
-	// persistence). Clients opened before Restart must keep working; a
+	// store comes back empty: every lease, heartbeat record and term
+	// counter is gone (a Redis without persistence). Without it the store
+	// keeps its data (a restart with persistence). Clients opened before Restart must keep working; a
 	// call or two may fail while they reconnect (the suite retries reads
 	// for a while). A watch open across a restart must be closed or
 	// deliver EventReset; across one that kept the data it may instead go
