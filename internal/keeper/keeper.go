@@ -172,17 +172,27 @@ func (h *Hold) Finished() <-chan struct{} { return h.finished }
 
 // Held reports whether the hold has not stepped down and its deadline has
 // not passed, checking the clocks now: the monotonic clock, and the wall
-// clock as well (see wallNow). A wall clock past the deadline steps down.
+// clock as well (see wallNow). A deadline found passed steps down at once,
+// so that Held, Reason and the context always agree.
 func (h *Hold) Held() bool {
 	h.mu.Lock()
-	held := !h.stepped && time.Now().Before(h.deadline)
-	wallPassed := held && !wallNow().Before(h.deadline.Round(0))
-	h.mu.Unlock()
-	if wallPassed {
-		h.stepDown(Deadline, errWallClock, nil)
+	if h.stepped {
+		h.mu.Unlock()
 		return false
 	}
-	return held
+	var err error
+	switch {
+	case !time.Now().Before(h.deadline):
+		// The deadline timer is due; step down now rather than wait for it.
+	case !wallNow().Before(h.deadline.Round(0)):
+		err = errWallClock
+	default:
+		h.mu.Unlock()
+		return true
+	}
+	h.mu.Unlock()
+	h.stepDown(Deadline, err, nil)
+	return false
 }
 
 // wallNow reads the wall clock, stripped of its monotonic reading. The
@@ -258,21 +268,30 @@ func (h *Hold) RenewNow() {
 // Extend renews the lease now, in the caller's goroutine, bounded by ctx,
 // RequestTimeout and the deadline. It returns an error wrapping
 // backend.ErrLeaseLost (and steps down) when the store no longer holds the
-// lease, and an error when the hold has already stepped down.
+// lease, and the step-down's cause when the hold has stepped down (also when
+// this renewal succeeded only after the deadline had passed).
 func (h *Hold) Extend(ctx context.Context) error {
-	h.mu.Lock()
-	stepped, cause := h.stepped, h.cause
-	h.mu.Unlock()
-	if stepped {
-		return fmt.Errorf("keeper: extend after step-down: %w", cause)
+	if !h.Held() {
+		_, cause := h.Reason()
+		return cause
 	}
-	return h.renew(ctx)
+	err := h.renew(ctx)
+	if !h.Held() { // cut at the deadline, or landed after it: too late
+		_, cause := h.Reason()
+		return cause
+	}
+	return err
 }
 
 // Verify reads the record back and checks it is this lease (holder, token
 // and term): one round trip, for use before an irreversible step. When it is
-// not, the hold steps down and the error wraps backend.ErrLeaseLost.
+// not, the hold steps down and the error wraps backend.ErrLeaseLost; when the
+// hold had already stepped down, the error is the step-down's cause.
 func (h *Hold) Verify(ctx context.Context) (backend.Record, error) {
+	if !h.Held() {
+		_, cause := h.Reason()
+		return backend.Record{}, cause
+	}
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.RequestTimeout)
 	defer cancel()
 	rec, err := h.cfg.Backend.Get(ctx, h.lease.Key)
@@ -287,7 +306,7 @@ func (h *Hold) Verify(ctx context.Context) (backend.Record, error) {
 	default:
 		if !h.Held() {
 			_, cause := h.Reason()
-			return rec, fmt.Errorf("keeper: verified after step-down: %w", cause)
+			return rec, cause
 		}
 		return rec, nil
 	}
@@ -403,12 +422,18 @@ func (h *Hold) renew(ctx context.Context) error {
 	switch {
 	case err == nil:
 		h.renewed(s)
+	case ctx.Err() != nil:
+		// The caller's context ended (Extend): not a store failure.
 	case errors.Is(err, backend.ErrLeaseLost):
 		h.markLost(err)
 	default:
 		h.mu.Lock()
 		h.failures++
-		h.lastErr = err
+		// A call cut at the deadline says only that time ran out; keep the
+		// error that explains why the earlier ones failed.
+		if h.lastErr == nil || !errors.Is(err, context.DeadlineExceeded) {
+			h.lastErr = err
+		}
 		h.mu.Unlock()
 		if h.cfg.OnError != nil {
 			h.cfg.OnError("renew", err)

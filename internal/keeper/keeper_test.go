@@ -345,3 +345,32 @@ func TestWallClockSteppedBack(t *testing.T) {
 		release(t, h)
 	})
 }
+
+// Past the deadline, before its timer has run, Held, Verify and Extend all
+// agree that the hold is over, with the deadline's cause.
+func TestDeadlineSeenBeforeItsTimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		cfg := config(c)
+		cfg.RequestTimeout = 600 * time.Millisecond
+		cfg.NoRenew = true
+		h := start(t, c, cfg)
+		c.SetLatency(400 * time.Millisecond)
+		// Extend sent at 500ms is cut at the 700ms deadline.
+		time.Sleep(500 * time.Millisecond)
+		err := h.Extend(context.Background())
+		if err == nil || !errors.Is(err, errLost) {
+			t.Errorf("Extend that landed after the deadline: got %v, want the deadline's cause", err)
+		}
+		if _, err := h.Verify(context.Background()); err == nil || !errors.Is(err, errLost) {
+			t.Errorf("Verify after the deadline: got %v, want the deadline's cause", err)
+		}
+		if r, _ := h.Reason(); r != keeper.Deadline {
+			t.Errorf("reason %v, want Deadline", r)
+		}
+		c.SetLatency(0)
+		release(t, h)
+	})
+}
