@@ -146,7 +146,11 @@ func (l *Locker) gaveUp(ctx context.Context, op, key string, last *backend.Recor
 }
 
 // attempt makes one acquisition attempt and, when it succeeds, starts
-// keeping the lease and verifies it.
+// keeping the lease. There is no read-back: the backend's Acquire is one
+// atomic compare-and-set on the store (one script on Redis, one transaction
+// on etcd) whose reply is the lease it wrote, so reading it back from the
+// same store would cost a round trip per lock and prove nothing more. Call
+// Lock.Verify before an irreversible step to check the lock is still held.
 func (l *Locker) attempt(ctx context.Context, key, bk string, p params) (*Lock, error) {
 	req := backend.AcquireRequest{Key: bk, HolderID: l.id, TTL: p.ttl, Metadata: p.metadata}
 	sent := time.Now()
@@ -164,15 +168,6 @@ func (l *Locker) attempt(ctx context.Context, key, bk string, p params) (*Lock, 
 	if err != nil {
 		return nil, err
 	}
-	rec, err := lk.hold.Verify(ctx)
-	if err != nil {
-		l.log.Warn("lock: verification after acquiring failed", "key", key, "term", lease.Term, "err", err)
-		_ = lk.Release(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("lock: acquire %q: reading the lock back after acquiring it: %w", key, err)
-	}
-	lk.mu.Lock()
-	lk.rec = userRecord(rec)
-	lk.mu.Unlock()
 	l.log.Debug("lock: acquired", "key", key, "term", lease.Term)
 	return lk, nil
 }

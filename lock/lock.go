@@ -38,6 +38,7 @@ func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params
 		p:     p,
 		rec: backend.Record{
 			Key: key, HolderID: lease.HolderID, Token: lease.Token, Term: lease.Term,
+			AcquiredAt: sent.Round(0), RenewedAt: sent.Round(0),
 			TTL: lease.TTL, Metadata: maps.Clone(p.metadata),
 		},
 	}
@@ -163,9 +164,10 @@ func (lk *Lock) Key() string { return lk.key }
 // store and have the store refuse lower terms.
 func (lk *Lock) Term() uint64 { return lk.lease.Term }
 
-// Record returns the lock's record as read back right after acquiring it
-// (holder, token, term, since when by the store's clock, TTL then), with
-// the metadata last set. Its key is the lock key.
+// Record returns the lock's record as this process knows it: holder, token,
+// term, the TTL granted, when the acquisition was sent (by this process's
+// clock; Locker.Holders reads the store's record, timed by the store's
+// clock), and the metadata last set. Its key is the lock key.
 func (lk *Lock) Record() backend.Record {
 	lk.mu.Lock()
 	defer lk.mu.Unlock()
