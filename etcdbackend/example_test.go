@@ -20,10 +20,9 @@ func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   []string{"10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"},
-		DialTimeout: 5 * time.Second,
-	})
+	// ClientConfig reconnects within a second of etcd's return; add TLS
+	// and credentials to it as needed.
+	cli, err := clientv3.New(etcdbackend.ClientConfig("10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/sovereign-go/sovereign/backend"
 )
@@ -31,9 +32,12 @@ var errCompacted = errors.New("etcdbackend: watch revision compacted")
 // watch is established, so any change after Watch returns is delivered.
 // Events never block the watch: when the receiver falls behind and the
 // channel's buffer of 16 is full, further events are dropped, since the
-// buffered ones already tell the receiver to look. The watch is
-// re-established by its goroutine when etcd cancels it; the channel is closed
-// when ctx ends, the Backend is closed or the etcd client is closed.
+// buffered ones already tell the receiver to look; but a
+// backend.EventReset, sent when the watch or the client's connection was
+// re-established, is never dropped: when it does not fit, the channel is
+// closed instead. The watch is re-established by its goroutine when etcd
+// cancels it; otherwise the channel is closed when ctx ends, the Backend is
+// closed or the etcd client is closed.
 func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
 	if err := checkKey(key); err != nil {
 		return nil, fmt.Errorf("etcdbackend: watch: %w", err)
@@ -48,6 +52,9 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 
 	wctx, cancel := context.WithCancel(ctx)
 	stopOnClose := context.AfterFunc(b.life, cancel)
+	// Taken before the watch is established, so that a reconnection
+	// during the establishment is reported too.
+	reset := b.resetSignal()
 	w := &watch{b: b, key: key, ctx: wctx}
 	first, err := w.establish(startCtx, 0)
 	if err != nil {
@@ -68,6 +75,11 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 		return nil, fmt.Errorf("etcdbackend: watch %q: %w", key, backend.ErrClosed)
 	}
 	b.watches.Add(1)
+	if !b.monitoring {
+		b.monitoring = true
+		b.watches.Add(1)
+		go b.monitor()
+	}
 	b.mu.Unlock()
 
 	out := make(chan backend.Event, watchBuffer)
@@ -76,9 +88,53 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 		defer close(out)
 		defer cancel()
 		defer stopOnClose()
-		w.run(first, out)
+		w.run(first, reset, out)
 	}()
 	return out, nil
+}
+
+// signalReset tells every watch of the backend that the connection is back
+// after a break.
+func (b *Backend) signalReset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	close(b.reset)
+	b.reset = make(chan struct{})
+}
+
+// resetSignal returns the channel that is closed when the client's
+// connection comes back after its next break.
+func (b *Backend) resetSignal() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.reset
+}
+
+// monitor follows the state of the client's gRPC connection, from the
+// backend's first Watch until the backend or the client is closed, and
+// closes (and replaces) b.reset each time the connection is ready again
+// after it was not. The etcd client resumes its watches over the new
+// connection without telling anyone, so this is how the watches learn that
+// the store may have restarted.
+func (b *Backend) monitor() {
+	defer b.watches.Done()
+	conn := b.cli.ActiveConnection()
+	state := conn.GetState()
+	broken := state != connectivity.Ready
+	for conn.WaitForStateChange(b.life, state) {
+		state = conn.GetState()
+		switch state {
+		case connectivity.Ready:
+			if broken {
+				broken = false
+				b.signalReset()
+			}
+		case connectivity.Shutdown:
+			return // the client was closed
+		default:
+			broken = true
+		}
+	}
 }
 
 // watch is the state of one Watch call.
@@ -152,15 +208,21 @@ func (w *watch) establish(startCtx context.Context, from int64) (stream, error) 
 }
 
 // run delivers the events of s and of every watch that replaces it, until
-// w.ctx ends or the etcd client is closed.
-func (w *watch) run(s stream, out chan<- backend.Event) {
+// w.ctx ends, the etcd client is closed, or a backend.EventReset cannot be
+// delivered because the receiver is behind (closing the channel then tells
+// the receiver the same). reset is closed when the client's connection is
+// back after a break.
+func (w *watch) run(s stream, reset <-chan struct{}, out chan<- backend.Event) {
 	backoff := minWatchBackoff
 	for {
-		lost := w.drain(s, out)
+		why := w.drain(s, &reset, out)
 		s.cancel()
+		if why == overflowed {
+			return
+		}
 		// Re-establish from the next revision, so nothing is missed; if
-		// that has been compacted, from now, with a hint that something
-		// may have been missed.
+		// that has been compacted, from now.
+		lost := why == compacted
 		for {
 			if w.ctx.Err() != nil || w.b.cli.Ctx().Err() != nil {
 				return
@@ -188,9 +250,13 @@ func (w *watch) run(s stream, out chan<- backend.Event) {
 				continue
 			}
 			backoff = minWatchBackoff
-			if lost {
-				w.b.setSeenHeld(w.key, false)
-				w.send(out, backend.EventChanged)
+			// Whatever broke the watch (no leader, a compaction, a
+			// connection the client gave up on) may have come with a
+			// restart of the store, or, after a compaction, with changes
+			// the watch can no longer replay.
+			if !w.sendReset(out) {
+				next.cancel()
+				return
 			}
 			s = next
 			break
@@ -198,16 +264,38 @@ func (w *watch) run(s stream, out chan<- backend.Event) {
 	}
 }
 
-// drain delivers the events of s until it breaks or w.ctx ends. It reports
-// whether events may have been lost to a compaction.
-func (w *watch) drain(s stream, out chan<- backend.Event) (lost bool) {
+// Why drain returned.
+const (
+	broken     = iota // the etcd watch was cancelled or its channel closed
+	compacted         // the watch's next revision has been compacted away
+	overflowed        // a backend.EventReset did not fit in the channel
+)
+
+// drain delivers the events of s until it breaks or w.ctx ends, and a
+// backend.EventReset each time *reset is closed (taking the next reset
+// signal). It says why it returned.
+func (w *watch) drain(s stream, reset *<-chan struct{}, out chan<- backend.Event) int {
 	key, marker := w.b.leaseKey(w.key), w.b.releaseMarker(w.key)
-	for resp := range s.ch {
+	for {
+		var resp clientv3.WatchResponse
+		var ok bool
+		select {
+		case resp, ok = <-s.ch:
+		case <-*reset:
+			*reset = w.b.resetSignal()
+			if !w.sendReset(out) {
+				return overflowed
+			}
+			continue
+		}
+		if !ok {
+			return broken
+		}
 		if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
-			return true
+			return compacted
 		}
 		if resp.Canceled || resp.Err() != nil {
-			return false
+			return broken
 		}
 		for _, ev := range resp.Events {
 			w.rev = max(w.rev, ev.Kv.ModRevision)
@@ -232,7 +320,20 @@ func (w *watch) drain(s stream, out chan<- backend.Event) (lost bool) {
 			w.rev = max(w.rev, resp.Header.Revision)
 		}
 	}
-	return false
+}
+
+// sendReset delivers a backend.EventReset without blocking and reports
+// whether it fitted in the channel. A reset must not be dropped (a holder
+// renews at once on it), so the caller closes the channel when it does not
+// fit, which the receiver treats the same way.
+func (w *watch) sendReset(out chan<- backend.Event) bool {
+	w.b.setSeenHeld(w.key, false) // the store may have lost data
+	select {
+	case out <- backend.Event{Key: w.key, Type: backend.EventReset}:
+		return true
+	default:
+		return false
+	}
 }
 
 // send delivers an event without blocking; a full channel drops it.

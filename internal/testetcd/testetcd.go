@@ -30,8 +30,8 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
+
+	"github.com/sovereign-go/sovereign/etcdbackend"
 )
 
 // Timing of the embedded servers.
@@ -334,29 +334,18 @@ func (c *Cluster) Close() {
 	}
 }
 
-// ClientConfig returns a client configuration for the given endpoints (all
-// members when none are given), with a 5 s dial timeout, a silent logger and
-// reconnection attempts at most 500 ms apart (gRPC's default backoff grows
-// to 2 minutes, too slow for tests that restart members). Tests add their
+// ClientConfig returns the configuration users are told to use,
+// etcdbackend.ClientConfig, for the given endpoints (all members when none
+// are given), with a silent logger and nothing else changed: tests that
+// restart members see the reconnection behaviour users get. Tests add their
 // own options (say, DialOptions with an interceptor) and call clientv3.New.
 func (c *Cluster) ClientConfig(endpoints ...string) clientv3.Config {
 	if len(endpoints) == 0 {
 		endpoints = c.Endpoints()
 	}
-	return clientv3.Config{
-		Endpoints:   endpoints,
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff: backoff.Config{
-				BaseDelay:  50 * time.Millisecond,
-				Multiplier: 1.6,
-				Jitter:     0.2,
-				MaxDelay:   500 * time.Millisecond,
-			},
-			MinConnectTimeout: time.Second,
-		})},
-	}
+	cfg := etcdbackend.ClientConfig(endpoints...)
+	cfg.Logger = zap.NewNop()
+	return cfg
 }
 
 // Client returns a client of all members, closed when the test ends.

@@ -1,0 +1,57 @@
+package etcdbackend
+
+import (
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// TestResetThatDoesNotFitEndsTheWatch: a reset must reach the receiver, so
+// when the channel is full the watch ends (and Watch's goroutine closes the
+// channel, which the receiver treats as a reset) instead of dropping it.
+// When there is room, the reset is delivered and the watch goes on.
+func TestResetThatDoesNotFitEndsTheWatch(t *testing.T) {
+	// The client never connects: drain only reads the stream given to it.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	b, err := New(cli, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	w := &watch{b: b, key: "k", ctx: t.Context()}
+
+	t.Run("room", func(t *testing.T) {
+		out := make(chan backend.Event, watchBuffer)
+		ch := make(chan clientv3.WatchResponse)
+		reset := b.resetSignal()
+		b.signalReset()
+		done := make(chan int)
+		go func() { done <- w.drain(stream{ch: ch, cancel: func() {}}, &reset, out) }()
+		if e := <-out; e.Type != backend.EventReset {
+			t.Fatalf("got %v, want %v", e.Type, backend.EventReset)
+		}
+		close(ch) // the etcd watch breaks
+		if why := <-done; why != broken {
+			t.Fatalf("drain: got %d, want broken (%d)", why, broken)
+		}
+	})
+	t.Run("full", func(t *testing.T) {
+		out := make(chan backend.Event, watchBuffer)
+		for len(out) < cap(out) {
+			out <- backend.Event{Key: "k", Type: backend.EventChanged}
+		}
+		ch := make(chan clientv3.WatchResponse)
+		reset := b.resetSignal()
+		b.signalReset()
+		if why := w.drain(stream{ch: ch, cancel: func() {}}, &reset, out); why != overflowed {
+			t.Fatalf("drain with a full channel: got %d, want overflowed (%d)", why, overflowed)
+		}
+	})
+}
