@@ -27,7 +27,9 @@ const minRetry = 20 * time.Millisecond
 // the attempt only: the lock's own context is Lock.Context.
 //
 // TryAcquire does not queue behind this Locker's waiting Acquire calls.
-func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOptions) (*Lock, error) {
+func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOptions) (lk *Lock, err error) {
+	start := time.Now()
+	defer func() { l.acquired(key, start, err) }()
 	bk, p, err := l.prepare(key, opts)
 	if err != nil {
 		return nil, err
@@ -37,7 +39,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 		return nil, err
 	}
 	defer end()
-	lk, err := l.attempt(ctx, key, bk, p)
+	lk, err = l.attempt(ctx, key, bk, p)
 	if err != nil && context.Cause(ctx) == ErrClosed {
 		return nil, fmt.Errorf("lock: acquire %q: %w", key, ErrClosed)
 	}
@@ -53,7 +55,9 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 // holder seen, which matches both ErrHeld and ctx.Err() (or, when no holder
 // was ever seen because the backend kept failing, an error wrapping ctx.Err()
 // and the last backend error). opts may be nil.
-func (l *Locker) Acquire(ctx context.Context, key string, opts *AcquireOptions) (*Lock, error) {
+func (l *Locker) Acquire(ctx context.Context, key string, opts *AcquireOptions) (lk *Lock, err error) {
+	start := time.Now()
+	defer func() { l.acquired(key, start, err) }()
 	bk, p, err := l.prepare(key, opts)
 	if err != nil {
 		return nil, err
@@ -221,6 +225,7 @@ func (l *Locker) run(ctx context.Context, lk *Lock, fn func(context.Context, *Lo
 	defer func() {
 		stop()
 		cancel(nil)
+		lk.fnDone()
 		relErr := lk.Release(context.WithoutCancel(ctx))
 		switch {
 		case errors.Is(relErr, ErrLockLost):
@@ -232,6 +237,8 @@ func (l *Locker) run(ctx context.Context, lk *Lock, fn func(context.Context, *Lo
 			err = errors.Join(err, cause)
 		}
 	}()
+	lk.fnStarted()
+	context.AfterFunc(fctx, lk.fnCancelled)
 	return fn(fctx, lk)
 }
 

@@ -22,9 +22,34 @@ type Lock struct {
 	lease backend.Lease
 	p     params
 	hold  *keeper.Hold // set before the Lock is shared
+	// acquiredAt is when the acquisition was sent (monotonic clock).
+	acquiredAt time.Time
 
-	mu  sync.Mutex // guards rec
-	rec backend.Record
+	mu          sync.Mutex // guards the fields below
+	rec         backend.Record
+	fnRunning   bool      // a Do/TryDo function holds the lock
+	cancelledAt time.Time // when that function's context was cancelled; zero if not
+	released    bool      // Release has reported to the metrics hook
+}
+
+func (lk *Lock) fnStarted() {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	lk.fnRunning = true
+}
+
+func (lk *Lock) fnCancelled() {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if lk.fnRunning && lk.cancelledAt.IsZero() {
+		lk.cancelledAt = time.Now()
+	}
+}
+
+func (lk *Lock) fnDone() {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	lk.fnRunning = false
 }
 
 // start keeps lease, acquired by a request sent at sent, and registers the
@@ -32,10 +57,11 @@ type Lock struct {
 // ErrClosed.
 func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params) (*Lock, error) {
 	lk := &Lock{
-		l:     l,
-		key:   key,
-		lease: lease,
-		p:     p,
+		l:          l,
+		key:        key,
+		lease:      lease,
+		p:          p,
+		acquiredAt: sent,
 		rec: backend.Record{
 			Key: key, HolderID: lease.HolderID, Token: lease.Token, Term: lease.Term,
 			AcquiredAt: sent.Round(0), RenewedAt: sent.Round(0),
@@ -102,6 +128,7 @@ func (lk *Lock) monitor() {
 	}
 	<-lk.hold.Done()
 	if r, cause := lk.hold.Reason(); lostReason(r) {
+		l.opts.Metrics.Lost(l.opts.Class(lk.key), r.String())
 		l.log.Info("lock: lost", "key", lk.key, "term", lk.lease.Term, "cause", cause)
 	}
 	<-lk.hold.Finished()
@@ -291,6 +318,13 @@ func (lk *Lock) SetMetadata(ctx context.Context, md map[string]string) error {
 func (lk *Lock) Release(ctx context.Context) error {
 	err := lk.hold.Release(ctx)
 	l := lk.l
+	lk.mu.Lock()
+	first := !lk.released
+	lk.released = true
+	lk.mu.Unlock()
+	if first {
+		l.opts.Metrics.Released(l.opts.Class(lk.key), time.Since(lk.acquiredAt))
+	}
 	l.mu.Lock()
 	delete(l.locks, lk)
 	l.mu.Unlock()

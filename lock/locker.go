@@ -52,6 +52,15 @@ type Options struct {
 	// Logger receives failures at Warn, lost locks at Info, acquisitions
 	// and releases at Debug. Default: slog.Default().
 	Logger *slog.Logger
+
+	// Metrics receives measurements by lock class (see Metrics). Default:
+	// none.
+	Metrics Metrics
+
+	// Class maps a lock key to its class for Metrics: a bounded set of
+	// names ("tally", "extraction"), never the key itself.
+	// Default: DefaultClass (the key's first segment).
+	Class func(key string) string
 }
 
 // withDefaults returns a copy of o (which may be nil) with defaults applied,
@@ -86,6 +95,12 @@ func (o *Options) withDefaults(minTTL time.Duration) (Options, error) {
 	}
 	if r.Logger == nil {
 		r.Logger = slog.Default()
+	}
+	if r.Metrics == nil {
+		r.Metrics = NopMetrics{}
+	}
+	if r.Class == nil {
+		r.Class = DefaultClass
 	}
 	return r, r.validate(minTTL)
 }
