@@ -37,8 +37,10 @@
 // Per-key state is bounded in time: once a key's lease is released or has
 // expired and its heartbeat records have expired, the store returns to its
 // size before the key was first used, apart from a term counter that may
-// outlive the lease for a bounded time (the backend documents how terms keep
-// increasing after the counter is gone).
+// outlive the key's last acquisition for a bounded retention (the backend
+// documents it, and how terms keep increasing after the counter is gone) and
+// bookkeeping of a deleted heartbeat record that lasts no longer than that
+// record's TTL would have.
 //
 // The package backend/backendtest holds the conformance suite that every
 // implementation must pass.
@@ -186,7 +188,7 @@ type Backend interface {
 	// SetMetadata replaces the metadata stored with the lease if, and only
 	// if, the store still holds that exact lease (key, holder ID and token);
 	// otherwise it returns ErrLeaseLost and changes nothing. It does not
-	// extend the lease.
+	// extend the lease. Watchers may or may not see an EventChanged for it.
 	SetMetadata(ctx context.Context, lease Lease, metadata map[string]string) error
 
 	// Get returns the current record of key, or ErrNotHeld when the key has no
@@ -197,7 +199,8 @@ type Backend interface {
 	// (every held key when prefix is empty), sorted by key. It lists leases
 	// only, never heartbeat or bookkeeping records, and it does not block
 	// the store (no KEYS on Redis: SCAN on every primary). Records may be
-	// read at slightly different instants.
+	// read at slightly different instants, and need not carry the heartbeat
+	// fields. The prefix is matched literally and is not validated.
 	List(ctx context.Context, prefix string) ([]Record, error)
 
 	// Heartbeat records that instance id is alive, under its own record for
@@ -224,7 +227,8 @@ type Backend interface {
 
 	// Close releases the backend's own resources (not the leases it handed
 	// out, and not a client the user passed in). Methods called after Close
-	// return ErrClosed. Close is idempotent.
+	// return ErrClosed, except ValidateKey and MinTTL, which do no I/O.
+	// Close is idempotent.
 	Close() error
 }
 
@@ -246,7 +250,10 @@ const (
 	// that it learns within a round trip whether its lease survived; a
 	// waiter re-reads. A backend whose watch channel closes when its
 	// connection breaks need not send it: the elector and the lock package
-	// treat a re-subscription after a closed channel the same way.
+	// treat a re-subscription after a closed channel the same way. After a
+	// restart that lost data a watch must either close or send EventReset;
+	// after one that kept it, a watch that resumes without missing a change
+	// may simply go on delivering.
 	EventReset
 )
 
