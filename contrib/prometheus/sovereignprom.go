@@ -1,0 +1,296 @@
+// Package sovereignprom exports the measurements of Sovereign electors to
+// Prometheus.
+//
+// New returns a *Metrics registered with a prometheus.Registerer; pass it as
+// sovereign.Options.Metrics to any number of electors (of different
+// elections):
+//
+//	reg := prometheus.NewRegistry()
+//	m, err := sovereignprom.New(reg, nil)
+//	...
+//	e, err := sovereign.New(b, "billing-cron", hostname, &sovereign.Options{Metrics: m})
+//	m.Init("billing-cron") // export is_leader 0 before the first leadership
+//	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+//
+// The package keeps no global state: it registers nothing by itself, and two
+// registries may each have their own Metrics. Wrap the registerer with
+// prometheus.WrapRegistererWith or WrapRegistererWithPrefix to add constant
+// labels or a prefix.
+//
+// # Metrics
+//
+// Every elector metric carries the label election, the election's name:
+//
+//   - sovereign_is_leader (gauge): 1 while this process leads the
+//     election, else 0. It is computed at scrape time against the last
+//     renew deadline, like Elector.IsLeader, so a leader past its deadline
+//     reads 0 even before it has stepped down.
+//   - sovereign_term (gauge): the fencing term while leading, else 0. A
+//     float64 holds integers exactly up to 2^53 (about 9.0e15); Redis terms,
+//     which start from the server clock in microseconds, are about 1.7e15
+//     today, so they are exact, but nothing larger is.
+//   - sovereign_lease_seconds_left (gauge): seconds until the renew
+//     deadline, computed at scrape time; 0 when not leading.
+//   - sovereign_leadership_transitions_total (counter, label reason):
+//     reason "acquired" counts terms begun; every other reason counts terms
+//     ended, by sovereign.LossReason.String ("resigned", "closed",
+//     "leader function returned", "renew deadline passed", "lease lost").
+//   - sovereign_renew_failures_total (counter): failed lease renewals
+//     (each one is retried until the renew deadline).
+//   - sovereign_events_dropped_total (counter): events lost by listeners
+//     that fell more than 1024 events behind.
+//
+// With Options.ClientGoCompat, leader_election_master_status{name} (gauge)
+// is exported too, with the election's name as name: the metric of
+// Kubernetes' client-go leader election, so that existing dashboards and
+// alerts keep working.
+//
+// Series of an election appear at its first leadership, or at once after
+// Init. A replica that never led exports no is_leader series unless Init was
+// called, so call Init for every election a process campaigns in: an alert on
+// "no replica leads" then sees zeros rather than absent series.
+//
+// The labels are bounded: election names, a fixed set of reasons. One
+// Metrics may serve electors of many elections; electors of the same
+// election in one process share its series, which then describe the last
+// term acquired by any of them.
+package sovereignprom
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sovereign-go/sovereign"
+)
+
+// ReasonAcquired is the reason label of sovereign_leadership_transitions_total
+// that counts terms begun; the other reasons count terms ended.
+const ReasonAcquired = "acquired"
+
+// Options configure a Metrics. A nil *Options means every default.
+type Options struct {
+	// ClientGoCompat also exports client-go's leader election gauge,
+	// leader_election_master_status{name}: 1 while leading, 0 otherwise,
+	// with the election's name as name.
+	// Default: false.
+	ClientGoCompat bool
+}
+
+// Metrics adapts sovereign.Metrics to Prometheus. It is a
+// prometheus.Collector, registered by New. Its methods are safe for
+// concurrent use and never block.
+type Metrics struct {
+	// NopMetrics supplies the methods of hooks added to sovereign.Metrics
+	// after this adapter was written.
+	sovereign.NopMetrics
+
+	opts Options
+
+	isLeader, term, leaseLeft, masterStatus *prometheus.Desc
+
+	transitions, renewFailures, eventsDropped *prometheus.CounterVec
+
+	mu        sync.Mutex                // guards elections
+	elections map[string]*electionState // by election name
+}
+
+// electionState is what Metrics knows of one election in this process.
+type electionState struct {
+	leading  bool
+	term     uint64
+	deadline time.Time // the renew deadline of term, while leading
+}
+
+// lossReasons are the reasons pre-initialised at zero for every election,
+// so that rate() and increase() see the first increment.
+var lossReasons = []sovereign.LossReason{
+	sovereign.ReasonResigned, sovereign.ReasonClosed, sovereign.ReasonReturned,
+	sovereign.ReasonDeadline, sovereign.ReasonLeaseLost,
+}
+
+// New returns a Metrics registered with reg. reg may be nil: then register
+// the Metrics (a prometheus.Collector) yourself. New fails, with an error
+// that errors.As finds a prometheus.AlreadyRegisteredError in, when reg
+// already has metrics of the same names.
+func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
+	m := &Metrics{elections: make(map[string]*electionState)}
+	if opts != nil {
+		m.opts = *opts
+	}
+	el := []string{"election"}
+	m.isLeader = prometheus.NewDesc("sovereign_is_leader",
+		"1 while this process leads the election (checked against its renew deadline at scrape time), else 0.", el, nil)
+	m.term = prometheus.NewDesc("sovereign_term",
+		"The fencing term while this process leads the election, else 0 (exact up to 2^53).", el, nil)
+	m.leaseLeft = prometheus.NewDesc("sovereign_lease_seconds_left",
+		"Seconds until this leader's renew deadline, computed at scrape time; 0 when not leading.", el, nil)
+	if m.opts.ClientGoCompat {
+		m.masterStatus = prometheus.NewDesc("leader_election_master_status",
+			"Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. "+
+				"'name' is the string used to identify the lease. Please make sure to group by name.",
+			[]string{"name"}, nil)
+	}
+	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sovereign_leadership_transitions_total",
+		Help: `Leadership transitions of this process: reason "acquired" counts terms begun, the other reasons terms ended.`,
+	}, []string{"election", "reason"})
+	m.renewFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sovereign_renew_failures_total",
+		Help: "Failed lease renewals (each retried until the renew deadline).",
+	}, el)
+	m.eventsDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sovereign_events_dropped_total",
+		Help: "Events lost by listeners that fell too far behind.",
+	}, el)
+	if reg != nil {
+		if err := reg.Register(m); err != nil {
+			return nil, fmt.Errorf("sovereignprom: register: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// Init exports the series of election at zero before its first leadership,
+// so that a replica that never led shows sovereign_is_leader 0 rather than
+// no series, and counters start from 0. Call it once per election a process
+// campaigns in; calling it again does nothing.
+func (m *Metrics) Init(election string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.stateLocked(election)
+}
+
+// Forget removes every series of election, for a process that stops
+// campaigning in it for good (per-tenant elections, say). A later call for
+// the election exports it again, with counters from 0.
+func (m *Metrics) Forget(election string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.elections, election)
+	l := prometheus.Labels{"election": election}
+	m.transitions.DeletePartialMatch(l)
+	m.renewFailures.DeletePartialMatch(l)
+	m.eventsDropped.DeletePartialMatch(l)
+}
+
+// stateLocked returns the state of election, creating it and its counters
+// at zero. It belongs to m.mu.
+func (m *Metrics) stateLocked(election string) *electionState {
+	st, ok := m.elections[election]
+	if !ok {
+		st = &electionState{}
+		m.elections[election] = st
+		m.transitions.WithLabelValues(election, ReasonAcquired)
+		for _, r := range lossReasons {
+			m.transitions.WithLabelValues(election, r.String())
+		}
+		m.renewFailures.WithLabelValues(election)
+		m.eventsDropped.WithLabelValues(election)
+	}
+	return st
+}
+
+// LeadershipAcquired implements sovereign.Metrics.
+func (m *Metrics) LeadershipAcquired(election string, term uint64, deadline time.Time) {
+	m.mu.Lock()
+	st := m.stateLocked(election)
+	st.leading, st.term, st.deadline = true, term, deadline
+	m.mu.Unlock()
+	m.transitions.WithLabelValues(election, ReasonAcquired).Inc()
+}
+
+// LeaseRenewed implements sovereign.Metrics. It moves the deadline of the
+// current term; it is ignored when not leading (a renewal that raced with
+// a step-down).
+func (m *Metrics) LeaseRenewed(election string, deadline time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if st := m.stateLocked(election); st.leading && deadline.After(st.deadline) {
+		st.deadline = deadline
+	}
+}
+
+// LeadershipLost implements sovereign.Metrics. The election's gauges turn 0
+// unless a later term has been acquired since (by another elector of the
+// same election in this process); the transition is counted either way.
+func (m *Metrics) LeadershipLost(election string, term uint64, reason sovereign.LossReason) {
+	m.mu.Lock()
+	if st := m.stateLocked(election); st.term == term {
+		*st = electionState{}
+	}
+	m.mu.Unlock()
+	m.transitions.WithLabelValues(election, reason.String()).Inc()
+}
+
+// RenewFailed implements sovereign.Metrics.
+func (m *Metrics) RenewFailed(election string) {
+	m.init(election)
+	m.renewFailures.WithLabelValues(election).Inc()
+}
+
+// EventsDropped implements sovereign.Metrics.
+func (m *Metrics) EventsDropped(election string, count int) {
+	m.init(election)
+	if count > 0 {
+		m.eventsDropped.WithLabelValues(election).Add(float64(count))
+	}
+}
+
+func (m *Metrics) init(election string) {
+	m.mu.Lock()
+	m.stateLocked(election)
+	m.mu.Unlock()
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.isLeader
+	ch <- m.term
+	ch <- m.leaseLeft
+	if m.masterStatus != nil {
+		ch <- m.masterStatus
+	}
+	m.transitions.Describe(ch)
+	m.renewFailures.Describe(ch)
+	m.eventsDropped.Describe(ch)
+}
+
+// Collect implements prometheus.Collector. The gauges are computed from the
+// time of the scrape: past its renew deadline a leader reads as not leading.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	type snap struct {
+		election string
+		st       electionState
+	}
+	m.mu.Lock()
+	now := time.Now()
+	snaps := make([]snap, 0, len(m.elections))
+	for name, st := range m.elections {
+		snaps = append(snaps, snap{name, *st})
+	}
+	m.mu.Unlock()
+	for _, s := range snaps {
+		var leading, term, left float64
+		if s.st.leading && now.Before(s.st.deadline) {
+			leading, term, left = 1, float64(s.st.term), s.st.deadline.Sub(now).Seconds()
+		}
+		ch <- prometheus.MustNewConstMetric(m.isLeader, prometheus.GaugeValue, leading, s.election)
+		ch <- prometheus.MustNewConstMetric(m.term, prometheus.GaugeValue, term, s.election)
+		ch <- prometheus.MustNewConstMetric(m.leaseLeft, prometheus.GaugeValue, left, s.election)
+		if m.masterStatus != nil {
+			ch <- prometheus.MustNewConstMetric(m.masterStatus, prometheus.GaugeValue, leading, s.election)
+		}
+	}
+	m.transitions.Collect(ch)
+	m.renewFailures.Collect(ch)
+	m.eventsDropped.Collect(ch)
+}
+
+// Interface checks.
+var (
+	_ sovereign.Metrics    = (*Metrics)(nil)
+	_ prometheus.Collector = (*Metrics)(nil)
+)
