@@ -34,9 +34,12 @@ type Fault struct {
 	// Short marks a fault shorter than the renew deadline, which the leader
 	// may survive.
 	Short bool
-	// Server marks a fault of the store itself (a restart or a crash);
-	// Healed is then when the store answered again.
-	Server bool
+	// Server marks a fault of the store itself (a restart or a crash).
+	// Restarted is then when the server process was started again, and
+	// Healed when it was seen answering: the store answered again at some
+	// moment between the two (Restarted zero: at Healed).
+	Server    bool
+	Restarted int64
 	// DataLoss marks a server fault after which the store came back empty,
 	// as a server without persistence does: every lease, term counter and
 	// heartbeat record was gone at Healed.
@@ -55,9 +58,9 @@ type Run struct {
 	// (TTL + margin + scheduling slack).
 	Bound time.Duration
 	// DataLossWindow is how long after a store that lost its data answers
-	// again (Fault.Healed) a leader of a lease acquired before may still
-	// believe it leads: RenewInterval + RequestTimeout + scheduling slack.
-	// See README.md, "The data-loss window".
+	// again (Fault.Healed, an upper bound) a leader of a lease acquired
+	// before may still believe it leads: RenewInterval + RequestTimeout +
+	// scheduling slack. See README.md, "The data-loss window".
 	DataLossWindow time.Duration
 	// ServerBound is the longest time allowed from a restarted store
 	// answering again to a leader holding a lease in it (TTL + 1 s).
@@ -242,8 +245,9 @@ func Analyze(run Run) *Report {
 	// the summary can say it was exercised).
 	for _, f := range lossy {
 		var top uint64
+		from, _ := f.back()
 		for _, iv := range ivs {
-			if iv.Start >= f.Healed {
+			if iv.Start >= from {
 				if iv.Term <= top {
 					r.violate("term after data loss: %s term %d acquired at %s, after the store came back empty at %s, is not above term %d acquired before",
 						iv.ID, iv.Term, ms(iv.Start), ms(f.Healed), top)
@@ -316,7 +320,7 @@ func Analyze(run Run) *Report {
 				r.violate("store rejected %s term %d seq %d although the highest term was %d", w.ID, w.Term, w.Seq, topAccepted)
 			}
 			for _, f := range lossy {
-				if f.Healed <= w.At && w.At < f.Healed+int64(run.DataLossWindow) {
+				if from, to := f.back(); from <= w.At && w.At < to+int64(run.DataLossWindow) {
 					r.StaleRejectedDataLoss++
 					break
 				}
@@ -433,16 +437,27 @@ func Analyze(run Run) *Report {
 // the member record they share with the leader) while the leader runs.
 const KindSameID = "same-id"
 
+// back returns the bounds of the moment a restarted store answered again:
+// no earlier than the restart of its process, no later than Healed.
+func (f *Fault) back() (from, to int64) {
+	if f.Restarted == 0 {
+		return f.Healed, f.Healed
+	}
+	return f.Restarted, f.Healed
+}
+
 // dataLossCause returns the data-loss fault that explains the overlap of
 // old (which began first) and iv, or nil: old was acquired before the store
-// came back empty (so its lease is one the store lost), and iv was acquired
-// after (the now-empty key). outlasted reports that old's belief went on
-// past the data-loss window, which data loss does not excuse.
+// was restarted empty (so its lease is one the store lost), and iv after
+// (the now-empty key), inside the window. outlasted reports that old's
+// belief went on past the data-loss window, which data loss does not
+// excuse.
 func dataLossCause(lossy []Fault, window time.Duration, old, iv *Interval) (f *Fault, outlasted bool) {
 	for i := range lossy {
 		f := &lossy[i]
-		if old.Start < f.Healed && f.Healed <= iv.Start && iv.Start < f.Healed+int64(window) {
-			return f, old.End > f.Healed+int64(window)
+		from, to := f.back()
+		if old.Start < from && from <= iv.Start && iv.Start < to+int64(window) {
+			return f, old.End > to+int64(window)
 		}
 	}
 	return nil, false
@@ -453,7 +468,7 @@ func dataLossCause(lossy []Fault, window time.Duration, old, iv *Interval) (f *F
 // most one new leadership before the next fault (until).
 func (r *Report) serverFault(f Fault, ivs []*Interval, until int64, bound time.Duration) {
 	r.ServerFaults++
-	up := f.Healed
+	from, up := f.back()
 	var first *Interval
 	started := 0
 	for _, iv := range ivs {
@@ -462,10 +477,10 @@ func (r *Report) serverFault(f Fault, ivs []*Interval, until int64, bound time.D
 		}
 		// Without data loss, a leader whose lease outlived the outage is
 		// still the leader when the store is back.
-		if !f.DataLoss && iv.Start < up && up < iv.End && first == nil {
+		if !f.DataLoss && iv.Start < from && up < iv.End && first == nil {
 			first = iv
 		}
-		if iv.Start >= up && iv.Start < until {
+		if iv.Start >= from && iv.Start < until {
 			started++
 			if first == nil {
 				first = iv

@@ -74,8 +74,8 @@ func handOver() chaos.Run {
 }
 
 // dataLoss is a clean history across a restart that lost the store's data:
-// a leads term 1; the store goes down at 900 and answers again, empty, at
-// 1000; b acquires the empty key at 1050 (term 2) while a still believes it
+// a leads term 1; the store goes down at 900, is started again at 990 and
+// seen answering, empty, at 1000; b acquires the empty key at 1050 (term 2) while a still believes it
 // leads; a's renewal sent at 1200 finds its lease gone and a steps down at
 // 1210. The overlap [1050, 1210) lies inside the data-loss window, which
 // ends at 1000 + 1050.
@@ -90,7 +90,7 @@ func dataLoss() chaos.Run {
 				startLine("b"), hb(0, 5), acquire(2, 1040, 1050), lead(2, 1055), write(2, 1, 1060),
 			}},
 		},
-		Faults: []chaos.Fault{{Kind: "redis-restart-nopersist", At: msT(900), Healed: msT(1000), Server: true, DataLoss: true}},
+		Faults: []chaos.Fault{{Kind: "redis-restart-nopersist", At: msT(900), Restarted: msT(990), Healed: msT(1000), Server: true, DataLoss: true}},
 		Writes: []chaos.Write{
 			storeWrite("a", 1, 1, 50, true), storeWrite("b", 2, 1, 1075, true), storeWrite("a", 1, 2, 1100, false),
 		},
@@ -110,6 +110,19 @@ func TestAnalyzeDataLoss(t *testing.T) {
 		want   string // substring of a violation; "" means none
 	}{
 		{name: "overlap inside the data-loss window", modify: func(*chaos.Run) {}},
+		{
+			name: "a follower acquires before the store is seen answering",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].Lines[2] = acquire(2, 992, 995) // restarted at 990, seen at 1000
+			},
+		},
+		{
+			name: "a follower acquires before the restart",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].Lines[2] = acquire(2, 980, 985)
+			},
+			want: "overlap: b term 2",
+		},
 		{
 			name:   "the same overlap without data loss",
 			modify: func(r *chaos.Run) { r.Faults[0].DataLoss = false },

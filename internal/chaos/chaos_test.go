@@ -125,8 +125,8 @@ func TestChaosRedis(t *testing.T) {
 	// outage stops the server with halt, wipes its data when lose is set,
 	// keeps it down for down and starts it again; a marker key written
 	// before proves that the data survived, or did not.
-	outage := func(halt func(t *testing.T), lose bool) func(*testing.T, time.Duration) {
-		return func(t *testing.T, down time.Duration) {
+	outage := func(halt func(t *testing.T), lose bool) serverFault {
+		return func(t *testing.T, down time.Duration) (restarted, up int64) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if err := admin.Set(ctx, markerKey, "1", 0).Err(); err != nil {
@@ -139,11 +139,14 @@ func TestChaosRedis(t *testing.T) {
 				}
 			}
 			pause(down)
+			restarted = chaos.Now()
 			srv.Start(t)
+			up = chaos.Now()
 			n, err := admin.Exists(ctx, markerKey).Result()
 			if want := int64(map[bool]int{false: 1, true: 0}[lose]); err != nil || n != want {
 				t.Errorf("after the outage (data lost: %v): got %d marker keys (err %v), want %d", lose, n, err, want)
 			}
+			return restarted, up
 		}
 	}
 	restart := func(*testing.T) { srv.Stop() }
@@ -188,16 +191,21 @@ func TestChaosEtcd(t *testing.T) {
 	runChaos(t, "etcd", u.Host, []faultKind{kill, stop, cut, drop, latency, sameID}, []planned{{sameID, false}})
 }
 
+// serverFault takes the server down for down and brings it back. It
+// returns when the server process was started again and when it was seen
+// answering: the store answered again at some moment between the two.
+type serverFault func(t *testing.T, down time.Duration) (restarted, up int64)
+
 // faultKind is a kind of fault: on the leader process, on its proxy, or on
 // the server.
 type faultKind struct {
 	name     string
-	proxy    chaos.Mode                             // for proxy faults
-	signal   bool                                   // SIGSTOP/SIGCONT
-	server   func(t *testing.T, down time.Duration) // for server faults
-	dataLoss bool                                   // the server comes back empty
-	isKill   bool                                   // SIGKILL and a replacement
-	sameID   bool                                   // processes with the leader's instance ID come and go
+	proxy    chaos.Mode  // for proxy faults
+	signal   bool        // SIGSTOP/SIGCONT
+	server   serverFault // for server faults
+	dataLoss bool        // the server comes back empty
+	isKill   bool        // SIGKILL and a replacement
+	sameID   bool        // processes with the leader's instance ID come and go
 	// shortOdds: one in shortOdds of these faults lasts less than the
 	// renew deadline, so the leader may survive it (0: none).
 	shortOdds int
@@ -554,8 +562,7 @@ func (h *harness) inject(k faultKind, leader string, d time.Duration, short bool
 		f.Target, f.Short = "", short
 		f.Server, f.DataLoss = true, k.dataLoss
 		f.At = chaos.Now()
-		k.server(t, d)
-		f.Healed = chaos.Now()
+		f.Restarted, f.Healed = k.server(t, d)
 	case k.sameID:
 		// Processes campaigning with the leader's instance ID come and
 		// go for d; each one removes the member record it shares with the
