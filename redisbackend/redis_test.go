@@ -971,3 +971,46 @@ func TestTermsAcrossDataLoss(t *testing.T) {
 	}
 	t.Logf("term before the restart %d, after %d", last.Term, next.Term)
 }
+
+// TestScriptCommands counts, on the server, the commands the hot scripts
+// run: no TYPE and no EXISTS on the way to success, TIME once per Acquire
+// and per Renew and never in Release, and one PUBLISH per Acquire and per
+// Release.
+func TestScriptCommands(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "cmds:"})
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	for i := range n {
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: fmt.Sprintf("k%d", i%3), HolderID: "a", TTL: time.Minute,
+			Metadata: map[string]string{"a": "1", "b": "2"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Renew(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Release(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := func(cmd string) int {
+		info := c.Info(ctx, "commandstats").Val()
+		i := strings.Index(info, "cmdstat_"+cmd+":calls=")
+		if i < 0 {
+			return 0
+		}
+		n, _ := strconv.Atoi(strings.SplitN(info[i+len("cmdstat_"+cmd+":calls="):], ",", 2)[0])
+		return n
+	}
+	want := map[string]int{"type": 0, "exists": 0, "time": 2 * n, "publish": 2 * n, "hset": 2 * n, "hgetall": n, "hmget": 2 * n}
+	for cmd, w := range want {
+		if got := calls(cmd); got != w {
+			t.Errorf("%s calls for %d acquire+renew+release: got %d, want %d", strings.ToUpper(cmd), n, got, w)
+		}
+	}
+}

@@ -19,16 +19,16 @@ import "github.com/redis/go-redis/v9"
 // name/value pairs.
 
 // luaPrelude holds the helpers every script shares.
+//
+// The scripts that run on every acquisition and release (acquire, renew,
+// release) find foreign data at our paths from the WRONGTYPE error of the
+// command they need anyway (redis.pcall), and from the fields they read,
+// instead of asking TYPE first; TYPE runs only to describe foreign data in
+// the error. Each reads the server's clock (TIME) at most once.
 const luaPrelude = `
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
--- now_us is the server's clock in microseconds since 1970: about 1.8e15,
--- exact in a Lua number (a double) until 2^53 (the year 2255).
-local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 -- fmt writes an integer as decimal digits, never with an exponent
 -- (tostring would write 1.7637812345679e+15).
@@ -38,16 +38,42 @@ local function ktype(k)
   if type(t) == 'table' then t = t['ok'] end
   return t
 end
--- lease_state is 'none', 'ok', or a description of the foreign data at k.
-local function lease_state(k)
-  local t = ktype(k)
-  if t == 'none' then return 'none' end
-  if t ~= 'hash' then return 'a ' .. t end
-  local f = redis.call('HMGET', k, 'holder', 'token', 'term')
-  if not f[1] or not f[2] or not f[3] or not tonumber(f[3]) then
-    return 'a hash without the fields holder, token and term'
+-- failed reports whether r, a result of redis.pcall, is an error.
+local function failed(r) return type(r) == 'table' and r['err'] ~= nil end
+-- foreign is the WRONGTYPE reply for k, which holds data of another kind.
+local function foreign(k) return {'WRONGTYPE', k, 'a ' .. ktype(k)} end
+local no_lease_fields = 'a hash without the fields holder, token and term'
+-- read_lease reads the lease hash at k with one HGETALL. It returns the
+-- fields by name and the HGETALL reply; nil fields when k does not exist
+-- (Redis keeps no empty hash); or nil, nil and the WRONGTYPE reply when k
+-- holds foreign data.
+local function read_lease(k)
+  local h = redis.pcall('HGETALL', k)
+  if failed(h) then return nil, nil, foreign(k) end
+  if #h == 0 then return nil, h, nil end
+  local f = {}
+  for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+  if not f['holder'] or not f['token'] or not tonumber(f['term'] or '') then
+    return nil, nil, {'WRONGTYPE', k, no_lease_fields}
   end
-  return 'ok'
+  return f, h, nil
+end
+-- check_owner is the owner check of Renew, Release and SetMetadata: one
+-- HMGET of the lease at k. It returns nil and the lease's term when the
+-- lease is holder ARGV[1]'s with token ARGV[2]; otherwise the reply: LOST,
+-- or WRONGTYPE when k holds foreign data (EXISTS runs only when none of
+-- the fields is there, to tell a missing key from a foreign hash).
+local function check_owner(k)
+  local f = redis.pcall('HMGET', k, 'holder', 'token', 'term')
+  if failed(f) then return foreign(k) end
+  if f[1] and f[2] and tonumber(f[3] or '') then
+    if f[1] == ARGV[1] and f[2] == ARGV[2] then return nil, f[3] end
+    return {'LOST'}
+  end
+  if f[1] or f[2] or f[3] or redis.call('EXISTS', k) == 1 then
+    return {'WRONGTYPE', k, no_lease_fields}
+  end
+  return {'LOST'}
 end
 -- hb_state is 'none', 'ok', or a description of the foreign data at k.
 local function hb_state(k)
@@ -69,28 +95,16 @@ local function set_state(k)
 end
 -- max_term is the largest integer a Lua number holds exactly (2^53 - 1).
 local max_term = 9007199254740991
--- term_state is 'none', 'ok', or a description of the foreign data at k.
-local function term_state(k)
-  local t = ktype(k)
-  if t == 'none' then return 'none' end
-  if t ~= 'string' then return 'a ' .. t end
-  local s = redis.call('GET', k)
-  if s ~= '0' and not string.match(s, '^[1-9]%d*$') then
-    return 'a string that is not a non-negative integer'
-  end
-  if tonumber(s) >= max_term then return 'an integer at or above 2^53-1' end
-  return 'ok'
-end
--- record returns status followed by the record of the lease at lease.
-local function record(status, lease, hbbase)
-  local h = redis.call('HGETALL', lease)
-  local f = {}
-  for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+-- record returns status followed by the record of the lease at lease,
+-- whose fields f and HGETALL reply h read_lease returned.
+local function record(status, lease, hbbase, f, h)
   local out = {status, f['holder'], f['token'], f['term'], f['acquired_at'] or '0',
     f['renewed_at'] or '0', redis.call('PTTL', lease), -1, -1, -1}
+  -- The holder's heartbeat, when it is a record of ours; foreign data
+  -- there is not reported here.
   local hbk = hbbase .. f['holder']
-  if hb_state(hbk) == 'ok' then
-    local v = redis.call('HMGET', hbk, 'at', 'ttl')
+  local v = redis.pcall('HMGET', hbk, 'at', 'ttl')
+  if not failed(v) and tonumber(v[1] or '') and tonumber(v[2] or '') then
     out[8] = v[1]
     out[9] = v[2]
     out[10] = redis.call('PTTL', hbk)
@@ -106,79 +120,96 @@ end
 `
 
 // acquireScript: KEYS lease, term, heartbeat base; ARGV holder, token,
-// ttl ms, term counter lifetime ms (TermRetention), publish command (empty for none), channel, then metadata
-// name/value pairs. Returns OK and the new term as a decimal string, or
-// HELD and the holder's record.
+// ttl ms, term counter lifetime ms (TermRetention), publish command (empty
+// for none), channel, then metadata name/value pairs. Returns OK and the new
+// term as a decimal string, or HELD and the holder's record.
+//
+// On a free key it makes seven calls: HGETALL (the key is free), GET (the
+// counter), TIME, SET PX (the counter), HSET (every field at once), PEXPIRE
+// and PUBLISH (the watch contract promises an event for every acquisition;
+// without subscribers it costs a dictionary lookup).
 var acquireScript = redis.NewScript(luaPrelude + `
-local ls = lease_state(KEYS[1])
-if ls ~= 'ok' and ls ~= 'none' then return {'WRONGTYPE', KEYS[1], ls} end
-local ts = term_state(KEYS[2])
-if ts ~= 'ok' and ts ~= 'none' then return {'WRONGTYPE', KEYS[2], ts} end
-if ls == 'ok' then return record('HELD', KEYS[1], KEYS[3]) end
+local f, h, bad = read_lease(KEYS[1])
+if bad then return bad end
+if f then return record('HELD', KEYS[1], KEYS[3], f, h) end
+local cur = redis.pcall('GET', KEYS[2])
+if failed(cur) then return foreign(KEYS[2]) end
+local n = 0
+if cur then
+  if cur ~= '0' and not string.match(cur, '^[1-9]%d*$') then
+    return {'WRONGTYPE', KEYS[2], 'a string that is not a non-negative integer'}
+  end
+  n = tonumber(cur)
+  if n >= max_term then return {'WRONGTYPE', KEYS[2], 'an integer at or above 2^53-1'} end
+end
 -- The term is the counter plus one, but at least the server's clock in
--- microseconds: a counter that expired or was lost with the data starts
--- again above every earlier term, as long as the clock is past the last
+-- microseconds (about 1.8e15, exact in a Lua number until 2^53, the year
+-- 2255): a counter that expired or was lost with the data starts again
+-- above every earlier term, as long as the clock is past the last
 -- acquisition (see Fencing terms in the package doc). The counter keeps the
 -- term for ARGV[4] ms.
-local term = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, now_us())
-redis.call('SET', KEYS[2], fmt(term), 'PX', ARGV[4])
-local now = fmt(now_ms())
-redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', ARGV[2], 'term', fmt(term),
-  'acquired_at', now, 'renewed_at', now, 'ttl', ARGV[3])
+local t = redis.call('TIME')
+local sec, usec = tonumber(t[1]), tonumber(t[2])
+local term = fmt(math.max(n + 1, sec * 1000000 + usec))
+local now = fmt(sec * 1000 + math.floor(usec / 1000))
+redis.call('SET', KEYS[2], term, 'PX', ARGV[4])
+local fields = {'holder', ARGV[1], 'token', ARGV[2], 'term', term,
+  'acquired_at', now, 'renewed_at', now, 'ttl', ARGV[3]}
 for i = 7, #ARGV, 2 do
-  redis.call('HSET', KEYS[1], 'meta:' .. ARGV[i], ARGV[i + 1])
+  fields[#fields + 1] = 'meta:' .. ARGV[i]
+  fields[#fields + 1] = ARGV[i + 1]
 end
+redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-if ARGV[5] ~= '' then redis.call(ARGV[5], ARGV[6], 'acquired:' .. fmt(term)) end
-return {'OK', fmt(term)}
+if ARGV[5] ~= '' then redis.call(ARGV[5], ARGV[6], 'acquired:' .. term) end
+return {'OK', term}
 `)
 
-// renewScript: KEYS lease; ARGV holder, token, ttl ms.
+// renewScript: KEYS lease; ARGV holder, token, ttl ms. Four calls: HMGET,
+// PEXPIRE, TIME, HSET.
 var renewScript = redis.NewScript(luaPrelude + `
-local ls = lease_state(KEYS[1])
-if ls == 'none' then return {'LOST'} end
-if ls ~= 'ok' then return {'WRONGTYPE', KEYS[1], ls} end
-local f = redis.call('HMGET', KEYS[1], 'holder', 'token')
-if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'LOST'} end
+local bad = check_owner(KEYS[1])
+if bad then return bad end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('HSET', KEYS[1], 'renewed_at', fmt(now_ms()), 'ttl', ARGV[3])
 return {'OK'}
 `)
 
 // releaseScript: KEYS lease; ARGV holder, token, publish command (empty for
-// none), channel.
+// none), channel. Three calls: HMGET, DEL, PUBLISH.
 var releaseScript = redis.NewScript(luaPrelude + `
-local ls = lease_state(KEYS[1])
-if ls == 'none' then return {'LOST'} end
-if ls ~= 'ok' then return {'WRONGTYPE', KEYS[1], ls} end
-local f = redis.call('HMGET', KEYS[1], 'holder', 'token', 'term')
-if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'LOST'} end
+local bad, term = check_owner(KEYS[1])
+if bad then return bad end
 redis.call('DEL', KEYS[1])
-if ARGV[3] ~= '' then redis.call(ARGV[3], ARGV[4], 'released:' .. f[3]) end
+if ARGV[3] ~= '' then redis.call(ARGV[3], ARGV[4], 'released:' .. term) end
 return {'OK'}
 `)
 
 // getScript: KEYS lease, heartbeat base.
 var getScript = redis.NewScript(luaPrelude + `
-local ls = lease_state(KEYS[1])
-if ls == 'none' then return {'NONE'} end
-if ls ~= 'ok' then return {'WRONGTYPE', KEYS[1], ls} end
-return record('OK', KEYS[1], KEYS[2])
+local f, h, bad = read_lease(KEYS[1])
+if bad then return bad end
+if not f then return {'NONE'} end
+return record('OK', KEYS[1], KEYS[2], f, h)
 `)
 
 // setMetadataScript: KEYS lease; ARGV holder, token, then metadata
 // name/value pairs. Replaces every meta:* field; the TTL is left as it is.
 var setMetadataScript = redis.NewScript(luaPrelude + `
-local ls = lease_state(KEYS[1])
-if ls == 'none' then return {'LOST'} end
-if ls ~= 'ok' then return {'WRONGTYPE', KEYS[1], ls} end
-local f = redis.call('HMGET', KEYS[1], 'holder', 'token')
-if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'LOST'} end
+local bad = check_owner(KEYS[1])
+if bad then return bad end
+local old = {}
 for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
-  if string.sub(name, 1, 5) == 'meta:' then redis.call('HDEL', KEYS[1], name) end
+  if string.sub(name, 1, 5) == 'meta:' then old[#old + 1] = name end
 end
-for i = 3, #ARGV, 2 do
-  redis.call('HSET', KEYS[1], 'meta:' .. ARGV[i], ARGV[i + 1])
+if #old > 0 then redis.call('HDEL', KEYS[1], unpack(old)) end
+if #ARGV > 2 then
+  local fields = {}
+  for i = 3, #ARGV, 2 do
+    fields[#fields + 1] = 'meta:' .. ARGV[i]
+    fields[#fields + 1] = ARGV[i + 1]
+  end
+  redis.call('HSET', KEYS[1], unpack(fields))
 end
 return {'OK'}
 `)
