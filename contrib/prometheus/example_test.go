@@ -14,6 +14,7 @@ import (
 
 	"github.com/sovereign-go/sovereign"
 	sovereignprom "github.com/sovereign-go/sovereign/contrib/prometheus"
+	"github.com/sovereign-go/sovereign/lock"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
@@ -69,4 +70,54 @@ func ExampleNew() {
 	// leader_election_master_status{name="billing-cron"} 1
 	// sovereign_is_leader{election="billing-cron"} 1
 	// sovereign_term{election="billing-cron"} 1
+}
+
+// The same Metrics serves Lockers: pass it as lock.Options.Metrics. Series
+// are by lock class (the key's first segment by default), never by key.
+func Example_locks() {
+	reg := prometheus.NewRegistry()
+	m, err := sovereignprom.New(reg, nil)
+	if err != nil {
+		panic(err)
+	}
+	b := memorybackend.New()
+	defer b.Close()
+	locker, err := lock.New(b, "host-a", &lock.Options{Metrics: m, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close()
+
+	err = locker.TryDo(context.Background(), lock.Key("invoice", "2026-0042"), nil, func(ctx context.Context, _ *lock.Lock) error {
+		return nil // the critical section
+	})
+	if err != nil {
+		panic(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		panic(err)
+	}
+	for _, mf := range mfs {
+		for _, s := range mf.GetMetric() {
+			var labels []string
+			for _, l := range s.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			series := mf.GetName() + "{" + strings.Join(labels, ",") + "}"
+			switch {
+			case s.GetCounter() != nil && s.GetCounter().GetValue() > 0:
+				fmt.Println(series, s.GetCounter().GetValue())
+			case s.GetGauge() != nil:
+				fmt.Println(series, s.GetGauge().GetValue())
+			case s.GetHistogram() != nil:
+				fmt.Println(series, "count", s.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	// Output:
+	// sovereign_lock_acquisitions_total{class="invoice",result="acquired"} 1
+	// sovereign_lock_hold_seconds{class="invoice"} count 1
+	// sovereign_lock_wait_seconds{class="invoice"} count 1
+	// sovereign_locks_held{class="invoice"} 0
 }

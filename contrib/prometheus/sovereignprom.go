@@ -45,12 +45,39 @@
 // Kubernetes' client-go leader election, so that existing dashboards and
 // alerts keep working.
 //
+// # Lock metrics
+//
+// *Metrics also implements lock.Metrics: pass it as lock.Options.Metrics to
+// any number of Lockers. Every lock metric carries the label class, the
+// lock's class (lock.Options.Class, by default the key's first segment:
+// "tally" for "tally/42"), never the key, so that per-entity keys do not
+// make unbounded series:
+//
+//   - sovereign_lock_acquisitions_total (counter, label result): TryAcquire
+//     and Acquire calls (and those of TryDo and Do) by outcome: "acquired",
+//     "held", "error" or "cancelled".
+//   - sovereign_lock_wait_seconds (histogram): how long the calls that
+//     acquired took, waiting included (Options.LockWaitBuckets).
+//   - sovereign_lock_hold_seconds (histogram): how long locks were held, from
+//     acquisition to release, lost ones included (Options.LockHoldBuckets).
+//   - sovereign_locks_held (gauge): locks acquired and not yet released; a
+//     lost lock counts until its holder releases it (Do and TryDo do at
+//     once), so held minus lost is not meaningful.
+//   - sovereign_locks_lost_total (counter, label reason): locks lost while
+//     held: "deadline", "lease lost" or "max hold".
+//
+// A class's series appear at its first acquisition attempt, at zero for
+// every result and reason, so that increase() sees the first loss.
+//
+// # Series
+//
 // Series of an election appear at its first leadership, or at once after
 // Init. A replica that never led exports no is_leader series unless Init was
 // called, so call Init for every election a process campaigns in: an alert on
 // "no replica leads" then sees zeros rather than absent series.
 //
-// The labels are bounded: election names, a fixed set of reasons. One
+// The labels are bounded: election names, lock classes, fixed sets of
+// results and reasons. One
 // Metrics may serve electors of many elections; electors of the same
 // election in one process share its series, which then describe the last
 // term acquired by any of them.
@@ -64,6 +91,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/lock"
 )
 
 // ReasonAcquired is the reason label of sovereign_leadership_transitions_total
@@ -77,9 +105,36 @@ type Options struct {
 	// with the election's name as name.
 	// Default: false.
 	ClientGoCompat bool
+
+	// LockWaitBuckets are the upper bounds, in seconds, of the buckets of
+	// sovereign_lock_wait_seconds.
+	// Default: DefaultLockWaitBuckets (1 ms to 5 min).
+	LockWaitBuckets []float64
+
+	// LockHoldBuckets are the upper bounds, in seconds, of the buckets of
+	// sovereign_lock_hold_seconds.
+	// Default: DefaultLockHoldBuckets (10 ms to 1 h).
+	LockHoldBuckets []float64
 }
 
-// Metrics adapts sovereign.Metrics to Prometheus. It is a
+// Default histogram buckets of the lock metrics, in seconds.
+var (
+	// DefaultLockWaitBuckets go from a lock acquired at once (one round
+	// trip) to a waiter queued for minutes.
+	DefaultLockWaitBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
+	// DefaultLockHoldBuckets go from a short critical section to an hour-long
+	// job.
+	DefaultLockHoldBuckets = []float64{.01, .1, .5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600}
+)
+
+// Lock acquisition results and loss reasons, as package lock reports them;
+// each class's series are created at zero for all of them.
+var (
+	lockResults     = []string{"acquired", "held", "error", "cancelled"}
+	lockLossReasons = []string{"deadline", "lease lost", "max hold"}
+)
+
+// Metrics adapts sovereign.Metrics and lock.Metrics to Prometheus. It is a
 // prometheus.Collector, registered by New. Its methods are safe for
 // concurrent use and never block.
 type Metrics struct {
@@ -93,8 +148,13 @@ type Metrics struct {
 
 	transitions, renewFailures, eventsDropped *prometheus.CounterVec
 
-	mu        sync.Mutex                // guards elections
-	elections map[string]*electionState // by election name
+	lockAcquisitions, locksLost *prometheus.CounterVec
+	lockWait, lockHold          *prometheus.HistogramVec
+	locksHeld                   *prometheus.GaugeVec
+
+	mu          sync.Mutex                // guards elections, lockClasses
+	elections   map[string]*electionState // by election name
+	lockClasses map[string]bool           // classes whose series exist
 }
 
 // electionState is what Metrics knows of one election in this process.
@@ -116,9 +176,15 @@ var lossReasons = []sovereign.LossReason{
 // that errors.As finds a prometheus.AlreadyRegisteredError in, when reg
 // already has metrics of the same names.
 func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
-	m := &Metrics{elections: make(map[string]*electionState)}
+	m := &Metrics{elections: make(map[string]*electionState), lockClasses: make(map[string]bool)}
 	if opts != nil {
 		m.opts = *opts
+	}
+	if m.opts.LockWaitBuckets == nil {
+		m.opts.LockWaitBuckets = DefaultLockWaitBuckets
+	}
+	if m.opts.LockHoldBuckets == nil {
+		m.opts.LockHoldBuckets = DefaultLockHoldBuckets
 	}
 	el := []string{"election"}
 	m.isLeader = prometheus.NewDesc("sovereign_is_leader",
@@ -145,6 +211,29 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 		Name: "sovereign_events_dropped_total",
 		Help: "Events lost by listeners that fell too far behind.",
 	}, el)
+	cl := []string{"class"}
+	m.lockAcquisitions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sovereign_lock_acquisitions_total",
+		Help: `Lock acquisition calls by result: "acquired", "held", "error" or "cancelled".`,
+	}, []string{"class", "result"})
+	m.lockWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sovereign_lock_wait_seconds",
+		Help:    "How long the lock acquisition calls that acquired took, waiting included.",
+		Buckets: m.opts.LockWaitBuckets,
+	}, cl)
+	m.lockHold = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sovereign_lock_hold_seconds",
+		Help:    "How long locks were held, from acquisition to release.",
+		Buckets: m.opts.LockHoldBuckets,
+	}, cl)
+	m.locksHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sovereign_locks_held",
+		Help: "Locks acquired and not yet released (a lost lock counts until released).",
+	}, cl)
+	m.locksLost = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sovereign_locks_lost_total",
+		Help: `Locks lost while held, by reason: "deadline", "lease lost" or "max hold".`,
+	}, []string{"class", "reason"})
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
 			return nil, fmt.Errorf("sovereignprom: register: %w", err)
@@ -245,6 +334,50 @@ func (m *Metrics) init(election string) {
 	m.mu.Unlock()
 }
 
+// lockClass creates the series of class at zero, once.
+func (m *Metrics) lockClass(class string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.lockClasses[class] {
+		return
+	}
+	m.lockClasses[class] = true
+	for _, r := range lockResults {
+		m.lockAcquisitions.WithLabelValues(class, r)
+	}
+	for _, r := range lockLossReasons {
+		m.locksLost.WithLabelValues(class, r)
+	}
+	m.lockWait.WithLabelValues(class)
+	m.lockHold.WithLabelValues(class)
+	m.locksHeld.WithLabelValues(class)
+}
+
+// Acquired implements lock.Metrics: it counts the call by result and, when
+// it acquired, observes its duration and counts the lock as held.
+func (m *Metrics) Acquired(class, result string, wait time.Duration) {
+	m.lockClass(class)
+	m.lockAcquisitions.WithLabelValues(class, result).Inc()
+	if result == "acquired" {
+		m.lockWait.WithLabelValues(class).Observe(wait.Seconds())
+		m.locksHeld.WithLabelValues(class).Inc()
+	}
+}
+
+// Released implements lock.Metrics: it observes how long the lock was held
+// and no longer counts it as held.
+func (m *Metrics) Released(class string, held time.Duration) {
+	m.lockClass(class)
+	m.lockHold.WithLabelValues(class).Observe(held.Seconds())
+	m.locksHeld.WithLabelValues(class).Dec()
+}
+
+// Lost implements lock.Metrics.
+func (m *Metrics) Lost(class, reason string) {
+	m.lockClass(class)
+	m.locksLost.WithLabelValues(class, reason).Inc()
+}
+
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.isLeader
@@ -256,6 +389,11 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.transitions.Describe(ch)
 	m.renewFailures.Describe(ch)
 	m.eventsDropped.Describe(ch)
+	m.lockAcquisitions.Describe(ch)
+	m.lockWait.Describe(ch)
+	m.lockHold.Describe(ch)
+	m.locksHeld.Describe(ch)
+	m.locksLost.Describe(ch)
 }
 
 // Collect implements prometheus.Collector. The gauges are computed from the
@@ -287,10 +425,16 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.transitions.Collect(ch)
 	m.renewFailures.Collect(ch)
 	m.eventsDropped.Collect(ch)
+	m.lockAcquisitions.Collect(ch)
+	m.lockWait.Collect(ch)
+	m.lockHold.Collect(ch)
+	m.locksHeld.Collect(ch)
+	m.locksLost.Collect(ch)
 }
 
 // Interface checks.
 var (
 	_ sovereign.Metrics    = (*Metrics)(nil)
+	_ lock.Metrics         = (*Metrics)(nil)
 	_ prometheus.Collector = (*Metrics)(nil)
 )

@@ -37,7 +37,8 @@ func newMetrics(t *testing.T, opts *sovereignprom.Options) (*sovereignprom.Metri
 }
 
 // scrape gathers reg and returns every sample, keyed by metric name and
-// then by its labels rendered as `k="v",k="v"` in label-name order.
+// then by its labels rendered as `k="v",k="v"` in label-name order. A
+// histogram's value is its sample count; its sum is under name + "_sum".
 func scrape(t *testing.T, reg prometheus.Gatherer) map[string]map[string]float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -47,10 +48,17 @@ func scrape(t *testing.T, reg prometheus.Gatherer) map[string]map[string]float64
 	out := make(map[string]map[string]float64)
 	for _, mf := range mfs {
 		series := make(map[string]float64)
+		sums := make(map[string]float64)
 		for _, m := range mf.GetMetric() {
 			series[labelString(m)] = sampleValue(mf.GetType(), m)
+			if mf.GetType() == dto.MetricType_HISTOGRAM {
+				sums[labelString(m)] = m.GetHistogram().GetSampleSum()
+			}
 		}
 		out[mf.GetName()] = series
+		if mf.GetType() == dto.MetricType_HISTOGRAM {
+			out[mf.GetName()+"_sum"] = sums
+		}
 	}
 	return out
 }
@@ -404,7 +412,7 @@ func TestSeveralElections(t *testing.T) {
 
 // allowedLabels are the only label names the package exports: bounded
 // values, never a lock key or an instance ID.
-var allowedLabels = []string{"election", "reason", "name"}
+var allowedLabels = []string{"election", "reason", "name", "class", "result", "le"}
 
 // No series carries a label outside allowedLabels, whatever was recorded.
 func TestLabelsBounded(t *testing.T) {
@@ -414,6 +422,9 @@ func TestLabelsBounded(t *testing.T) {
 	m.RenewFailed("jobs")
 	m.EventsDropped("jobs", 1)
 	m.LeadershipLost("jobs", 1, sovereign.ReasonDeadline)
+	m.Acquired("tally", "acquired", time.Second)
+	m.Lost("tally", "deadline")
+	m.Released("tally", time.Minute)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

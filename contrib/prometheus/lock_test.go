@@ -1,0 +1,139 @@
+package sovereignprom_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sovereign-go/sovereign/lock"
+	"github.com/sovereign-go/sovereign/memorybackend"
+)
+
+const tally = `class="tally"`
+
+// Lock metrics over two Lockers sharing one Metrics: an acquisition, a
+// refusal, a waiter that gives up, a loss by partition, the release of the
+// lost lock and a waiter that gets it; every series is by class, and no
+// series carries the key.
+func TestLockMetrics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, reg := newMetrics(t, nil)
+		store := memorybackend.NewStore()
+		ac, bc := store.Client(), store.Client()
+		defer ac.Close()
+		defer bc.Close()
+		opts := &lock.Options{TTL: time.Second, Metrics: m, Logger: slog.New(slog.DiscardHandler)}
+		alice, err := lock.New(ac, "alice", opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer alice.Close()
+		bob, err := lock.New(bc, "bob", opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bob.Close()
+		const entity = "election-4711"
+		key := lock.Key("tally", entity)
+
+		t0 := time.Now()
+		lk, err := alice.TryAcquire(t.Context(), key, nil)
+		if err != nil {
+			t.Fatalf("alice's TryAcquire: %v", err)
+		}
+		s := scrape(t, reg)
+		wantValue(t, s, "sovereign_lock_acquisitions_total", tally+`,result="acquired"`, 1)
+		wantValue(t, s, "sovereign_lock_acquisitions_total", tally+`,result="held"`, 0)
+		wantValue(t, s, "sovereign_locks_held", tally, 1)
+		wantValue(t, s, "sovereign_lock_wait_seconds", tally, 1)
+		wantValue(t, s, "sovereign_locks_lost_total", tally+`,reason="deadline"`, 0)
+
+		var he *lock.HeldError
+		if _, err := bob.TryAcquire(t.Context(), key, nil); !errors.As(err, &he) {
+			t.Fatalf("bob's TryAcquire of a held lock: got %v, want a HeldError", err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		_, err = bob.Acquire(ctx, key, nil)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("bob's Acquire with a 100ms deadline: got %v, want DeadlineExceeded", err)
+		}
+		s = scrape(t, reg)
+		wantValue(t, s, "sovereign_lock_acquisitions_total", tally+`,result="held"`, 1)
+		wantValue(t, s, "sovereign_lock_acquisitions_total", tally+`,result="cancelled"`, 1)
+		wantValue(t, s, "sovereign_lock_wait_seconds", tally, 1) // only acquisitions are observed
+		wantValue(t, s, "sovereign_locks_held", tally, 1)
+
+		type result struct {
+			lk     *lock.Lock
+			err    error
+			waited time.Duration
+		}
+		bobs := make(chan result, 1)
+		go func() {
+			tb := time.Now()
+			lk, err := bob.Acquire(t.Context(), key, nil) // until alice's lease expires at the store
+			bobs <- result{lk, err, time.Since(tb)}
+		}()
+		synctest.Wait()
+
+		ac.Partition()
+		<-lk.Done()
+		synctest.Wait() // the Locker reports the loss once the hold has stepped down
+		s = scrape(t, reg)
+		wantValue(t, s, "sovereign_locks_lost_total", tally+`,reason="deadline"`, 1)
+		wantValue(t, s, "sovereign_locks_held", tally, 1) // until released
+
+		b := <-bobs
+		if b.err != nil {
+			t.Fatalf("bob's Acquire: %v", b.err)
+		}
+		if b.waited < 500*time.Millisecond {
+			t.Fatalf("bob waited %v, want until alice's lease expired", b.waited)
+		}
+		s = scrape(t, reg)
+		wantValue(t, s, "sovereign_lock_acquisitions_total", tally+`,result="acquired"`, 2)
+		wantValue(t, s, "sovereign_lock_wait_seconds", tally, 2)
+		if got := value(t, s, "sovereign_lock_wait_seconds_sum", tally); math.Abs(got-b.waited.Seconds()) > 1e-3 {
+			t.Errorf("wait_seconds sum: got %v, want %v (alice's 0 + bob's %v)", got, b.waited.Seconds(), b.waited)
+		}
+		wantValue(t, s, "sovereign_locks_held", tally, 2) // alice's lost lock is not released yet
+
+		ac.Heal()
+		if err := lk.Release(t.Context()); !errors.Is(err, lock.ErrLockLost) {
+			t.Fatalf("Release of a lost lock: got %v, want ErrLockLost", err)
+		}
+		held := time.Since(t0)
+		s = scrape(t, reg)
+		wantValue(t, s, "sovereign_locks_held", tally, 1)
+		wantValue(t, s, "sovereign_lock_hold_seconds", tally, 1)
+		if got := value(t, s, "sovereign_lock_hold_seconds_sum", tally); math.Abs(got-held.Seconds()) > 1e-3 {
+			t.Errorf("hold_seconds sum: got %v, want %v", got, held.Seconds())
+		}
+		if err := b.lk.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		s = scrape(t, reg)
+		wantValue(t, s, "sovereign_locks_held", tally, 0)
+		wantValue(t, s, "sovereign_lock_hold_seconds", tally, 2)
+
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			for _, sm := range mf.GetMetric() {
+				for _, l := range sm.GetLabel() {
+					if l.GetName() == "key" || strings.Contains(l.GetValue(), entity) {
+						t.Errorf("%s carries the lock key: %s=%q", mf.GetName(), l.GetName(), l.GetValue())
+					}
+				}
+			}
+		}
+	})
+}
