@@ -87,6 +87,9 @@ func (f *backendFlags) open() (*opened, error) {
 	if err != nil {
 		return nil, err
 	}
+	if f.dialTimeout <= 0 {
+		f.dialTimeout = 5 * time.Second // etcd's client would otherwise wait forever to authenticate
+	}
 	switch scheme {
 	case "redis", "rediss", "unix":
 		opt, err := redis.ParseURL(f.url)

@@ -245,3 +245,45 @@ func TestRunPartition(t *testing.T) {
 		t.Fatalf("got successor exit %d, want its child's 42", code)
 	}
 }
+
+// TestRunRejoin: with --rejoin, a lost term stops the command and the
+// candidate campaigns again, starting the command afresh under a new term.
+func TestRunRejoin(t *testing.T) {
+	_, env, b := redisEnv(t)
+	kids := newChildren(t)
+	p := start(t, append(env, kids.env("hold")...), "run", "--ttl", "2s", "--rejoin", "--id", "a", "job", "--", os.Args[0])
+	first := kids.expect(0, "start")
+	kids.expect(0, "ready")
+	rec, _ := getRecord(t, b, "job")
+	// Another process breaks the term: the store no longer holds the lease.
+	if code, _, stderr := run(t, env, "break", "job", "--term", strconv.FormatUint(rec.Term, 10)); code != 0 {
+		t.Fatalf("break: exit %d: %s", code, stderr)
+	}
+	kids.expect(0, "signal terminated")
+	if l := kids.next("the first command to end"); l.conn != 0 || !l.eof {
+		t.Fatalf("got %+v, want the first command's end", l)
+	}
+	second := kids.expect(1, "start")
+	if field(first.text, "SOVEREIGN_TERM") == field(second.text, "SOVEREIGN_TERM") {
+		t.Fatalf("the command restarted under the same term %s, want a new one", field(first.text, "SOVEREIGN_TERM"))
+	}
+	kids.expect(1, "ready")
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 42 {
+		t.Fatalf("got exit %d, want the child's 42", code)
+	}
+}
+
+// TestRunParentDeath: when sovereign is killed with SIGKILL, the kernel
+// kills its command (Linux parent-death signal).
+func TestRunParentDeath(t *testing.T) {
+	_, env, _ := redisEnv(t)
+	kids := newChildren(t)
+	p := start(t, append(env, kids.env("hold")...), "run", "--ttl", "2s", "job", "--", os.Args[0])
+	kids.expect(0, "start")
+	kids.expect(0, "ready")
+	p.signal(syscall.SIGKILL)
+	if l := kids.next("the command to die with sovereign"); l.conn != 0 || !l.eof {
+		t.Fatalf("got %+v, want the command's end", l)
+	}
+}

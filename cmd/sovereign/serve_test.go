@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -270,5 +271,46 @@ func (es *eventStream) next(ok func(snapshot) bool) snapshot {
 func TestPrometheusLabel(t *testing.T) {
 	if got, want := label("a\"b\\c\nd"), `"a\"b\\c\nd"`; got != want {
 		t.Errorf("got %s, want %s", got, want)
+	}
+}
+
+// TestServeBinary runs `sovereign serve --demo` on the memory backend: the
+// page's data, /healthz and /metrics, then a clean exit on SIGTERM.
+func TestServeBinary(t *testing.T) {
+	p := start(t, nil, "--backend", "memory://", "serve", "--demo", "--http", "127.0.0.1:0")
+	line := p.waitLog("serving the status of memory:// on ")
+	base := strings.TrimSuffix(line[strings.Index(line, "http://"):], "/")
+	events := subscribeEvents(t, base)
+	events.next(func(s snapshot) bool {
+		held := 0
+		for _, e := range s.Entries {
+			if e.Held {
+				held++
+			}
+		}
+		return s.OK && held == 3 // billing-cron, nightly-report, lock db-migrate
+	})
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`sovereign_election_held{name="billing-cron",kind="election"} 1`, `sovereign_election_held{name="db-migrate",kind="lock"} 1`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, body)
+		}
+	}
+	resp, err = http.Get(base + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("got /healthz %d, want 200", resp.StatusCode)
+	}
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 0 {
+		t.Fatalf("got exit %d after SIGTERM, want 0", code)
 	}
 }
