@@ -1,5 +1,5 @@
-// Package sovereignprom exports the measurements of Sovereign electors to
-// Prometheus.
+// Package sovereignprom exports the measurements of Sovereign's electors
+// (package sovereign) and lockers (package lock) to Prometheus.
 //
 // New returns a *Metrics registered with a prometheus.Registerer; pass it as
 // sovereign.Options.Metrics to any number of electors (of different
@@ -12,8 +12,9 @@
 //	m.Init("billing-cron") // export is_leader 0 before the first leadership
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 //
-// The package keeps no global state: it registers nothing by itself, and two
-// registries may each have their own Metrics. Wrap the registerer with
+// The package keeps no global state: New registers with the Registerer it is
+// given, never with the default one, and two registries may each have their
+// own Metrics. Wrap the registerer with
 // prometheus.WrapRegistererWith or WrapRegistererWithPrefix to add constant
 // labels or a prefix.
 //
@@ -25,10 +26,11 @@
 //     election, else 0. It is computed at scrape time against the last
 //     renew deadline, like Elector.IsLeader, so a leader past its deadline
 //     reads 0 even before it has stepped down.
-//   - sovereign_term (gauge): the fencing term while leading, else 0. A
-//     float64 holds integers exactly up to 2^53 (about 9.0e15); Redis terms,
-//     which start from the server clock in microseconds, are about 1.7e15
-//     today, so they are exact, but nothing larger is.
+//   - sovereign_term (gauge): the fencing term while leading, else 0.
+//     Prometheus values are float64, exact for integers up to 2^53 (about
+//     9.0e15). Redis terms are the server clock in microseconds, about
+//     1.7e15 today, so they are exact (the Redis scripts have the same 2^53
+//     bound); etcd and memory terms are small counters.
 //   - sovereign_lease_seconds_left (gauge): seconds until the renew
 //     deadline, computed at scrape time; 0 when not leading.
 //   - sovereign_leadership_transitions_total (counter, label reason):
@@ -60,9 +62,9 @@
 //     acquired took, waiting included (Options.LockWaitBuckets).
 //   - sovereign_lock_hold_seconds (histogram): how long locks were held, from
 //     acquisition to release, lost ones included (Options.LockHoldBuckets).
-//   - sovereign_locks_held (gauge): locks acquired and not yet released; a
-//     lost lock counts until its holder releases it (Do and TryDo do at
-//     once), so held minus lost is not meaningful.
+//   - sovereign_locks_held (gauge): locks acquired and not yet released. A
+//     lost lock counts until its holder calls Release (Do and TryDo call it
+//     when their function returns).
 //   - sovereign_locks_lost_total (counter, label reason): locks lost while
 //     held: "deadline", "lease lost" or "max hold".
 //
@@ -74,13 +76,20 @@
 // Series of an election appear at its first leadership, or at once after
 // Init. A replica that never led exports no is_leader series unless Init was
 // called, so call Init for every election a process campaigns in: an alert on
-// "no replica leads" then sees zeros rather than absent series.
+// "no replica leads" then sees zeros rather than absent series. Forget
+// removes an election's series.
 //
 // The labels are bounded: election names, lock classes, fixed sets of
-// results and reasons. One
-// Metrics may serve electors of many elections; electors of the same
-// election in one process share its series, which then describe the last
-// term acquired by any of them.
+// results and reasons. One Metrics may serve electors of many elections;
+// electors of the same election in one process share its series, which then
+// describe the last term acquired by any of them.
+//
+// # Alerts
+//
+// alerts.yaml, beside this package's source, holds example Prometheus
+// alerting rules over these metrics (no leader, no replica reporting, more
+// than one leader, flapping, involuntary loss, renew failures, dropped
+// events, lost locks), with promtool unit tests in testdata.
 package sovereignprom
 
 import (
@@ -102,7 +111,9 @@ const ReasonAcquired = "acquired"
 type Options struct {
 	// ClientGoCompat also exports client-go's leader election gauge,
 	// leader_election_master_status{name}: 1 while leading, 0 otherwise,
-	// with the election's name as name.
+	// with the election's name as name. New fails on a registry that already
+	// has it (registered by client-go's component-base or by
+	// controller-runtime).
 	// Default: false.
 	ClientGoCompat bool
 
