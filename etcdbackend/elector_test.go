@@ -29,6 +29,9 @@ type candidates struct {
 	opts   sovereign.Options
 	cands  []*candidate
 	rec    electortest.Recorder
+	// config, if not nil, changes the client configuration of each
+	// candidate.
+	config func(clientv3.Config) clientv3.Config
 }
 
 type candidate struct {
@@ -47,10 +50,22 @@ func (cand *candidate) Elector() *sovereign.Elector { return cand.e }
 // nil).
 func newCandidates(t testing.TB, ec *testetcd.Cluster, n int, opts *sovereign.Options, endpoints func(i int) []string) *candidates {
 	t.Helper()
+	return startCandidates(t, ec, n, opts, endpoints, nil)
+}
+
+// newCandidatesConfig starts n candidates on ec whose clients are configured
+// by config from ec.ClientConfig() (unchanged when config is nil).
+func newCandidatesConfig(t testing.TB, ec *testetcd.Cluster, n int, opts *sovereign.Options, config func(clientv3.Config) clientv3.Config) *candidates {
+	t.Helper()
+	return startCandidates(t, ec, n, opts, nil, config)
+}
+
+func startCandidates(t testing.TB, ec *testetcd.Cluster, n int, opts *sovereign.Options, endpoints func(i int) []string, config func(clientv3.Config) clientv3.Config) *candidates {
+	t.Helper()
 	if ec == nil {
 		ec = shared
 	}
-	c := &candidates{t: t, ec: ec, prefix: newPrefix(), name: "election"}
+	c := &candidates{t: t, ec: ec, prefix: newPrefix(), name: "election", config: config}
 	if opts != nil {
 		c.opts = *opts
 	}
@@ -75,6 +90,9 @@ func (c *candidates) add(id string, eps []string) *candidate {
 	t.Helper()
 	cand := &candidate{id: id, n: new(counter)}
 	cfg := c.ec.ClientConfig(eps...)
+	if c.config != nil {
+		cfg = c.config(cfg)
+	}
 	cand.n.configure(&cfg)
 	cli, err := clientv3.New(cfg)
 	if err != nil {
@@ -136,6 +154,36 @@ func (c *candidates) checkNoOverlap() {
 		c.t.Error("no term ended, want at least one")
 	}
 	electortest.CheckNoOverlap(c.t, ivs)
+}
+
+// sampleLeaders counts, every millisecond, the candidates of c that report
+// IsLeader, until the returned function is called; that returns the largest
+// count seen.
+func sampleLeaders(c *candidates) (stop func() int) {
+	stopc := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		most := 0
+		for {
+			select {
+			case <-stopc:
+				done <- most
+				return
+			case <-time.After(time.Millisecond): // sampling, not synchronisation
+			}
+			n := 0
+			for _, cand := range c.cands {
+				if cand.e.IsLeader() {
+					n++
+				}
+			}
+			most = max(most, n)
+		}
+	}()
+	return func() int {
+		close(stopc)
+		return <-done
+	}
 }
 
 // TestElectorGracefulHandover: three candidates over etcd; the leader
@@ -213,26 +261,7 @@ func TestElectorMemberLoss(t *testing.T) {
 	raftLeader := ec.LeaderIndex() == member
 
 	// Watch for two leaders at once while the cluster changes.
-	stopWatch := make(chan struct{})
-	watchDone := make(chan int)
-	go func() {
-		most := 0
-		for {
-			select {
-			case <-stopWatch:
-				watchDone <- most
-				return
-			case <-time.After(time.Millisecond):
-			}
-			n := 0
-			for _, cand := range c.cands {
-				if cand.e.IsLeader() {
-					n++
-				}
-			}
-			most = max(most, n)
-		}
-	}()
+	sampler := sampleLeaders(c)
 
 	down := time.Now()
 	ec.Stop(member)
@@ -259,8 +288,7 @@ func TestElectorMemberLoss(t *testing.T) {
 		return err == nil && rec.HolderID == next.id && !old.e.IsLeader()
 	})
 	rejoined := time.Since(restart)
-	close(stopWatch)
-	if most := <-watchDone; most > 1 {
+	if most := sampler(); most > 1 {
 		t.Errorf("leaders at once (sampled): got %d, want at most 1", most)
 	}
 	c.stopAll()
