@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -498,4 +499,60 @@ func TestNewRegistration(t *testing.T) {
 	if got := testutil.CollectAndCount(m, "leader_election_master_status"); got != 1 {
 		t.Errorf("leader_election_master_status series: got %d, want 1", got)
 	}
+}
+
+// Hooks called from many goroutines while scrapes run lose no count (and
+// the race detector sees no race).
+func TestConcurrentHooks(t *testing.T) {
+	m, reg := newMetrics(t, &sovereignprom.Options{ClientGoCompat: true})
+	const workers, rounds = 8, 200
+	done := make(chan struct{})
+	scraped := make(chan struct{})
+	go func() {
+		defer close(scraped)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+				if _, err := reg.Gather(); err != nil {
+					t.Errorf("Gather: %v", err)
+					return
+				}
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			election := []string{"a", "b"}[w%2]
+			for i := range rounds {
+				term := uint64(w*rounds + i + 1)
+				m.LeadershipAcquired(election, term, time.Now().Add(time.Minute))
+				m.LeaseRenewed(election, time.Now().Add(2*time.Minute))
+				m.RenewFailed(election)
+				m.EventsDropped(election, 1)
+				m.LeadershipLost(election, term, sovereign.ReasonResigned)
+				m.Acquired("tally", "acquired", time.Millisecond)
+				m.Lost("tally", "deadline")
+				m.Released("tally", time.Second)
+			}
+		})
+	}
+	wg.Wait()
+	close(done)
+	<-scraped
+	s := scrape(t, reg)
+	per := float64(workers / 2 * rounds)
+	for _, e := range []string{`election="a"`, `election="b"`} {
+		wantValue(t, s, "sovereign_leadership_transitions_total", e+`,reason="acquired"`, per)
+		wantValue(t, s, "sovereign_leadership_transitions_total", e+`,reason="resigned"`, per)
+		wantValue(t, s, "sovereign_renew_failures_total", e, per)
+		wantValue(t, s, "sovereign_events_dropped_total", e, per)
+		wantValue(t, s, "sovereign_is_leader", e, 0) // every term acquired was lost
+	}
+	wantValue(t, s, "sovereign_lock_acquisitions_total", tally+`,result="acquired"`, workers*rounds)
+	wantValue(t, s, "sovereign_locks_lost_total", tally+`,reason="deadline"`, workers*rounds)
+	wantValue(t, s, "sovereign_locks_held", tally, 0)
+	wantValue(t, s, "sovereign_lock_hold_seconds", tally, workers*rounds)
 }
