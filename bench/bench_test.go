@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/internal/testetcd"
 	"github.com/sovereign-go/sovereign/internal/testredis"
+	"github.com/sovereign-go/sovereign/lock"
+	"github.com/sovereign-go/sovereign/memorybackend"
 	"go.uber.org/goleak"
 )
 
@@ -239,13 +242,64 @@ func BenchmarkLockPairs(b *testing.B) {
 			}
 			defer done()
 			ctx := context.Background()
-			c0 := l.requests()
+			c0, cpu0 := l.requests(), cpuTime()
 			for b.Loop() {
 				if err := w(ctx); err != nil {
 					b.Fatal(err)
 				}
 			}
 			b.ReportMetric(float64(l.requests()-c0)/float64(b.N), "requests/op")
+			// The whole process: the embedded etcd server included.
+			b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-µs/op")
 		})
 	}
+}
+
+// BenchmarkLockOverhead measures what package lock adds to a pair without
+// any I/O: TryAcquire+Release against Acquire+Release of the in-memory
+// backend. Profile it with
+//
+//	go test -run '^$' -bench LockOverhead/lock -cpuprofile /tmp/cpu.out
+func BenchmarkLockOverhead(b *testing.B) {
+	ctx := context.Background()
+	report := func(b *testing.B, cpu0 time.Duration) {
+		b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-µs/op")
+	}
+	b.Run("lock", func(b *testing.B) {
+		mb := memorybackend.New()
+		defer mb.Close()
+		lk, err := lock.New(mb, "bench", &lock.Options{Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer lk.Close()
+		b.ReportAllocs()
+		cpu0 := cpuTime()
+		for b.Loop() {
+			h, err := lk.TryAcquire(ctx, "k", nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := h.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		report(b, cpu0)
+	})
+	b.Run("contract", func(b *testing.B) {
+		mb := memorybackend.New()
+		defer mb.Close()
+		b.ReportAllocs()
+		cpu0 := cpuTime()
+		for b.Loop() {
+			l, err := mb.Acquire(ctx, backend.AcquireRequest{Key: lock.Prefix + "k", HolderID: "bench", TTL: lockTTL})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := mb.Release(ctx, l); err != nil {
+				b.Fatal(err)
+			}
+		}
+		report(b, cpu0)
+	})
 }

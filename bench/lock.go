@@ -28,6 +28,7 @@ type lockImpl struct {
 	col      string // table column
 	contract bool   // Sovereign through the backend contract, without package lock
 	name     string // for progress lines and test names
+	server   int    // pid of the redis-server it talks to; 0 for etcd (embedded in this process)
 	requests func() int64
 	// worker returns a function that acquires and releases key once, and a
 	// function that frees what the worker holds (an etcd session).
@@ -65,6 +66,9 @@ func (e *env) lockImpls() (_ []*lockImpl, err error) {
 				return nil, err
 			}
 			l := &lockImpl{col: k.column(), contract: contract, requests: requests, close: closeB}
+			if k == kindRedis {
+				l.server = e.redis.PID()
+			}
 			if contract {
 				l.name = k.column() + " (backend contract)"
 				l.held = func(err error) bool { return errors.Is(err, backend.ErrHeld) }
@@ -132,7 +136,7 @@ func (e *env) lockImpls() (_ []*lockImpl, err error) {
 	cli, ctr := e.redisLockClient(colRedsync)
 	rs := redsync.New(goredis.NewPool(cli))
 	ls = append(ls, &lockImpl{
-		col: colRedsync, name: colRedsync, requests: ctr.n.Load,
+		col: colRedsync, name: colRedsync, requests: ctr.n.Load, server: e.redis.PID(),
 		close: func() { cli.Close() },
 		held:  redsyncHeld,
 		worker: func(key string) (func(context.Context) error, func(), error) {
@@ -153,7 +157,7 @@ func (e *env) lockImpls() (_ []*lockImpl, err error) {
 	cli2, ctr2 := e.redisLockClient(colRedislock)
 	lc := redislock.New(cli2)
 	ls = append(ls, &lockImpl{
-		col: colRedislock, name: colRedislock, requests: ctr2.n.Load,
+		col: colRedislock, name: colRedislock, requests: ctr2.n.Load, server: e.redis.PID(),
 		close: func() { cli2.Close() },
 		held:  func(err error) bool { return errors.Is(err, redislock.ErrNotObtained) },
 		worker: func(key string) (func(context.Context) error, func(), error) {
@@ -206,9 +210,11 @@ func (e *env) sovBackend(k kind, name string) (backend.Backend, func() int64, fu
 
 // lockRun is the outcome of one timed run.
 type lockRun struct {
-	pairsPerSec     float64
-	requestsPerPair float64 // failed attempts included
-	failedPerPair   float64 // attempts that found the key held, per pair
+	pairsPerSec      float64
+	requestsPerPair  float64 // failed attempts included
+	failedPerPair    float64 // attempts that found the key held, per pair
+	cpuPerPair       time.Duration
+	serverCPUPerPair time.Duration // redis-server; 0 for etcd
 }
 
 // run makes acquire+release pairs with g goroutines for d, each on its own
@@ -257,7 +263,7 @@ func (l *lockImpl) run(prefix string, g int, shared bool, d time.Duration) (lock
 	}
 	var pairs, failed, errs atomic.Int64
 	var firstErr atomic.Pointer[error]
-	c0 := l.requests()
+	c0, cpu0, srv0 := l.requests(), cpuTime(), l.serverCPU()
 	start := time.Now()
 	stop := start.Add(d)
 	var wg sync.WaitGroup
@@ -280,6 +286,7 @@ func (l *lockImpl) run(prefix string, g int, shared bool, d time.Duration) (lock
 	wg.Wait()
 	el := time.Since(start)
 	reqs := l.requests() - c0
+	cpu, srv := cpuTime()-cpu0, l.serverCPU()-srv0
 	if p := firstErr.Load(); p != nil {
 		return lockRun{}, fmt.Errorf("%s: %d errors, first: %w", l.name, errs.Load(), *p)
 	}
@@ -288,10 +295,20 @@ func (l *lockImpl) run(prefix string, g int, shared bool, d time.Duration) (lock
 		return lockRun{}, fmt.Errorf("%s: no pair in %v", l.name, d)
 	}
 	return lockRun{
-		pairsPerSec:     float64(n) / el.Seconds(),
-		requestsPerPair: float64(reqs) / float64(n),
-		failedPerPair:   float64(failed.Load()) / float64(n),
+		pairsPerSec:      float64(n) / el.Seconds(),
+		requestsPerPair:  float64(reqs) / float64(n),
+		failedPerPair:    float64(failed.Load()) / float64(n),
+		cpuPerPair:       cpu / time.Duration(n),
+		serverCPUPerPair: srv / time.Duration(n),
 	}, nil
+}
+
+// serverCPU returns the CPU time of the redis-server l talks to, or 0.
+func (l *lockImpl) serverCPU() time.Duration {
+	if l.server == 0 {
+		return 0
+	}
+	return procCPUTime(l.server)
 }
 
 // lockMode is one configuration of the pairs scenario.
@@ -323,6 +340,18 @@ func ratioRow(m lockMode) string {
 	return "Lock pairs/s, " + m.String() + ": Sovereign ÷ best peer on the same store"
 }
 
+func cpuRow(m lockMode) string {
+	return "Lock: CPU per pair (µs), " + m.String() + ", this process (etcd: with the embedded server)"
+}
+
+func contractCPURow(m lockMode) string {
+	return "Lock: CPU per pair (µs), " + m.String() + ", this process: Sovereign backend contract alone"
+}
+
+func serverCPURow(m lockMode) string {
+	return "Lock: redis-server CPU per pair (µs), " + m.String()
+}
+
 const (
 	rowReqsPerPair       = "Lock: store requests per pair, distinct keys (Redis commands; etcd RPCs)"
 	rowReqsPerPairShared = "Lock: store requests per successful pair, one shared key (failed attempts included)"
@@ -352,7 +381,14 @@ func locks(e *env, cfg config, r *results) error {
 		r.row(ratioRow(m), "%.2f")
 	}
 	for _, m := range lockModes[:2] {
+		r.row(cpuRow(m), "%.0f")
+		r.row(serverCPURow(m), "%.0f")
+	}
+	for _, m := range lockModes[:2] {
 		r.row(contractRow(m), "%.0f")
+	}
+	for _, m := range lockModes[:2] {
+		r.row(contractCPURow(m), "%.0f")
 	}
 	for round := range cfg.rounds {
 		for i := range ls {
@@ -370,6 +406,7 @@ func locks(e *env, cfg config, r *results) error {
 				switch {
 				case l.contract:
 					r.add(contractRow(m), l.col, "%.0f", res.pairsPerSec)
+					r.add(contractCPURow(m), l.col, "%.0f", float64(res.cpuPerPair)/float64(time.Microsecond))
 				case m.shared:
 					r.add(pairsRow(m), l.col, "%.0f", res.pairsPerSec)
 					r.add(rowReqsPerPairShared, l.col, "%.2f", res.requestsPerPair)
@@ -377,6 +414,10 @@ func locks(e *env, cfg config, r *results) error {
 				default:
 					r.add(pairsRow(m), l.col, "%.0f", res.pairsPerSec)
 					reqs = append(reqs, res.requestsPerPair)
+					r.add(cpuRow(m), l.col, "%.0f", float64(res.cpuPerPair)/float64(time.Microsecond))
+					if l.server != 0 {
+						r.add(serverCPURow(m), l.col, "%.0f", float64(res.serverCPUPerPair)/float64(time.Microsecond))
+					}
 				}
 			}
 			if !l.contract {

@@ -307,9 +307,22 @@ func humanInt(n int) string {
 
 func notes(cfg config, r *results) {
 	if cfg.only["handover"] || cfg.only["crash"] || cfg.only["lock"] || cfg.only["handoff"] {
-		r.note("Each latency and lock figure is the median over %d interleaved rounds (implementations in rotating order, on the same servers); "+
-			"p50/p99 are per round over %d hand-overs and %d crashes per implementation (nearest rank, so with few samples p99 is the round's maximum).",
-			cfg.rounds, cfg.handoverN, cfg.crashN)
+		var per []string
+		if cfg.only["handover"] {
+			per = append(per, fmt.Sprintf("%d hand-overs", cfg.handoverN))
+		}
+		if cfg.only["crash"] {
+			per = append(per, fmt.Sprintf("%d crashes", cfg.crashN))
+		}
+		if cfg.only["handoff"] {
+			per = append(per, fmt.Sprintf("%d lock hand-offs", cfg.handoffN))
+		}
+		s := fmt.Sprintf("Each latency and lock figure is the median over %d interleaved rounds (implementations in rotating order, on the same servers).", cfg.rounds)
+		if len(per) > 0 {
+			s += fmt.Sprintf(" p50/p99 are per round over %s per implementation (nearest rank, so with few samples p99 is the round's maximum).",
+				strings.Join(per, ", "))
+		}
+		r.note("%s", s)
 	}
 	if cfg.only["handover"] || cfg.only["crash"] {
 		r.note("Hand-over and crash use TTL %v for everyone (Sovereign Options.TTL, etcd session TTL), Sovereign defaults otherwise "+
