@@ -70,6 +70,7 @@ func TestMain(m *testing.M) {
 // the exact moment. Modes:
 //
 //	hold             run until SIGTERM, then exit 42
+//	until-told       report signals, exit only when the test writes "exit N"
 //	ignore-term      ignore SIGTERM (so only SIGKILL ends it) and spawn a
 //	                 grandchild "sleep" in its process group, reporting its pid
 func helperMain(mode string) int {
@@ -97,6 +98,18 @@ func helperMain(mode string) int {
 		fmt.Fprintf(conn, "grandchild pid=%d\n", gc.Process.Pid)
 	}
 	fmt.Fprintf(conn, "ready\n")
+	if mode == "until-told" {
+		// Exit with the status the test writes ("exit N").
+		go func() {
+			sc := bufio.NewScanner(conn)
+			for sc.Scan() {
+				if n, ok := strings.CutPrefix(sc.Text(), "exit "); ok {
+					code, _ := strconv.Atoi(n)
+					os.Exit(code)
+				}
+			}
+		}()
+	}
 	for sig := range sigs {
 		fmt.Fprintf(conn, "signal %s\n", sig)
 		if sig == syscall.SIGTERM && mode == "hold" {
@@ -119,6 +132,20 @@ type children struct {
 	t     *testing.T
 	sock  string
 	lines chan childLine
+
+	mu    sync.Mutex // guards conns
+	conns []net.Conn // by connection number
+}
+
+// tell writes a line to child conn.
+func (c *children) tell(conn int, line string) {
+	c.t.Helper()
+	c.mu.Lock()
+	cn := c.conns[conn]
+	c.mu.Unlock()
+	if _, err := fmt.Fprintf(cn, "%s\n", line); err != nil {
+		c.t.Fatalf("tell child %d: %v", conn, err)
+	}
 }
 
 func newChildren(t *testing.T) *children {
@@ -135,17 +162,15 @@ func newChildren(t *testing.T) *children {
 	}
 	c := &children{t: t, sock: sock, lines: make(chan childLine, 1024)}
 	var wg sync.WaitGroup
-	var conns []net.Conn
-	var mu sync.Mutex
 	wg.Go(func() {
 		for n := 0; ; n++ {
 			conn, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			conns = append(conns, conn)
-			mu.Unlock()
+			c.mu.Lock()
+			c.conns = append(c.conns, conn)
+			c.mu.Unlock()
 			wg.Go(func() {
 				sc := bufio.NewScanner(conn)
 				for sc.Scan() {
@@ -157,11 +182,11 @@ func newChildren(t *testing.T) *children {
 	})
 	t.Cleanup(func() {
 		ln.Close()
-		mu.Lock()
-		for _, conn := range conns {
+		c.mu.Lock()
+		for _, conn := range c.conns {
 			conn.Close()
 		}
-		mu.Unlock()
+		c.mu.Unlock()
 		wg.Wait()
 	})
 	return c

@@ -287,3 +287,37 @@ func TestRunParentDeath(t *testing.T) {
 		t.Fatalf("got %+v, want the command's end", l)
 	}
 }
+
+// TestRunReleasesAfterExit: after SIGTERM is forwarded, the lease stays
+// held for as long as the command takes to exit, and is released only then.
+func TestRunReleasesAfterExit(t *testing.T) {
+	_, env, b := redisEnv(t)
+	kids := newChildren(t)
+	p := start(t, append(env, kids.env("until-told")...), "run", "--ttl", "2s", "job", "--", os.Args[0])
+	kids.expect(0, "start")
+	kids.expect(0, "ready")
+	before, _ := getRecord(t, b, "job")
+	p.signal(syscall.SIGTERM)
+	kids.expect(0, "signal terminated")
+	// The command is winding down: the lease is still the same one, and is
+	// renewed meanwhile (check across more than one TTL).
+	renewed := time.Now().Add(3 * time.Second)
+	for time.Now().Before(renewed) {
+		rec, held := getRecord(t, b, "job")
+		if !held || rec.Term != before.Term {
+			t.Fatalf("got job held=%v term %d while the command winds down, want term %d held", held, rec.Term, before.Term)
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("sovereign exited (%d) before its command", p.code)
+		case <-time.After(200 * time.Millisecond): // sampling the store while the command winds down
+		}
+	}
+	kids.tell(0, "exit 3")
+	if code := p.wait(); code != 3 {
+		t.Fatalf("got exit %d, want the command's 3", code)
+	}
+	if _, held := getRecord(t, b, "job"); held {
+		t.Fatal("got job held after sovereign exited, want it released")
+	}
+}
