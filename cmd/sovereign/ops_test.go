@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -213,5 +215,54 @@ func TestRedact(t *testing.T) {
 		if got := redact(in); got != want {
 			t.Errorf("redact(%q): got %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestWatchJSON runs watch -o json in-process on a memory store: one line
+// per change, "no leader" included, pushed by the store's watch.
+func TestWatchJSON(t *testing.T) {
+	store := memorybackend.NewStore()
+	b := store.Client()
+	defer b.Close()
+	pr, pw := io.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &env{stdout: pw, stderr: io.Discard, openHook: func() (*opened, error) {
+		return &opened{Backend: b, close: func() {}, redacted: "memory://"}, nil
+	}}
+	done := make(chan int, 1)
+	go func() {
+		// A long interval: changes must arrive through the watch, not a poll.
+		done <- mainArgs(ctx, e, []string{"watch", "-o", "json", "--interval", "1h", "job"})
+		pw.Close()
+	}()
+	lines := bufio.NewScanner(pr)
+	next := func() map[string]any {
+		t.Helper()
+		if !lines.Scan() {
+			t.Fatalf("watch ended: %v", lines.Err())
+		}
+		var m map[string]any
+		if err := json.Unmarshal(lines.Bytes(), &m); err != nil {
+			t.Fatalf("%q: %v", lines.Text(), err)
+		}
+		return m
+	}
+	if m := next(); m["held"] != false || m["name"] != "job" {
+		t.Fatalf("got %v, want job not held", m)
+	}
+	l := acquire(t, b, "job", "a", time.Hour, nil)
+	if m := next(); m["held"] != true || m["holder"] != "a" || m["term"] != float64(l.Term) {
+		t.Fatalf("got %v, want job held by a, term %d", m, l.Term)
+	}
+	if err := b.Release(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	if m := next(); m["held"] != false {
+		t.Fatalf("got %v, want no leader", m)
+	}
+	cancel()
+	go io.Copy(io.Discard, pr)
+	if code := <-done; code != 0 {
+		t.Fatalf("got watch exit %d, want 0", code)
 	}
 }

@@ -213,8 +213,11 @@ func TestRunPartition(t *testing.T) {
 	b.waitLog("state changed") // b campaigns
 
 	px.Partition()
-	a.waitLog("stopping the command")
-	a.waitLog("SIGKILL")
+	stopping := logTime(t, a.waitLog("stopping the command"))
+	killed := logTime(t, a.waitLog("SIGKILL"))
+	if d := killed.Sub(stopping); d < grace {
+		t.Fatalf("SIGKILL %v after SIGTERM, want the grace %v", d, grace)
+	}
 	// The first child's connection ends when it dies.
 	var aDied time.Time
 	for aDied.IsZero() {
@@ -239,7 +242,8 @@ func TestRunPartition(t *testing.T) {
 	if code := a.wait(); code != exitLost {
 		t.Fatalf("got leader exit %d, want %d (lost)", code, exitLost)
 	}
-	t.Logf("successor's command started %v after the old command was killed", bStart.at.Sub(aDied))
+	t.Logf("SIGTERM→SIGKILL %v (grace %v); the old command's death seen %v after SIGKILL; the successor's command started %v after that",
+		killed.Sub(stopping), grace, aDied.Sub(killed), bStart.at.Sub(aDied))
 	b.signal(syscall.SIGTERM)
 	if code := b.wait(); code != 42 {
 		t.Fatalf("got successor exit %d, want its child's 42", code)
@@ -320,4 +324,16 @@ func TestRunReleasesAfterExit(t *testing.T) {
 	if _, held := getRecord(t, b, "job"); held {
 		t.Fatal("got job held after sovereign exited, want it released")
 	}
+}
+
+// logTime returns the time of a sovereign log line (time=... in slog's
+// text format).
+func logTime(t *testing.T, line string) time.Time {
+	t.Helper()
+	v := field(line, "time")
+	ts, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		t.Fatalf("log line %q: %v", line, err)
+	}
+	return ts
 }
