@@ -1,31 +1,60 @@
 // Command sovereign is the operators' side of Sovereign: it shows who holds
 // an election or a lock, follows changes, runs a command only while this
-// machine leads, and serves a live status page.
+// machine leads (or holds a lock), and serves a live status page.
 //
 // Usage:
 //
 //	sovereign [backend flags] COMMAND [flags] ARGS
 //
-//	status NAME              who holds NAME: holder, since, term, TTL left, heartbeat, metadata, members
+//	status NAME              holder, since, term, TTL left, heartbeat, metadata, members
 //	watch NAME               one line per change of holder, including "no leader"
 //	list [PREFIX]            every held election and lock beginning with PREFIX
 //	members NAME             the instances with a live heartbeat
 //	run ELECTION -- CMD...   campaign; run CMD while leading; stop it before a successor can start
-//	lock KEY -- CMD...       run CMD while holding the lock KEY
+//	lock KEY -- CMD...       run CMD while holding the lock KEY (--try, --wait D)
 //	break KEY --term N       forced release of exactly that term's lease
 //	serve --http :4040       a live status page, /healthz and /metrics
 //
 // The backend comes from --backend URL or the SOVEREIGN_BACKEND environment
-// variable: redis://, rediss://, unix://, redis+sentinel://,
-// redis+cluster://, etcd://host:2379,host2:2379 (etcds:// for TLS), or
-// memory:// for demos.
+// variable: redis://, rediss://, unix:// (go-redis ParseURL),
+// redis+sentinel://host:26379?master_name=M (ParseFailoverURL),
+// redis+cluster://host:7000?addr=host2:7000 (ParseClusterURL),
+// etcd://host:2379,host2:2379 (etcds:// for TLS; --cacert, --cert, --key,
+// --user as in etcdctl; the password from the URL or --password-file, never
+// from a flag of its own), or memory:// for demos.
 //
-// Exit codes (see the constants below): 0 success; the child's own status
-// for run and lock (128+N when a signal N killed it; 126 when it could not
-// be executed, 127 when it was not found); 3 nobody holds it (status
-// --exit-status, break); 64 usage; 69 backend unreachable; 70 internal
-// error; 75 held by someone else, not acquired; 79 lost while the command
-// ran.
+// # The command under run and lock
+//
+// The command is executed directly (--shell runs it with /bin/sh -c), in a
+// process group of its own, with SIGKILL as its parent-death signal on Linux,
+// and with SOVEREIGN_ELECTION (run) or SOVEREIGN_KEY (lock),
+// SOVEREIGN_HOLDER_ID and SOVEREIGN_TERM (the fencing term) in its
+// environment; SOVEREIGN_BACKEND (which may hold a password) and the lease's
+// token are never passed. SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are
+// forwarded to its process group. When leadership or the lock is lost (the
+// renew deadline passed, or the store no longer holds the lease), the
+// command's group gets SIGTERM at once and SIGKILL after --grace, which
+// defaults to half of TTL - RenewDeadline and must be less than it: the
+// holder steps down RenewDeadline after its last successful renewal was
+// sent, and the store keeps the lease TTL after receiving it, so the command
+// is dead before a successor can acquire the lease. The lease is released
+// only after the command has exited and whatever was left of its process
+// group has been killed and reaped (sovereign is a child subreaper on Linux).
+//
+// # Exit codes
+//
+//	0        success; status: held (with --exit-status)
+//	N        run, lock: the command's own exit status
+//	128+N    run, lock: the command was killed by signal N; or sovereign got
+//	         signal N (SIGINT, SIGTERM) before the command started
+//	3        status --exit-status: nobody holds it; break: that term does not hold it
+//	64       usage: bad flags or arguments
+//	69       the backend could not be reached
+//	70       an unexpected error
+//	75       held by someone else, not acquired (lock --try, lock --wait, run --wait)
+//	79       leadership or the lock was lost while the command ran; it was stopped
+//	126      the command could not be executed
+//	127      the command was not found
 package main
 
 import (
