@@ -34,7 +34,8 @@
 //	sovereign:{billing}:heartbeat:<id>   hash: fields at (unix ms) and ttl (ms, as granted),
 //	                                     PEXPIRE ttl; the age is ttl - PTTL.
 //	sovereign:{billing}:members          set of the IDs that sent heartbeats (an index;
-//	                                     Members prunes IDs whose heartbeat has expired).
+//	                                     Members prunes IDs whose heartbeat has expired);
+//	                                     PEXPIRE: until its last heartbeat record expires.
 //	sovereign:{billing}:events           pub/sub channel (not a key): "acquired:<term>"
 //	                                     and "released:<term>".
 //
@@ -50,10 +51,10 @@
 // cover the record it writes; RemoveMember and Members drop IDs whose record
 // is gone, RemoveMember recomputes the expiry from the records left, and
 // Redis deletes an empty set; only an instance that shortens its own
-// heartbeat TTL can leave the set up to its earlier TTL longer), and the term counter TermRetention after the last Acquire
-// (see Fencing terms). Once a key is released and its heartbeats have
-// expired, the keyspace is back to its size before the key was used, at
-// most TermRetention later.
+// heartbeat TTL can leave the set up to its earlier TTL longer), and the
+// term counter TermRetention after the last Acquire (see Fencing terms).
+// Once a key is released and its heartbeats have expired, the keyspace is
+// back to its size before the key was used, at most TermRetention later.
 //
 // If a key at one of these paths holds something else (a string where the
 // lease hash belongs, say), the scripts leave it untouched and the call
@@ -70,8 +71,22 @@
 // published (keyspace notifications are not used; the backend never runs
 // CONFIG SET): the elector schedules its next attempt from the TTL the
 // record reports. An idle pub/sub connection is pinged every
-// Options.HealthCheckInterval. If it breaks (or a ping goes unanswered),
-// every watch on it is closed and the caller watches again.
+// Options.HealthCheckInterval. If it breaks, every watch on it is closed at
+// once: when the server restarts (with or without persistence, cleanly or
+// after a crash) or the connection is killed, the channels close within
+// milliseconds; a server that stops answering without closing the
+// connection is noticed when a ping goes unanswered, within two intervals.
+// The caller then treats it as a reset (backend.EventReset): it re-reads
+// the state, since the server may have lost it, and watches again.
+//
+// # Requirements
+//
+// Redis 5.0 or later (or a compatible server): the scripts read TIME before
+// writing, which needs script effects replication, the default since 5.0;
+// they also use HSET with several fields (4.0), SET with PX, SCAN and WAIT.
+// On Cluster the default sharded pub/sub (SPUBLISH, SSUBSCRIBE) needs Redis
+// 7.0; with an older Cluster set Options.PubSub to PubSubClassic. The tests
+// run against Redis 7.0 and miniredis.
 //
 // # Cost
 //
@@ -109,8 +124,11 @@
 // the new server's clock is behind the time of the old one's last
 // acquisition (a clock stepped back by more than the downtime, or a replica
 // whose clock is behind the old primary's by more than the failover took).
-// NTP slews a clock by milliseconds, so neither happens in practice; raise
-// TermRetention if your servers' clocks may be stepped back by minutes. A
+// (Redis also expires the counter by its own wall clock, so a clock stepped
+// back after the last acquisition only delays the expiry.) NTP slews small
+// offsets and seldom steps a running server's clock by more than a second,
+// so neither happens in practice; raise TermRetention if your servers'
+// clocks may be stepped back by minutes. A
 // Lua number holds these values exactly until 2^53 (the year 2255); the
 // scripts write them as decimal strings.
 //
