@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -336,4 +337,30 @@ func logTime(t *testing.T, line string) time.Time {
 		t.Fatalf("log line %q: %v", line, err)
 	}
 	return ts
+}
+
+// TestRedisURLKinds runs a command through a Redis Cluster URL and a unix
+// socket URL, and reads the result back with status.
+func TestRedisURLKinds(t *testing.T) {
+	cluster := testredis.StartConfig(t, testredis.Config{Cluster: true})
+	sock := filepath.Join(t.TempDir(), "redis.sock")
+	unix := testredis.StartConfig(t, testredis.Config{Args: []string{"--unixsocket", sock, "--unixsocketperm", "700"}})
+	if cluster.External() || unix.External() {
+		t.Skip("REDIS_ADDR or REDIS_CLUSTER_ADDR is set: this test needs servers it starts itself")
+	}
+	for _, url := range []string{"redis+cluster://" + cluster.Addr(), "unix://" + sock} {
+		t.Run(url, func(t *testing.T) {
+			// The command does not inherit SOVEREIGN_BACKEND: it gets the URL
+			// through another variable.
+			env := []string{"SOVEREIGN_BACKEND=" + url, "TEST_URL=" + url}
+			code, out, stderr := run(t, env, "run", "--ttl", "2s", "--id", "x", "job", "--",
+				"sh", "-c", `"$0" --backend "$TEST_URL" status --exit-status "$SOVEREIGN_ELECTION" || exit 99; exit 4`, bin)
+			if code != 4 {
+				t.Fatalf("got exit %d, want 4; stderr:\n%s", code, stderr)
+			}
+			if !strings.Contains(out, "holder     x") {
+				t.Fatalf("status from inside the command printed:\n%s\nwant holder x", out)
+			}
+		})
+	}
 }
