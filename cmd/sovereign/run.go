@@ -199,6 +199,15 @@ func cmdRun(ctx context.Context, env *env, args []string) error {
 		elected = true
 		mu.Unlock()
 		term, _ := sovereign.TermFromContext(lctx)
+		if lctx.Err() != nil {
+			// The term ended before the command could start.
+			log.Warn("sovereign: leadership lost before the command started", "election", name, "term", term, "cause", context.Cause(lctx))
+			if !*rejoin && runCtx.Err() == nil {
+				setResult(exitWith(exitLost, fmt.Errorf("election %q term %d: %v before the command started", name, term, context.Cause(lctx))))
+				cancelRun()
+			}
+			return nil
+		}
 		c, err := sup.start(spec, childEnv(map[string]string{
 			"SOVEREIGN_ELECTION":  name,
 			"SOVEREIGN_HOLDER_ID": h.id,
