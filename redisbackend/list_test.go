@@ -265,3 +265,33 @@ func TestSetMetadata(t *testing.T) {
 		t.Errorf("EXISTS md:{k} after a SetMetadata on a released lease: got %d, want 0 (nothing written)", n)
 	}
 }
+
+// TestManyMetadata: metadata larger than what one Lua unpack can pass goes
+// through Acquire and SetMetadata intact.
+func TestManyMetadata(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "mm:"})
+	md := make(map[string]string, 6000)
+	for i := range 6000 {
+		md[fmt.Sprintf("k%d", i)] = strconv.Itoa(i)
+	}
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute, Metadata: md})
+	if err != nil {
+		t.Fatalf("Acquire with %d metadata entries: %v", len(md), err)
+	}
+	if rec, err := b.Get(ctx, "k"); err != nil || !maps.Equal(rec.Metadata, md) {
+		t.Fatalf("Get: got %d metadata entries (error %v), want %d", len(rec.Metadata), err, len(md))
+	}
+	md2 := map[string]string{"only": "one"}
+	for i := range 5000 {
+		md2[fmt.Sprintf("n%d", i)] = "x"
+	}
+	if err := b.SetMetadata(ctx, l, md2); err != nil {
+		t.Fatalf("SetMetadata: %v", err)
+	}
+	if rec, err := b.Get(ctx, "k"); err != nil || !maps.Equal(rec.Metadata, md2) {
+		t.Fatalf("Get after SetMetadata: got %d metadata entries (error %v), want %d", len(rec.Metadata), err, len(md2))
+	}
+}

@@ -38,6 +38,13 @@ local function ktype(k)
   if type(t) == 'table' then t = t['ok'] end
   return t
 end
+-- call_chunked runs cmd on k with the arguments in list, a few thousand at
+-- a time: unpack is limited by Lua's C stack (about 8000 values).
+local function call_chunked(cmd, k, list)
+  for i = 1, #list, 4000 do
+    redis.call(cmd, k, unpack(list, i, math.min(i + 3999, #list)))
+  end
+end
 -- failed reports whether r, a result of redis.pcall, is an error.
 local function failed(r) return type(r) == 'table' and r['err'] ~= nil end
 -- foreign is the WRONGTYPE reply for k, which holds data of another kind.
@@ -159,7 +166,7 @@ for i = 7, #ARGV, 2 do
   fields[#fields + 1] = 'meta:' .. ARGV[i]
   fields[#fields + 1] = ARGV[i + 1]
 end
-redis.call('HSET', KEYS[1], unpack(fields))
+call_chunked('HSET', KEYS[1], fields)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 if ARGV[5] ~= '' then redis.call(ARGV[5], ARGV[6], 'acquired:' .. term) end
 return {'OK', term}
@@ -202,14 +209,14 @@ local old = {}
 for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
   if string.sub(name, 1, 5) == 'meta:' then old[#old + 1] = name end
 end
-if #old > 0 then redis.call('HDEL', KEYS[1], unpack(old)) end
+call_chunked('HDEL', KEYS[1], old)
 if #ARGV > 2 then
   local fields = {}
   for i = 3, #ARGV, 2 do
     fields[#fields + 1] = 'meta:' .. ARGV[i]
     fields[#fields + 1] = ARGV[i + 1]
   end
-  redis.call('HSET', KEYS[1], unpack(fields))
+  call_chunked('HSET', KEYS[1], fields)
 end
 return {'OK'}
 `)
