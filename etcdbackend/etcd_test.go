@@ -962,3 +962,57 @@ func TestHeartbeatRewritesItsRecord(t *testing.T) {
 		t.Errorf("record attached to lease %x, want the kept lease %x again", got, own)
 	}
 }
+
+// TestWatchFollowsAStoreThatLostItsData: after a restart on an empty data
+// directory, revisions start again from 1, and the etcd client resumes its
+// watches from their old, now future, revision: they would stay silent
+// until the new revisions caught up. The watch sees the store's revision go
+// back and starts over from the current one, so changes are delivered again.
+func TestWatchFollowsAStoreThatLostItsData(t *testing.T) {
+	ctx := testCtx(t)
+	ec := testetcd.Start(t)
+	opts := &etcdbackend.Options{Prefix: newPrefix()}
+	w := newBackend(t, newClient(t, ec, nil), opts)
+	a := newBackend(t, newClient(t, ec, nil), opts)
+	// Push the revision up, so the old one stays ahead for a while.
+	for range 50 {
+		l, err := a.Acquire(ctx, backend.AcquireRequest{Key: "other", HolderID: "a", TTL: time.Minute})
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		if err := a.Release(ctx, l); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+	events, err := w.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	if err := ec.RestartWithoutData(0); err != nil {
+		t.Fatal(err)
+	}
+	if e := nextEvent(t, events, "after the restart", 20*time.Second); e.Type != backend.EventReset {
+		t.Fatalf("first event after the restart: got %v, want %v", e.Type, backend.EventReset)
+	}
+	// As in TestWatchSurvivesCompaction, a change made before the watch has
+	// started over is seen only by the re-read the reset asks for.
+	for attempt := 1; ; attempt++ {
+		l, err := a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+		if err != nil {
+			t.Fatalf("Acquire after the restart: %v", err)
+		}
+		_, ok := nextNonResetWithin(events, 2*time.Second)
+		if err := a.Release(ctx, l); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		if ok {
+			break
+		}
+		if attempt == 5 {
+			t.Fatalf("no change delivered after %d acquisitions since the restart", attempt)
+		}
+	}
+	if e := nextNonReset(t, events, "release after the restart"); e.Type != backend.EventReleased {
+		t.Fatalf("got %v, want %v", e.Type, backend.EventReleased)
+	}
+}

@@ -37,7 +37,11 @@
 // an expiry) gets a strictly greater term, and terms of different keys are
 // ordered too. Nothing outlives a lease to keep terms increasing: the
 // cluster's revision counter does that, so a key's state is gone once its
-// lease and its heartbeats have ended.
+// lease and its heartbeats have ended. Terms increase as long as the cluster
+// keeps its data: a member restored from an empty or older data directory
+// starts revisions over, and terms with them (restore snapshots with "etcdutl
+// snapshot restore --bump-revision" to keep them increasing); raft
+// replication makes such a loss a disaster, not a failover.
 //
 // The lease token is "<etcd lease ID>-<acquisition time in Unix
 // nanoseconds>-<128 random bits>", in hex. The record's value starts with a
@@ -84,7 +88,9 @@
 // lease's granted TTL minus its remaining TTL, which etcd reports in whole
 // seconds, so ages are reported as the lower bound (up to a second younger
 // than the truth) and HeartbeatAt is the reader's clock minus that age.
-// Record.TTL and Member.TTL are likewise whole seconds, rounded down.
+// Record.TTL and Member.TTL are likewise whole seconds, rounded down. The
+// backend's own memory of heartbeat leases (and of keys it found held) is
+// swept once a minute, so it stays bounded like the store's.
 //
 // To keep lease keys and heartbeat keys apart, keys must not contain
 // "/heartbeat/" or a NUL byte, nor end with "/heartbeat"; such keys are
@@ -109,11 +115,14 @@
 // connection without telling anyone; so each Backend also follows its
 // client's gRPC connection (one goroutine, from its first Watch until Close)
 // and every watch delivers backend.EventReset when the connection is ready
-// again after a break, a server restart say. A reset is never dropped: when
-// it does not fit in the channel's buffer, the channel is closed instead,
-// which tells the receiver the same. Otherwise the channel closes only when
-// the watch's context ends, the Backend is closed, or the etcd client is
-// closed.
+// again after a break, a server restart say; it first reads the store's
+// revision (one request per watch), and if that went back (a server that came
+// back without its data starts revisions over) it starts the watch over from
+// the current revision, which the etcd client would otherwise have resumed
+// from the old one and kept silent. A reset is never dropped: when it does
+// not fit in the channel's buffer, the channel is closed instead, which tells
+// the receiver the same. Otherwise the channel closes only when the watch's
+// context ends, the Backend is closed, or the etcd client is closed.
 //
 // # The etcd client
 //
@@ -248,13 +257,14 @@ type Backend struct {
 	life context.Context    // cancelled by Close; ends watch goroutines
 	stop context.CancelFunc // cancels life
 
-	mu         sync.Mutex          // guards the fields below
-	closed     bool                // set by Close
-	hb         map[string]*hbEntry // heartbeat leases by heartbeat key
-	held       map[string]struct{} // keys last seen held (see seenHeld)
-	monitoring bool                // the connection monitor runs (see monitor)
-	reset      chan struct{}       // closed, and replaced, when the connection is back after a break
-	lastNudge  time.Time           // when nudge last reset the reconnect backoff
+	mu         sync.Mutex           // guards the fields below
+	closed     bool                 // set by Close
+	hb         map[string]*hbEntry  // heartbeat leases by heartbeat key
+	held       map[string]time.Time // keys last seen held, and when (see seenHeld)
+	lastSweep  time.Time            // when sweep last ran
+	monitoring bool                 // the connection monitor runs (see monitor)
+	reset      chan struct{}        // closed, and replaced, when the connection is back after a break
+	lastNudge  time.Time            // when nudge last reset the reconnect backoff
 
 	watches sync.WaitGroup // watch goroutines and the connection monitor
 }
@@ -297,7 +307,7 @@ func New(client *clientv3.Client, opts *Options) (*Backend, error) {
 		life:    life,
 		stop:    stop,
 		hb:      make(map[string]*hbEntry),
-		held:    make(map[string]struct{}),
+		held:    make(map[string]time.Time),
 		reset:   make(chan struct{}),
 	}, nil
 }
@@ -320,6 +330,10 @@ func (b *Backend) Close() error {
 func (b *Backend) begin(ctx context.Context, op string) (context.Context, context.CancelFunc, error) {
 	b.mu.Lock()
 	closed := b.closed
+	if now := time.Now(); !closed && now.Sub(b.lastSweep) >= sweepInterval {
+		b.lastSweep = now
+		b.sweepLocked(now)
+	}
 	b.mu.Unlock()
 	if closed {
 		return nil, nil, fmt.Errorf("etcdbackend: %s: %w", op, backend.ErrClosed)
@@ -330,6 +344,34 @@ func (b *Backend) begin(ctx context.Context, op string) (context.Context, contex
 	b.nudge()
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	return ctx, cancel, nil
+}
+
+// sweepInterval is how often the backend forgets local state about keys it
+// no longer uses (see sweepLocked).
+const sweepInterval = time.Minute
+
+// sweepLocked drops the backend's local state about keys it no longer uses,
+// so that it stays bounded like the store's: heartbeat leases whose TTL has
+// passed since their last refresh (etcd has dropped them too; a later
+// Heartbeat grants a new one) and held-key hints older than sweepInterval
+// (a stale hint only costs a read). It runs at most every sweepInterval, from
+// a call, with b.mu held.
+func (b *Backend) sweepLocked(now time.Time) {
+	for k, e := range b.hb {
+		if !e.mu.TryLock() {
+			continue // in use
+		}
+		if now.After(e.expires) {
+			e.dropped = true
+			delete(b.hb, k)
+		}
+		e.mu.Unlock()
+	}
+	for k, at := range b.held {
+		if now.Sub(at) >= sweepInterval {
+			delete(b.held, k)
+		}
+	}
 }
 
 // nudgeInterval is the least time between two resets of the client's

@@ -27,9 +27,11 @@ type heartbeatBody struct {
 // hbEntry is the etcd lease this backend keeps a heartbeat record alive
 // with.
 type hbEntry struct {
-	mu    sync.Mutex       // serialises heartbeats of one record; guards lease, ttl
-	lease clientv3.LeaseID // 0: none yet, or lost
-	ttl   int64            // granted TTL of lease, in seconds
+	mu      sync.Mutex       // serialises heartbeats of one record; guards the fields below
+	lease   clientv3.LeaseID // 0: none yet, or lost
+	ttl     int64            // granted TTL of lease, in seconds
+	expires time.Time        // when the lease ends unless refreshed, by the local clock
+	dropped bool             // removed from Backend.hb by sweepLocked: get a new entry
 }
 
 // entry returns the heartbeat lease entry of etcd key hbKey.
@@ -72,9 +74,17 @@ func (b *Backend) Heartbeat(ctx context.Context, key, id string, ttl time.Durati
 	op := fmt.Sprintf("heartbeat %q of %q", id, key)
 
 	hbKey := b.heartbeatKey(key, id)
-	e := b.entry(hbKey)
-	e.mu.Lock()
+	var e *hbEntry
+	for {
+		e = b.entry(hbKey)
+		e.mu.Lock()
+		if !e.dropped {
+			break
+		}
+		e.mu.Unlock()
+	}
 	defer e.mu.Unlock()
+	start := time.Now()
 	old := e.lease
 	if old != 0 && e.ttl == secs {
 		// A read-only transaction (no raft write) comparing the lease
@@ -98,6 +108,7 @@ func (b *Backend) Heartbeat(ctx context.Context, key, id string, ttl time.Durati
 		case checkErr != nil:
 			return fail(ctx, op+": check record", checkErr)
 		case check.Succeeded:
+			e.expires = start.Add(time.Duration(e.ttl) * time.Second)
 			return nil
 		default:
 			// The lease lives but the record is gone or attached to
@@ -105,6 +116,7 @@ func (b *Backend) Heartbeat(ctx context.Context, key, id string, ttl time.Durati
 			if err := b.putHeartbeat(ctx, hbKey, id, old); err != nil {
 				return fail(ctx, op, err)
 			}
+			e.expires = start.Add(time.Duration(e.ttl) * time.Second)
 			return nil
 		}
 	}
@@ -121,6 +133,7 @@ func (b *Backend) Heartbeat(ctx context.Context, key, id string, ttl time.Durati
 		return fail(ctx, op, err)
 	}
 	e.lease, e.ttl = grant.ID, grant.TTL
+	e.expires = start.Add(time.Duration(grant.TTL) * time.Second)
 	if old != 0 {
 		// The TTL changed; the old lease holds nothing any more.
 		_, _ = b.cli.Revoke(ctx, old)

@@ -190,7 +190,7 @@ func (b *Backend) setSeenHeld(key string, held bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if held {
-		b.held[key] = struct{}{}
+		b.held[key] = time.Now()
 	} else {
 		delete(b.held, key)
 	}

@@ -222,7 +222,7 @@ func (w *watch) run(s stream, reset <-chan struct{}, out chan<- backend.Event) {
 		}
 		// Re-establish from the next revision, so nothing is missed; if
 		// that has been compacted, from now.
-		lost := why == compacted
+		lost := why == compacted || why == rewound
 		for {
 			if w.ctx.Err() != nil || w.b.cli.Ctx().Err() != nil {
 				return
@@ -269,7 +269,22 @@ const (
 	broken     = iota // the etcd watch was cancelled or its channel closed
 	compacted         // the watch's next revision has been compacted away
 	overflowed        // a backend.EventReset did not fit in the channel
+	rewound           // the store's revision is below the watch's: it lost data
 )
+
+// rewound reports whether the store's current revision is below the last
+// one the watch delivered, which happens when the store came back from a
+// restart without its data (an empty or older data directory): revisions
+// start over, and a watch resumed from its old revision would stay silent
+// until the new ones caught up. It costs one read; a failed read reports
+// false (the next reconnection asks again). A store that lost its data and
+// has already written past the watch's revision goes unnoticed.
+func (w *watch) rewound() bool {
+	ctx, cancel := context.WithTimeout(w.ctx, w.b.timeout)
+	defer cancel()
+	resp, err := w.b.cli.Get(ctx, w.b.leaseKey(w.key), clientv3.WithCountOnly())
+	return err == nil && resp.Header.Revision < w.rev
+}
 
 // drain delivers the events of s until it breaks or w.ctx ends, and a
 // backend.EventReset each time *reset is closed (taking the next reset
@@ -283,6 +298,9 @@ func (w *watch) drain(s stream, reset *<-chan struct{}, out chan<- backend.Event
 		case resp, ok = <-s.ch:
 		case <-*reset:
 			*reset = w.b.resetSignal()
+			if w.rewound() {
+				return rewound
+			}
 			if !w.sendReset(out) {
 				return overflowed
 			}

@@ -269,6 +269,25 @@ func (c *Cluster) Restart(i int) error {
 	return nil
 }
 
+// RestartWithoutData stops member i of a one-member cluster, deletes its
+// data, and starts it again on the same ports, empty: every key, lease and
+// revision is gone, as after a restore of an empty data directory. It waits
+// until the member is ready. Clients made before keep working once they have
+// reconnected; revisions start again from 1.
+func (c *Cluster) RestartWithoutData(i int) error {
+	if len(c.members) != 1 {
+		return fmt.Errorf("testetcd: RestartWithoutData needs a one-member cluster, this one has %d", len(c.members))
+	}
+	c.Stop(i)
+	c.mu.Lock()
+	dir := c.members[i].dir
+	c.mu.Unlock()
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("testetcd: delete the data of member %d: %w", i, err)
+	}
+	return c.Restart(i)
+}
+
 // Running reports whether member i is running.
 func (c *Cluster) Running(i int) bool {
 	c.mu.Lock()

@@ -103,3 +103,36 @@ func TestRestartKeepsData(t *testing.T) {
 		t.Fatalf("got %v, want k=v kept across the restart", resp.Kvs)
 	}
 }
+
+// TestRestartWithoutData: the member comes back empty, with revisions
+// starting over, and a client made before the restart reaches it.
+func TestRestartWithoutData(t *testing.T) {
+	c := Start(t)
+	cli := c.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var rev int64
+	for range 5 {
+		resp, err := cli.Put(ctx, "k", "v")
+		if err != nil {
+			t.Fatalf("put: %v", err)
+		}
+		rev = resp.Header.Revision
+	}
+	if err := c.RestartWithoutData(0); err != nil {
+		t.Fatalf("RestartWithoutData: %v", err)
+	}
+	resp, err := cli.Get(ctx, "k")
+	if err != nil {
+		t.Fatalf("get after the restart: %v", err)
+	}
+	if len(resp.Kvs) != 0 {
+		t.Errorf("got %v, want no keys after a restart without data", resp.Kvs)
+	}
+	if resp.Header.Revision >= rev {
+		t.Errorf("revision after a restart without data: got %d, want below %d", resp.Header.Revision, rev)
+	}
+	if err := StartCluster(t, 3).RestartWithoutData(0); err == nil {
+		t.Error("RestartWithoutData on a three-member cluster: got nil error, want one")
+	}
+}
