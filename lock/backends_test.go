@@ -1,10 +1,7 @@
 package lock_test
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,79 +10,38 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sovereign-go/sovereign/backend"
-	"github.com/sovereign-go/sovereign/etcdbackend"
-	"github.com/sovereign-go/sovereign/internal/testetcd"
 	"github.com/sovereign-go/sovereign/internal/testredis"
-	"github.com/sovereign-go/sovereign/lock"
+	"github.com/sovereign-go/sovereign/lock/locktest"
 	"github.com/sovereign-go/sovereign/memorybackend"
 	"github.com/sovereign-go/sovereign/redisbackend"
 )
 
-// env opens clients of one store for one subtest.
-type env struct {
-	open func(t *testing.T) backend.Backend
-	ttl  time.Duration
-}
-
 var prefixes atomic.Int64
 
-// TestBackends runs the lock's behaviour over every backend: memory,
-// miniredis, a real redis-server and an embedded etcd. These run in real
-// time, so they assert outcomes, never durations; timing is tested on the
-// memory backend under synctest.
+// TestBackends runs the lock's behaviour (package locktest) over memory,
+// miniredis and a real redis-server; etcdbackend's tests run it over an
+// embedded etcd.
 func TestBackends(t *testing.T) {
-	backends := []struct {
-		name  string
-		setup func(t *testing.T) env
-	}{
-		{"memory", func(t *testing.T) env {
-			store := memorybackend.NewStore()
-			return env{ttl: 2 * time.Second, open: func(t *testing.T) backend.Backend { return client(t, store) }}
-		}},
-		{"miniredis", func(t *testing.T) env {
-			mr := miniredis.RunT(t)
-			return env{ttl: 2 * time.Second, open: func(t *testing.T) backend.Backend {
-				c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-				t.Cleanup(func() { c.Close() })
-				return redisBackend(t, c, nil)
-			}}
-		}},
-		{"redis-server", func(t *testing.T) env {
-			srv := testredis.Start(t)
-			prefix := fmt.Sprintf("locktest:%d:%d:", time.Now().UnixNano(), prefixes.Add(1))
-			return env{ttl: 2 * time.Second, open: func(t *testing.T) backend.Backend {
-				c := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
-				return redisBackend(t, c, &redisbackend.Options{Prefix: prefix})
-			}}
-		}},
-		{"etcd", func(t *testing.T) env {
-			c := testetcd.Start(t)
-			prefix := fmt.Sprintf("locktest/%d/", prefixes.Add(1))
-			return env{ttl: 2 * time.Second, open: func(t *testing.T) backend.Backend {
-				b, err := etcdbackend.New(c.Client(t), &etcdbackend.Options{Prefix: prefix})
-				if err != nil {
-					t.Fatalf("etcdbackend.New: %v", err)
-				}
-				t.Cleanup(func() { b.Close() })
-				return b
-			}}
-		}},
-	}
-	for _, bk := range backends {
-		t.Run(bk.name, func(t *testing.T) {
-			e := bk.setup(t)
-			for _, tc := range lockCases {
-				t.Run(tc.name, func(t *testing.T) {
-					ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-					defer cancel()
-					newL := func(id string) *lock.Locker {
-						return newLocker(t, e.open(t), id, &lock.Options{TTL: e.ttl, Logger: quiet})
-					}
-					tc.run(ctx, t, newL, fmt.Sprintf("%s/%d", tc.name, prefixes.Add(1)))
-				})
-			}
-		})
-	}
+	t.Run("memory", func(t *testing.T) {
+		store := memorybackend.NewStore()
+		locktest.Run(t, func(t *testing.T) backend.Backend { return client(t, store) }, 2*time.Second)
+	})
+	t.Run("miniredis", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		locktest.Run(t, func(t *testing.T) backend.Backend {
+			c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+			t.Cleanup(func() { c.Close() })
+			return redisBackend(t, c, nil)
+		}, 2*time.Second)
+	})
+	t.Run("redis-server", func(t *testing.T) {
+		srv := testredis.Start(t)
+		prefix := fmt.Sprintf("locktest:%d:%d:", time.Now().UnixNano(), prefixes.Add(1))
+		locktest.Run(t, func(t *testing.T) backend.Backend {
+			c := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
+			return redisBackend(t, c, &redisbackend.Options{Prefix: prefix})
+		}, 2*time.Second)
+	})
 }
 
 func redisBackend(t *testing.T, c redisbackend.Client, o *redisbackend.Options) backend.Backend {
@@ -95,139 +51,4 @@ func redisBackend(t *testing.T, c redisbackend.Client, o *redisbackend.Options) 
 	}
 	t.Cleanup(func() { b.Close() })
 	return b
-}
-
-var lockCases = []struct {
-	name string
-	// run gets a fresh Locker for each id, and a key prefix of its own.
-	run func(ctx context.Context, t *testing.T, newL func(id string) *lock.Locker, key string)
-}{
-	{"try-acquire, held error, release", func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
-		a, b := newL("alice@host"), newL("bob@host")
-		k := key + "/job:1"
-		la, err := a.TryAcquire(ctx, k, &lock.AcquireOptions{Metadata: map[string]string{"req": "r1"}})
-		if err != nil {
-			t.Fatalf("alice TryAcquire: %v", err)
-		}
-		_, err = b.TryAcquire(ctx, k, nil)
-		var he *lock.HeldError
-		if !errors.As(err, &he) || !errors.Is(err, lock.ErrHeld) {
-			t.Fatalf("bob TryAcquire: got %v, want a HeldError", err)
-		}
-		if h := he.Holder; h.Key != k || h.HolderID != "alice@host" || h.Term != la.Term() || h.Metadata["req"] != "r1" || h.TTL <= 0 || h.AcquiredAt.IsZero() {
-			t.Errorf("holder: got %+v, want key %q, alice@host, term %d, req=r1, positive TTL, AcquiredAt set", h, k, la.Term())
-		}
-		if _, err := a.TryAcquire(ctx, k, nil); !errors.Is(err, lock.ErrHeld) {
-			t.Errorf("alice's second TryAcquire: got %v, want ErrHeld (not reentrant)", err)
-		}
-		if err := la.Verify(ctx); err != nil {
-			t.Errorf("Verify: %v", err)
-		}
-		if err := la.Release(ctx); err != nil {
-			t.Fatalf("Release: %v", err)
-		}
-		if err := la.Release(ctx); err != nil {
-			t.Errorf("second Release: %v", err)
-		}
-		lb, err := b.TryAcquire(ctx, k, nil)
-		if err != nil {
-			t.Fatalf("bob TryAcquire after the release: %v", err)
-		}
-		if lb.Term() <= la.Term() {
-			t.Errorf("term: got %d after %d, want it to increase", lb.Term(), la.Term())
-		}
-		lb.Release(ctx)
-	}},
-	{"acquire woken by release", func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
-		a, b := newL("alice"), newL("bob")
-		la, err := a.TryAcquire(ctx, key, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := make(chan error, 1)
-		go func() {
-			lb, err := b.Acquire(ctx, key, nil)
-			if err == nil {
-				err = lb.Release(ctx)
-			}
-			got <- err
-		}()
-		if err := a.WaitFree(ctx, "never-held-"+key); err != nil {
-			t.Fatalf("WaitFree on a free key: %v", err)
-		}
-		if err := la.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-got; err != nil {
-			t.Errorf("bob Acquire: %v", err)
-		}
-	}},
-	{"do", func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
-		a, b := newL("alice"), newL("bob")
-		ran := false
-		err := a.Do(ctx, key, nil, func(ctx context.Context, l *lock.Lock) error {
-			ran = true
-			if !l.Held() || l.Key() != key {
-				t.Errorf("in fn: Held %v, Key %q; want true, %q", l.Held(), l.Key(), key)
-			}
-			if err := b.TryDo(ctx, key, nil, func(context.Context, *lock.Lock) error {
-				t.Error("bob's TryDo ran fn while alice held the lock")
-				return nil
-			}); !errors.Is(err, lock.ErrHeld) {
-				t.Errorf("bob TryDo: got %v, want ErrHeld", err)
-			}
-			return l.Verify(ctx)
-		})
-		if err != nil || !ran {
-			t.Fatalf("Do: got %v (ran %v), want nil after running fn", err, ran)
-		}
-		if hs, err := b.Holders(ctx, key); err != nil || len(hs) != 0 {
-			t.Errorf("Holders after Do: got %v, %v; want none (released)", hs, err)
-		}
-	}},
-	{"wait free", func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
-		a, b := newL("alice"), newL("bob")
-		la, err := a.TryAcquire(ctx, key, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- b.WaitFree(ctx, key) }()
-		if hs, err := b.Holders(ctx, key); err != nil || len(hs) != 1 || hs[0].HolderID != "alice" || hs[0].Key != key {
-			t.Errorf("Holders: got %+v, %v; want alice on %q", hs, err, key)
-		}
-		la.Release(ctx)
-		if err := <-done; err != nil {
-			t.Errorf("WaitFree: %v", err)
-		}
-	}},
-	{"list and metadata", func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
-		a := newL("alice")
-		var held []*lock.Lock
-		for _, k := range []string{key + "/a", key + "/b", key + "x/c"} {
-			lk, err := a.TryAcquire(ctx, k, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lk.Release(ctx)
-			held = append(held, lk)
-		}
-		if err := held[0].SetMetadata(ctx, map[string]string{"progress": "50%"}); err != nil {
-			t.Errorf("SetMetadata: %v", err)
-		}
-		recs, err := a.List(ctx, key+"/")
-		if errors.Is(err, errors.ErrUnsupported) {
-			t.Skipf("List: %v (not implemented by this backend yet)", err)
-		}
-		var keys []string
-		for _, r := range recs {
-			keys = append(keys, r.Key)
-		}
-		if err != nil || !slices.Equal(keys, []string{key + "/a", key + "/b"}) {
-			t.Fatalf("List: got %v, %v; want [%s/a %s/b]", keys, err, key, key)
-		}
-		if recs[0].Metadata["progress"] != "50%" || recs[0].Term != held[0].Term() {
-			t.Errorf("List record: got %+v, want term %d with progress=50%%", recs[0], held[0].Term())
-		}
-	}},
 }
