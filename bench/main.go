@@ -381,7 +381,10 @@ func sourceVersion() string {
 	if err != nil {
 		return "?"
 	}
-	dirty, _ := git("-C", top, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench")
+	// Not trimmed: each porcelain line begins with a two-letter status,
+	// whose first letter may be a space.
+	out, _ := exec.Command("git", "-C", top, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench").Output()
+	dirty := strings.TrimRight(string(out), "\n")
 	if dirty == "" {
 		return "commit " + head
 	}
