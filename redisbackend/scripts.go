@@ -20,8 +20,8 @@ import "github.com/redis/go-redis/v9"
 
 // luaPrelude holds the helpers every script shares.
 //
-// The scripts that run on every acquisition and release (acquire, renew,
-// release) find foreign data at our paths from the WRONGTYPE error of the
+// The scripts that run all the time (acquire, renew, release, heartbeat)
+// find foreign data at our paths from the WRONGTYPE error of the
 // command they need anyway (redis.pcall), and from the fields they read,
 // instead of asking TYPE first; TYPE runs only to describe foreign data in
 // the error. Each reads the server's clock (TIME) at most once.
@@ -221,15 +221,22 @@ end
 return {'OK'}
 `)
 
-// heartbeatScript: KEYS heartbeat key, members; ARGV id, ttl ms.
+// heartbeatScript: KEYS heartbeat key, members; ARGV id, ttl ms. On the
+// way to success it makes seven calls: HMGET (the record is ours or
+// absent), SADD (the members set is a set), TIME, HSET, PEXPIRE, PTTL and
+// PEXPIRE (the set's expiry covers the record).
 var heartbeatScript = redis.NewScript(luaPrelude + `
-local hs = hb_state(KEYS[1])
-if hs ~= 'ok' and hs ~= 'none' then return {'WRONGTYPE', KEYS[1], hs} end
-local ms = set_state(KEYS[2])
-if ms ~= 'ok' and ms ~= 'none' then return {'WRONGTYPE', KEYS[2], ms} end
+local v = redis.pcall('HMGET', KEYS[1], 'at', 'ttl')
+if failed(v) then return foreign(KEYS[1]) end
+if not (tonumber(v[1] or '') and tonumber(v[2] or '')) then
+  if v[1] or v[2] or redis.call('EXISTS', KEYS[1]) == 1 then
+    return {'WRONGTYPE', KEYS[1], 'a hash without the fields at and ttl'}
+  end
+end
+-- SADD fails, writing nothing, when the members key holds foreign data.
+if failed(redis.pcall('SADD', KEYS[2], ARGV[1])) then return foreign(KEYS[2]) end
 redis.call('HSET', KEYS[1], 'at', fmt(now_ms()), 'ttl', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('SADD', KEYS[2], ARGV[1])
 if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
 end
