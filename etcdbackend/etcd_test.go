@@ -1016,3 +1016,34 @@ func TestWatchFollowsAStoreThatLostItsData(t *testing.T) {
 		t.Fatalf("got %v, want %v", e.Type, backend.EventReleased)
 	}
 }
+
+// TestDeadConnectionReplaced: a connection that stops carrying bytes without
+// being closed (a crashed host, a partition) looks healthy to the client,
+// and a call on it would hang until its deadline. ClientConfig's keep-alive
+// pings find it dead (10 s of silence, then 3 s without an answer): the call
+// fails, and the next one goes over a new connection.
+func TestDeadConnectionReplaced(t *testing.T) {
+	ctx := testCtx(t)
+	p := startProxy(t, shared.Endpoint(0))
+	cli := newClient(t, nil, func(cfg *clientv3.Config) { cfg.Endpoints = []string{p.endpoint()} })
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: newPrefix(), RequestTimeout: time.Minute})
+	if _, err := b.List(ctx, ""); err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	p.stall()
+	start := time.Now()
+	// Without keep-alive pings this hangs for the whole 25 s.
+	cctx, cancel := context.WithTimeout(ctx, 25*time.Second)
+	defer cancel()
+	_, err := b.Get(cctx, "k")
+	took := time.Since(start)
+	t.Logf("Get over a dead connection returned after %v: %v", took, err)
+	if errors.Is(err, context.DeadlineExceeded) || took > 20*time.Second {
+		t.Fatalf("Get over a dead connection: got %v after %v, want it ended by the keep-alive after about 13 s", err, took)
+	}
+	cctx2, cancel2 := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel2()
+	if _, err := b.Get(cctx2, "k"); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("Get after the dead connection was dropped: got %v, want ErrNotHeld", err)
+	}
+}

@@ -2,7 +2,6 @@ package etcdbackend_test
 
 import (
 	"context"
-	"io"
 	"maps"
 	"net"
 	"net/url"
@@ -79,9 +78,11 @@ type proxy struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex // guards conns and cut
-	conns map[net.Conn]struct{}
-	cut   bool
+	mu      sync.Mutex // guards conns, cut, gen and stalled
+	conns   map[net.Conn]struct{}
+	cut     bool
+	gen     int // number of connections accepted so far
+	stalled int // connections numbered below this drop every byte
 
 	wg sync.WaitGroup
 }
@@ -128,9 +129,25 @@ func (p *proxy) accept() {
 		p.mu.Lock()
 		p.conns[c] = struct{}{}
 		p.conns[up] = struct{}{}
+		gen := p.gen
+		p.gen++
 		p.mu.Unlock()
 		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := src.Read(buf)
+				p.mu.Lock()
+				stalled := gen < p.stalled
+				p.mu.Unlock()
+				if n > 0 && !stalled {
+					if _, werr := dst.Write(buf[:n]); werr != nil {
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
 			dst.Close()
 			src.Close()
 			p.mu.Lock()
@@ -154,6 +171,15 @@ func (p *proxy) setCut(cut bool) {
 			c.Close()
 		}
 	}
+}
+
+// stall makes every connection open now drop all its bytes from now on,
+// without closing it, as a crashed host or a network partition does; later
+// connections work.
+func (p *proxy) stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stalled = p.gen
 }
 
 func (p *proxy) close() {
