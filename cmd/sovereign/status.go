@@ -289,8 +289,9 @@ func cmdWatch(ctx context.Context, env *env, args []string) error {
 	}
 }
 
-// watchLoop keeps a watch on key and signals wake on every event, and when
-// the watch breaks (after which it watches again).
+// watchLoop keeps a watch on key and signals wake on every event, once
+// each time the watch is established, and when it breaks (after which it
+// watches again).
 func watchLoop(ctx context.Context, w backend.Watcher, key string, wake chan<- struct{}) {
 	signal := func() {
 		select {
@@ -311,6 +312,10 @@ func watchLoop(ctx context.Context, w backend.Watcher, key string, wake chan<- s
 			}
 			continue
 		}
+		// Read once more now that the subscription is established: a change
+		// made between the caller's last read and the subscription would
+		// otherwise wait for the next poll.
+		signal()
 		for range ch {
 			signal()
 		}
