@@ -68,10 +68,10 @@
 // (an owner-checked transaction that rewrites the record with the same etcd
 // lease attached; the token carries the acquisition time, so no read is
 // needed); Get 1 read plus 2 parallel lease look-ups; List 1 range read plus
-// one lease look-up per held key and one per holder with a heartbeat record,
-// 16 at a time (etcd has no batched TimeToLive); a heartbeat refresh 2 (a
-// keep-alive and a read-only transaction checking the record, in parallel,
-// plus a write if the record has gone).
+// one lease look-up per held key, 16 at a time (etcd has no batched
+// TimeToLive; List's records carry no heartbeat fields, Get's do); a
+// heartbeat refresh 2 (a keep-alive and a read-only transaction checking the
+// record, in parallel, plus a write if the record has gone).
 //
 // # Heartbeats
 //

@@ -481,11 +481,11 @@ func (b *Backend) SetMetadata(ctx context.Context, l backend.Lease, md map[strin
 // prefix in one range read, keeps the lease records (skipping heartbeat
 // records, release markers and anything under the prefix that is not a
 // record of this package), then looks up the remaining TTL of each record's
-// etcd lease and of its holder's heartbeat lease, up to 16 look-ups at a
-// time (etcd has no batched TimeToLive). A List that finds n held keys, h of
-// whose holders have a heartbeat record, costs 1 + n + h requests, none of
-// them a raft write. A key whose lease ends between the read and its
-// look-up is left out.
+// etcd lease, up to 16 look-ups at a time (etcd has no batched TimeToLive).
+// A List that finds n held keys thus costs 1 + n requests, none of them a
+// raft write. The records carry no heartbeat fields, which would cost
+// another look-up per holder: Get has them. A key whose lease ends between
+// the read and its look-up is left out.
 func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, error) {
 	ctx, cancel, err := b.begin(ctx, "list")
 	if err != nil {
@@ -497,16 +497,8 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, er
 	if err != nil {
 		return nil, fail(ctx, op, err)
 	}
-	hbLeases := make(map[string]clientv3.LeaseID) // etcd key → lease, of heartbeat records
-	for _, kv := range resp.Kvs {
-		k := string(kv.Key)
-		if strings.Contains(k[len(b.prefix):], heartbeatInfix) && kv.Lease != 0 {
-			hbLeases[k] = clientv3.LeaseID(kv.Lease)
-		}
-	}
 	var recs []backend.Record
-	var ids []clientv3.LeaseID // the lease of each record, then its heartbeat's
-	var hbAt []int             // index in ids of each record's heartbeat lease, -1 if none
+	var ids []clientv3.LeaseID // the lease of each record
 	for _, kv := range resp.Kvs {
 		key := string(kv.Key)[len(b.prefix):]
 		if checkKey(key) != nil || kv.Lease == 0 {
@@ -518,23 +510,12 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, er
 		}
 		recs = append(recs, rec)
 		ids = append(ids, lease)
-		hbAt = append(hbAt, -1)
-	}
-	for i, rec := range recs {
-		if hb, ok := hbLeases[b.heartbeatKey(rec.Key, rec.HolderID)]; ok {
-			hbAt[i] = len(ids)
-			ids = append(ids, hb)
-		}
 	}
 	ttls := b.lookup(ctx, ids)
 	now := time.Now()
 	out := make([]backend.Record, 0, len(recs))
 	for i, rec := range recs {
-		var hb *leaseTTL
-		if hbAt[i] >= 0 {
-			hb = &ttls[hbAt[i]]
-		}
-		rec, err := completeRecord(rec, ttls[i], hb, now)
+		rec, err := completeRecord(rec, ttls[i], nil, now)
 		if errors.Is(err, errLeaseGone) {
 			continue
 		}
