@@ -268,7 +268,7 @@ func (s *server) refresh(ctx context.Context) {
 		}
 		e := newEntry(key, rec, members)
 		if rec != nil {
-			e.FullTTLSeconds = k.fullTTL.Seconds()
+			e.FullTTLSeconds = ms(k.fullTTL)
 			e.warn(k.fullTTL)
 		}
 		s.mu.Unlock()

@@ -70,7 +70,7 @@ func newEntry(key string, rec *backend.Record, members []backend.Member) entry {
 		e.Held = true
 		e.Holder = rec.HolderID
 		e.Term = rec.Term
-		e.TTLSeconds = rec.TTL.Seconds()
+		e.TTLSeconds = ms(rec.TTL)
 		e.Metadata = rec.Metadata
 		if !rec.AcquiredAt.IsZero() {
 			t := rec.AcquiredAt
@@ -81,7 +81,7 @@ func newEntry(key string, rec *backend.Record, members []backend.Member) entry {
 			e.RenewedAt = &t
 		}
 		if rec.HasHeartbeat() {
-			t, age := rec.HeartbeatAt, rec.HeartbeatAge.Seconds()
+			t, age := rec.HeartbeatAt, ms(rec.HeartbeatAge)
 			e.LastHeartbeat, e.HeartbeatAgeSeconds = &t, &age
 		}
 	}
@@ -89,8 +89,8 @@ func newEntry(key string, rec *backend.Record, members []backend.Member) entry {
 		e.Members = append(e.Members, member{
 			ID:            m.ID,
 			LastHeartbeat: m.HeartbeatAt,
-			AgeSeconds:    m.Age.Seconds(),
-			TTLSeconds:    m.TTL.Seconds(),
+			AgeSeconds:    ms(m.Age),
+			TTLSeconds:    ms(m.TTL),
 			Holder:        rec != nil && m.ID == rec.HolderID,
 		})
 	}
@@ -118,6 +118,10 @@ func (e *entry) warn(fullTTL time.Duration) {
 	}
 }
 
+// ms returns d in seconds, rounded to the millisecond.
+func ms(d time.Duration) float64 { return d.Round(time.Millisecond).Seconds() }
+
+// secs converts seconds to a duration.
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // round shortens d for display.
