@@ -314,3 +314,34 @@ func TestServeBinary(t *testing.T) {
 		t.Fatalf("got exit %d after SIGTERM, want 0", code)
 	}
 }
+
+// TestServeRedis runs `sovereign serve` on Redis, reading the backend only
+// every hour: a change of holder of a key it shows, made by another client,
+// must reach the event stream through the backend's watch.
+func TestServeRedis(t *testing.T) {
+	_, env, b := redisEnv(t)
+	la := acquire(t, b, "app/job", "a", time.Minute, nil)
+	p := start(t, env, "serve", "--http", "127.0.0.1:0", "--prefix", "app/", "--interval", "1h")
+	line := p.waitLog("on http://")
+	base := strings.TrimSuffix(line[strings.Index(line, "http://"):], "/")
+	events := subscribeEvents(t, base)
+	holderOf := func(s snapshot, key string) string {
+		for _, e := range s.Entries {
+			if e.Key == key {
+				return e.Holder
+			}
+		}
+		return "(absent)"
+	}
+	events.next(func(s snapshot) bool { return s.OK && holderOf(s, "app/job") == "a" })
+	if err := b.Release(context.Background(), la); err != nil {
+		t.Fatal(err)
+	}
+	events.next(func(s snapshot) bool { return holderOf(s, "app/job") == "" })
+	acquire(t, b, "app/job", "b", time.Minute, nil)
+	events.next(func(s snapshot) bool { return holderOf(s, "app/job") == "b" })
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 0 {
+		t.Fatalf("got serve exit %d after SIGTERM, want 0", code)
+	}
+}
