@@ -37,7 +37,7 @@ func cmdServe(ctx context.Context, env *env, args []string) error {
 	prefix := fs.String("prefix", "", "show the elections and locks whose name begins with `P`")
 	var names stringList
 	fs.Var(&names, "election", "always show election `NAME`, even while nobody holds it (repeatable; lock/KEY for a lock)")
-	interval := fs.Duration("interval", time.Second, "read the backend at least this often (changes it reports are shown at once)")
+	interval := fs.Duration("interval", time.Second, "read the backend at least this often: new elections under the prefix appear at the next read, changes of those shown arrive at once through the backend's watch")
 	forget := fs.Duration("forget", 10*time.Minute, "stop showing an election nobody has held for this long")
 	demo := fs.Bool("demo", false, "with memory://: run demo candidates in this process, so the page has something to show")
 	if _, err := exactArgs(fs, args, 0, 0); err != nil {
