@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/sovereign-go/sovereign/backend"
+
 	"context"
 	"errors"
 	"fmt"
@@ -125,6 +127,18 @@ func (c *child) stop(reason string) {
 			c.signal(syscall.SIGKILL)
 			<-c.done
 		}
+	}
+	c.killGroup()
+}
+
+// kill ends the child at once: SIGKILL to its process group, then it waits
+// until the child has exited and kills what is left of its group.
+func (c *child) kill(reason string) {
+	select {
+	case <-c.done:
+	default:
+		c.spec.log.Warn("sovereign: stopping the command at once: SIGKILL to its process group", "reason", reason, "pid", c.pgid)
+		c.signal(syscall.SIGKILL)
 	}
 	c.killGroup()
 }
@@ -263,6 +277,12 @@ func supervise(held context.Context, sup *supervisor, c *child) outcome {
 	case <-held.Done():
 	}
 	cause := context.Cause(held)
-	c.stop(cause.Error())
+	if errors.Is(cause, backend.ErrLeaseLost) {
+		// The store no longer holds the lease: a successor may already be
+		// running, so there is no margin left for a grace.
+		c.kill(cause.Error())
+	} else {
+		c.stop(cause.Error())
+	}
 	return outcome{lost: true, cause: cause, code: c.exitCode(), status: c.describe()}
 }
