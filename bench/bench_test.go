@@ -13,6 +13,7 @@ import (
 	"github.com/sovereign-go/sovereign/internal/testredis"
 	"github.com/sovereign-go/sovereign/lock"
 	"github.com/sovereign-go/sovereign/memorybackend"
+	"github.com/sovereign-go/sovereign/redisbackend"
 	"go.uber.org/goleak"
 )
 
@@ -302,4 +303,77 @@ func BenchmarkLockOverhead(b *testing.B) {
 		}
 		report(b, cpu0)
 	})
+}
+
+// BenchmarkPairShapes isolates what the shape of a lock's life costs around
+// the same two Redis calls (redisbackend Acquire + Release): made inline; with
+// the release made by another goroutine over a channel (as package lock's
+// keeper does); with two goroutines started per pair and parked until the
+// release (the keeper and the monitor); with three timers armed per pair
+// instead. Run it alone: every goroutine started per pair wakes an idle P's
+// thread, which on a small machine competes with redis-server.
+func BenchmarkPairShapes(b *testing.B) {
+	rs := testredis.Start(b)
+	cli := newRedisClient(rs.Addr(), "shapes", nil)
+	defer cli.Close()
+	rb, err := redisbackend.New(cli, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rb.Close()
+	ctx := context.Background()
+	acquire := func(b *testing.B) backend.Lease {
+		l, err := rb.Acquire(ctx, backend.AcquireRequest{Key: "lock/shapes", HolderID: "bench", TTL: lockTTL})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return l
+	}
+	release := func(b *testing.B, l backend.Lease) {
+		if err := rb.Release(ctx, l); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, s := range []struct {
+		name string
+		pair func(b *testing.B)
+	}{
+		{"inline", func(b *testing.B) { release(b, acquire(b)) }},
+		{"release-by-goroutine", func(b *testing.B) {
+			l := acquire(b)
+			reply := make(chan error, 1)
+			go func() { reply <- rb.Release(ctx, l) }()
+			if err := <-reply; err != nil {
+				b.Fatal(err)
+			}
+		}},
+		{"two-goroutines-parked", func(b *testing.B) {
+			l := acquire(b)
+			done := make(chan struct{})
+			go func() { <-done }()
+			go func() { <-done }()
+			release(b, l)
+			close(done)
+		}},
+		{"three-timers", func(b *testing.B) {
+			l := acquire(b)
+			ts := []*time.Timer{
+				time.AfterFunc(7*time.Second, func() {}),
+				time.AfterFunc(2*time.Second, func() {}),
+				time.AfterFunc(500*time.Millisecond, func() {}),
+			}
+			release(b, l)
+			for _, t := range ts {
+				t.Stop()
+			}
+		}},
+	} {
+		b.Run(s.name, func(b *testing.B) {
+			cpu0 := cpuTime()
+			for b.Loop() {
+				s.pair(b)
+			}
+			b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-µs/op")
+		})
+	}
 }
