@@ -566,8 +566,7 @@ func TestUnsubscribeStopsDelivery(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newCluster(t, 2, fastOpts())
 		var before, after atomic.Int32
-		var unsubscribe func()
-		unsubscribe = c.es[0].Subscribe(func(ev sovereign.Event) {
+		unsubscribe := c.es[0].Subscribe(func(ev sovereign.Event) {
 			if _, ok := ev.(sovereign.StateChanged); ok {
 				before.Add(1)
 			}

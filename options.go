@@ -173,6 +173,3 @@ func (o *Options) withDefaults() (Options, error) {
 	}
 	return r, nil
 }
-
-// margin is the part of the TTL kept back for clock drift.
-func (o *Options) margin() time.Duration { return o.TTL - o.RenewDeadline }

@@ -310,8 +310,7 @@ func TestWatchTellsReleaseFromExpiry(t *testing.T) {
 	// The renewal wrote nothing, so the next event is the release.
 	want("release", backend.EventReleased)
 
-	l, err = a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Second})
-	if err != nil {
+	if _, err = a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Second}); err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
 	want("acquire", backend.EventChanged)

@@ -205,15 +205,3 @@ func nextEvent(t testing.TB, ch <-chan backend.Event, what string, bound time.Du
 		return backend.Event{}
 	}
 }
-
-// noEvent fails the test if an event arrives on ch within d.
-func noEvent(t testing.TB, ch <-chan backend.Event, what string, d time.Duration) {
-	t.Helper()
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case e, ok := <-ch:
-		t.Fatalf("%s: got event %+v (open %v), want none", what, e, ok)
-	case <-timer.C:
-	}
-}

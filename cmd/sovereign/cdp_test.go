@@ -54,6 +54,9 @@ func startBrowser(t *testing.T) *browser {
 	if _, err := os.Stat(chromiumPath); err != nil {
 		msg := fmt.Sprintf("SKIPPING browser test %s: %s not found (%v); install it with apt-get install -y chromium", t.Name(), chromiumPath, err)
 		fmt.Fprintln(os.Stderr, msg)
+		if os.Getenv("SOVEREIGN_REQUIRE_CHROMIUM") != "" {
+			t.Fatal(msg + " (SOVEREIGN_REQUIRE_CHROMIUM is set, so this is a failure)")
+		}
 		t.Skip(msg)
 	}
 	profile := t.TempDir()

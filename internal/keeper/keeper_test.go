@@ -259,7 +259,7 @@ func TestNoRenewAndExtend(t *testing.T) {
 			t.Fatalf("Extend: %v", err)
 		}
 		if got, want := h.Deadline(), time.Now().Add(700*time.Millisecond); !got.Equal(want) {
-			t.Errorf("deadline after Extend: got %v, want now + 700ms", got.Sub(time.Now()))
+			t.Errorf("deadline after Extend: got %v, want now + 700ms", time.Until(got))
 		}
 		<-h.Done()
 		if got := c.Calls()["Renew"]; got != 1 {
