@@ -142,6 +142,12 @@ type Report struct {
 	// TermsAcrossDataLoss counts the data-loss faults after which the first
 	// new term was checked to be above every term acquired before.
 	TermsAcrossDataLoss int
+	// DataLossHeld counts the data-loss faults after which the store came
+	// back while a leader of a lost lease still believed it led, and
+	// DataLossStepDownMax is the longest time from the store seen answering
+	// again to the end of such a belief.
+	DataLossHeld        int
+	DataLossStepDownMax time.Duration
 	// ServerFaults counts the restarts and crashes of the store;
 	// ServerGapMax is the longest time from the store answering again to a
 	// leader holding a lease in it, and NewLeadersMax the most leaderships
@@ -243,6 +249,19 @@ func Analyze(run Run) *Report {
 	// Across data loss, the first new term is above every earlier one
 	// (already implied by the order above; checked here on its own so that
 	// the summary can say it was exercised).
+	for _, f := range lossy {
+		from, to := f.back()
+		held := false
+		for _, iv := range ivs {
+			if iv.Start < from && iv.End > from {
+				held = true
+				r.DataLossStepDownMax = max(r.DataLossStepDownMax, time.Duration(iv.End-to))
+			}
+		}
+		if held {
+			r.DataLossHeld++
+		}
+	}
 	for _, f := range lossy {
 		var top uint64
 		from, _ := f.back()
@@ -675,6 +694,8 @@ func (r *Report) String() string {
 	if r.DataLossFaults > 0 {
 		fmt.Fprintf(&b, "data loss: %d server faults lost the store's data; overlaps inside data-loss windows: %d, max length %v; stale writes rejected inside them: %d; new term above all earlier ones after %d of them\n",
 			r.DataLossFaults, r.DataLossOverlaps, r.DataLossOverlapMax.Round(time.Microsecond), r.StaleRejectedDataLoss, r.TermsAcrossDataLoss)
+		fmt.Fprintf(&b, "data loss: %d times a leader of a lost lease still led when the store came back; max time from the store seen answering to its step-down: %v\n",
+			r.DataLossHeld, r.DataLossStepDownMax.Round(time.Microsecond))
 	}
 	if r.ServerFaults > 0 {
 		fmt.Fprintf(&b, "server restarts and crashes: %d; max time from the store answering again to a leader: %v; most leaderships begun after one: %d\n",

@@ -232,6 +232,10 @@ func TestAnalyzeDataLossCounts(t *testing.T) {
 		t.Fatalf("got overlaps %d, data-loss faults %d, data-loss overlaps %d (max %v); want 0, 1, 1 (max 160ms)",
 			r.Overlaps, r.DataLossFaults, r.DataLossOverlaps, r.DataLossOverlapMax)
 	}
+	if r.DataLossHeld != 1 || r.DataLossStepDownMax != 210*time.Millisecond {
+		t.Fatalf("got %d leaders still leading when the store came back, step-down max %v; want 1, 210ms (1000 to 1210)",
+			r.DataLossHeld, r.DataLossStepDownMax)
+	}
 	if r.StaleRejectedDataLoss != 1 || r.TermsAcrossDataLoss != 1 {
 		t.Fatalf("got stale writes rejected in the window %d, terms checked across data loss %d; want 1, 1",
 			r.StaleRejectedDataLoss, r.TermsAcrossDataLoss)
