@@ -1,11 +1,13 @@
 // Package chaos is Sovereign's fault-injection checker: real candidate
 // processes (package candidate, built by the test) campaign on one election,
 // each through its own TCP fault proxy, in front of a real redis-server or an
-// embedded etcd; the test kills, pauses, cuts off and slows down the leader
-// (and restarts redis-server) at random, and then checks, from the
-// processes' own logs on the machine's monotonic clock and from a fenced
-// store every leader writes to, that no two leaderships ever overlapped and
-// that no stale write got through. See README.md for what exactly is checked
+// embedded etcd; the test kills, pauses, cuts off and slows down the leader,
+// restarts and crashes redis-server with and without its data, and starts and
+// stops processes sharing the leader's instance ID, at random, and then
+// checks, from the processes' own logs on the machine's monotonic clock and
+// from a fenced store every leader writes to, that no two leaderships ever
+// overlapped (after the store lost its data: only inside the bounded
+// data-loss window) and that no stale write got through. See README.md for what exactly is checked
 // and how to run the long form.
 //
 // The package holds the pieces the test and the candidate binary share: the
