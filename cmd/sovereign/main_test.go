@@ -81,7 +81,7 @@ func helperMain(mode string) int {
 	}
 	var env []string
 	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "SOVEREIGN_") && !strings.HasPrefix(kv, "SOVEREIGN_TEST_") {
+		if strings.HasPrefix(kv, "SOVEREIGN_") && !strings.HasPrefix(kv, "SOVEREIGN_TEST_") && !strings.HasPrefix(kv, "SOVEREIGN_REQUIRE_") {
 			env = append(env, kv)
 		}
 	}
