@@ -222,8 +222,12 @@ func (l *Locker) TryDo(ctx context.Context, key string, opts *AcquireOptions, fn
 func (l *Locker) run(ctx context.Context, lk *Lock, fn func(context.Context, *Lock) error) (err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(lk.Context(), func() { cancel(context.Cause(lk.Context())) })
+	var stopCancelled func() bool
 	defer func() {
+		// Unregistered before cancel(nil), so the end of fn starts no
+		// goroutine for fnCancelled.
 		stop()
+		stopCancelled()
 		cancel(nil)
 		lk.fnDone()
 		relErr := lk.Release(context.WithoutCancel(ctx))
@@ -238,7 +242,7 @@ func (l *Locker) run(ctx context.Context, lk *Lock, fn func(context.Context, *Lo
 		}
 	}()
 	lk.fnStarted()
-	context.AfterFunc(fctx, lk.fnCancelled)
+	stopCancelled = context.AfterFunc(fctx, lk.fnCancelled)
 	return fn(fctx, lk)
 }
 

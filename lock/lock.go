@@ -25,11 +25,17 @@ type Lock struct {
 	// acquiredAt is when the acquisition was sent (monotonic clock).
 	acquiredAt time.Time
 
+	// stopLost unregisters the context.AfterFunc that reports a loss;
+	// watchT starts the held-key watch (nil when the backend cannot watch).
+	// Both are set before the Lock is shared.
+	stopLost func() bool
+	watchT   *time.Timer
+
 	mu          sync.Mutex // guards the fields below
 	rec         backend.Record
 	fnRunning   bool      // a Do/TryDo function holds the lock
 	cancelledAt time.Time // when that function's context was cancelled; zero if not
-	released    bool      // Release has reported to the metrics hook
+	released    bool      // Release has begun
 }
 
 func (lk *Lock) fnStarted() {
@@ -80,6 +86,7 @@ func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params
 		OnError: func(op string, err error) {
 			l.log.Warn("lock: "+op+" failed", "key", key, "term", lease.Term, "err", err)
 		},
+		OnFinished: l.monitors.Done,
 	}
 	l.mu.Lock()
 	if l.closed {
@@ -89,12 +96,37 @@ func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params
 		_ = l.b.Release(ctx, lease)
 		return nil, fmt.Errorf("lock: acquire %q: %w", key, ErrClosed)
 	}
-	lk.hold = keeper.Start(l.holdCtx, cfg, lease, sent)
-	l.locks[lk] = struct{}{}
+	// A short lock starts no goroutine: the hold runs on timers, a loss is
+	// reported by a context.AfterFunc that Release unregisters, and the
+	// held-key watch starts only for a lock still held after a quarter of
+	// RenewInterval. l.monitors counts the hold until it has finished, the
+	// AfterFunc and the watch.
 	l.monitors.Add(1)
+	lk.hold = keeper.Start(l.holdCtx, cfg, lease, sent)
+	l.monitors.Add(1)
+	lk.stopLost = context.AfterFunc(lk.hold.Context(), func() {
+		defer l.monitors.Done()
+		if r, cause := lk.hold.Reason(); lostReason(r) {
+			lk.reportLost(r, cause)
+		}
+	})
+	if l.watcher != nil {
+		l.monitors.Add(1)
+		lk.watchT = time.AfterFunc(p.renewInterval/4, func() {
+			defer l.monitors.Done()
+			lk.watchHeld()
+		})
+	}
+	l.locks[lk] = struct{}{}
 	l.mu.Unlock()
-	go lk.monitor()
 	return lk, nil
+}
+
+// reportLost reports a lock lost for reason r.
+func (lk *Lock) reportLost(r keeper.Reason, cause error) {
+	l := lk.l
+	l.opts.Metrics.Lost(l.opts.Class(lk.key), r.String())
+	l.log.Info("lock: lost", "key", lk.key, "term", lk.lease.Term, "cause", cause)
 }
 
 // cause builds the context cause of a step-down.
@@ -117,36 +149,17 @@ func lostReason(r keeper.Reason) bool {
 	return r == keeper.Deadline || r == keeper.LeaseLost || r == keeper.MaxHold
 }
 
-// monitor watches the key while the lock is held, so a store that restarted
-// or a lock taken by someone else is noticed within a round trip, and
-// unregisters the hold once it has finished.
-func (lk *Lock) monitor() {
-	l := lk.l
-	defer l.monitors.Done()
-	if l.watcher != nil {
-		lk.watchHeld()
-	}
-	<-lk.hold.Done()
-	if r, cause := lk.hold.Reason(); lostReason(r) {
-		l.opts.Metrics.Lost(l.opts.Class(lk.key), r.String())
-		l.log.Info("lock: lost", "key", lk.key, "term", lk.lease.Term, "cause", cause)
-	}
-	<-lk.hold.Finished()
-}
-
 // watchHeld asks for a renewal at once whenever the key's watch reports
 // anything (a reset, a release or expiry, another acquisition) or breaks,
-// until the hold steps down. It subscribes only once the lock has been held
-// for a quarter of RenewInterval, so short locks cost no subscription, and
-// renews right after subscribing, which covers that first stretch.
+// until the hold steps down, so a store that restarted or a lock taken by
+// someone else is noticed within a round trip. It runs in the callback of a
+// timer set for a quarter of RenewInterval after the acquisition, which
+// Release stops, so short locks cost no subscription and no goroutine, and
+// it renews right after subscribing, which covers that first stretch.
 func (lk *Lock) watchHeld() {
 	ctx := lk.hold.Context()
-	delay := time.NewTimer(lk.p.renewInterval / 4)
-	select {
-	case <-ctx.Done():
-		delay.Stop()
+	if ctx.Err() != nil {
 		return
-	case <-delay.C:
 	}
 	sub := lk.l.subscribe(ctx, lk.lease.Key, lk.p.requestTimeout, lk.p.renewInterval)
 	defer sub.stop()
@@ -316,13 +329,29 @@ func (lk *Lock) SetMetadata(ctx context.Context, md map[string]string) error {
 // expires after its TTL regardless). Release is idempotent: later calls
 // return the first call's result. Any goroutine may call it.
 func (lk *Lock) Release(ctx context.Context) error {
-	err := lk.hold.Release(ctx)
 	l := lk.l
 	lk.mu.Lock()
 	first := !lk.released
 	lk.released = true
 	lk.mu.Unlock()
+	// The first call unregisters the loss report and the watch, so a lock
+	// released before either ran leaves no goroutine behind; a loss that
+	// the report missed is reported here.
+	report := false
 	if first {
+		if lk.watchT != nil && lk.watchT.Stop() {
+			l.monitors.Done()
+		}
+		if lk.stopLost() {
+			l.monitors.Done()
+			report = true
+		}
+	}
+	err := lk.hold.Release(ctx)
+	if first {
+		if r, cause := lk.hold.Reason(); report && lostReason(r) {
+			lk.reportLost(r, cause)
+		}
 		l.opts.Metrics.Released(l.opts.Class(lk.key), time.Since(lk.acquiredAt))
 	}
 	l.mu.Lock()

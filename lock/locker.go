@@ -207,7 +207,7 @@ type Locker struct {
 	queues  map[string]*keyQueue // local waiters per lock key
 
 	ops      sync.WaitGroup // calls in flight, Do functions included
-	monitors sync.WaitGroup // one goroutine per started hold
+	monitors sync.WaitGroup // per started lock: its hold until finished, its loss report, its watch
 }
 
 // New returns a Locker that acquires locks on b as holder id (shown to

@@ -96,9 +96,19 @@ type Config struct {
 	// OnRenew, if not nil, is called after every successful renewal with its
 	// send time and the new deadline. It must not block.
 	OnRenew func(sent, deadline time.Time)
+	// OnFinished, if not nil, is called once the hold has finished, as
+	// Finished is closed, from the goroutine that closes it (Release's
+	// caller, or the goroutine retrying a failed release). It must not
+	// block.
+	OnFinished func()
 }
 
 // Hold keeps one lease. Its methods are safe for concurrent use.
+//
+// A Hold has no goroutine of its own: its renewals, its deadline and MaxHold
+// run in timer callbacks (a renewal's goroutine exists only while it runs),
+// Release runs in the caller's goroutine, and only a release that failed
+// starts a goroutine, to retry it.
 type Hold struct {
 	cfg      Config
 	lease    backend.Lease
@@ -106,10 +116,7 @@ type Hold struct {
 	parent   context.Context
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
-
-	kick     chan struct{}    // RenewNow; capacity 1
-	release  chan releaseCall // Release
-	finished chan struct{}    // closed when the goroutine has ended
+	finished chan struct{} // closed once nothing of the hold runs any more
 
 	mu        sync.Mutex // guards the fields below
 	deadline  time.Time
@@ -119,15 +126,17 @@ type Hold struct {
 	stepped   bool
 	reason    Reason
 	cause     error
-	lost      bool // the store said the lease is gone: nothing to renew or release
-	timer     *time.Timer
+	lost      bool          // the store said the lease is gone: nothing to renew or release
+	timer     *time.Timer   // the deadline
+	renewT    *time.Timer   // the next periodic renewal; nil with NoRenew
+	maxT      *time.Timer   // MaxHold; nil without
+	renewOn   bool          // renewals go on: not NoRenew, MaxHold not passed, not releasing
+	renewing  bool          // a renewal callback runs
+	kicked    bool          // RenewNow was called while a renewal ran: renew again after it
+	renewDone chan struct{} // closed when the running renewal callback ends
+	releasing bool          // Release has begun: no renewal starts any more
 	relDone   chan struct{} // closed when the first Release has its result
 	relResult error
-}
-
-type releaseCall struct {
-	ctx   context.Context
-	reply chan error
 }
 
 // Start keeps lease, acquired by a request sent at sent, until Release. parent
@@ -142,17 +151,23 @@ func Start(parent context.Context, cfg Config, lease backend.Lease, sent time.Ti
 		parent:   parent,
 		ctx:      ctx,
 		cancel:   cancel,
-		kick:     make(chan struct{}, 1),
-		release:  make(chan releaseCall),
 		finished: make(chan struct{}),
 		lastSent: sent,
 		relDone:  make(chan struct{}),
+		renewOn:  !cfg.NoRenew,
 	}
 	h.deadline = h.deadlineFor(sent)
+	// The callbacks take h.mu first, so none of them runs before the timers
+	// are all set.
 	h.mu.Lock()
 	h.timer = time.AfterFunc(time.Until(h.deadline), func() { h.stepDown(Deadline, nil, nil) })
+	if !cfg.NoRenew {
+		h.renewT = time.AfterFunc(cfg.RenewInterval, h.tick)
+	}
+	if cfg.MaxHold > 0 {
+		h.maxT = time.AfterFunc(time.Until(h.acquired.Add(cfg.MaxHold)), h.maxHold)
+	}
 	h.mu.Unlock()
-	go h.run()
 	return h
 }
 
@@ -166,8 +181,9 @@ func (h *Hold) Context() context.Context { return h.ctx }
 // Done is closed at step-down.
 func (h *Hold) Done() <-chan struct{} { return h.ctx.Done() }
 
-// Finished is closed once the hold's goroutine has ended: after Release and
-// any background release retries.
+// Finished is closed once nothing of the hold runs any more: after Release
+// has returned, any renewal in flight has ended, and any background release
+// retries have ended.
 func (h *Hold) Finished() <-chan struct{} { return h.finished }
 
 // Held reports whether the hold has not stepped down and its deadline has
@@ -257,11 +273,21 @@ func (h *Hold) Stop(cause error) bool {
 }
 
 // RenewNow asks for a renewal as soon as possible, for instance because the
-// store may have restarted and lost the lease. It does not block.
+// store may have restarted and lost the lease. It does not block: it starts
+// the renewal in a goroutine, or, when one is running, has it renew once
+// more when it ends. It does nothing once renewals have stopped (NoRenew,
+// MaxHold, Release, or the store reported the lease gone).
 func (h *Hold) RenewNow() {
-	select {
-	case h.kick <- struct{}{}:
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case !h.renewOn || h.lost:
+	case h.renewing:
+		h.kicked = true
 	default:
+		h.renewT.Stop() // the renewal re-arms it
+		h.startRenewing()
+		go h.renewLoop()
 	}
 }
 
@@ -329,81 +355,144 @@ func (h *Hold) SetMetadata(ctx context.Context, md map[string]string) error {
 
 // Release steps down (reason Released) unless the hold already stepped down,
 // stops renewing and deletes the lease, owner-checked, bounded by ctx and
-// RequestTimeout. It returns nil when the lease was deleted, an error
+// RequestTimeout. It runs in the caller's goroutine; a renewal in flight is
+// waited for first (it is bounded by RequestTimeout), so no renewal is sent
+// after the release. It returns nil when the lease was deleted, an error
 // wrapping backend.ErrLeaseLost when the store no longer held it (it had been
 // lost), or the store's error; in that last case the release is retried in
 // the background until it succeeds, the store reports the lease gone, or the
 // parent context ends. Later calls return the first call's result.
 func (h *Hold) Release(ctx context.Context) error {
 	h.stepDown(Released, nil, nil)
-	reply := make(chan error, 1)
-	select {
-	case h.release <- releaseCall{ctx: ctx, reply: reply}:
-		err := <-reply
-		h.mu.Lock()
-		h.relResult = err
-		close(h.relDone)
+	h.mu.Lock()
+	if h.releasing {
 		h.mu.Unlock()
-		return err
-	case <-h.relDone:
+		<-h.relDone
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		return h.relResult
 	}
+	h.releasing, h.renewOn, h.kicked = true, false, false
+	if h.renewT != nil {
+		h.renewT.Stop()
+	}
+	if h.maxT != nil {
+		h.maxT.Stop()
+	}
+	var inFlight chan struct{}
+	if h.renewing {
+		inFlight = h.renewDone
+	}
+	lost := h.lost
+	h.mu.Unlock()
+	if inFlight != nil {
+		<-inFlight
+		lost = h.isLost()
+	}
+
+	var err error
+	if lost {
+		_, cause := h.Reason()
+		err = fmt.Errorf("%w: %w", backend.ErrLeaseLost, cause)
+	} else {
+		err = h.releaseOnce(ctx)
+	}
+	retry := err != nil && !errors.Is(err, backend.ErrLeaseLost)
+	h.mu.Lock()
+	h.relResult = err
+	close(h.relDone)
+	h.mu.Unlock()
+	if retry {
+		go h.retryRelease()
+	} else {
+		h.finish()
+	}
+	return err
 }
 
-// run renews until Release, then releases.
-func (h *Hold) run() {
-	defer close(h.finished)
-	o := &h.cfg
-	renew := time.NewTimer(o.RenewInterval)
-	if o.NoRenew {
-		renew.Stop()
-	}
-	defer renew.Stop()
-	var maxHold <-chan time.Time
-	if o.MaxHold > 0 {
-		t := time.NewTimer(time.Until(h.acquired.Add(o.MaxHold)))
-		defer t.Stop()
-		maxHold = t.C
-	}
-	renewing := !o.NoRenew
-	for {
-		select {
-		case call := <-h.release:
-			h.finish(call)
+// retryRelease retries a failed release in the background while the store is
+// unreachable, until it succeeds, the store reports the lease gone, or the
+// parent context ends; then the hold has finished.
+func (h *Hold) retryRelease() {
+	defer h.finish()
+	for n := 1; ; n++ {
+		if !sleep(h.parent, backoff(h.cfg.RenewInterval, n)) {
 			return
-		case <-maxHold:
-			maxHold = nil
-			renewing = false
-			renew.Stop()
-			h.stepDown(MaxHold, nil, nil)
-		case <-h.kick:
-			if !renewing || h.isLost() {
-				break
-			}
-			renew.Stop()
-			h.renewTick(renew)
-		case <-renew.C:
-			if !renewing || h.isLost() {
-				break
-			}
-			h.renewTick(renew)
+		}
+		err := h.releaseOnce(h.parent)
+		if err == nil || errors.Is(err, backend.ErrLeaseLost) || h.parent.Err() != nil {
+			return
 		}
 	}
 }
 
-// renewTick renews once and re-arms t.
-func (h *Hold) renewTick(t *time.Timer) {
-	h.Held() // steps down first if the wall clock passed the deadline
-	err := h.renew(context.Background())
-	switch {
-	case err == nil:
-		t.Reset(h.cfg.RenewInterval)
-	case errors.Is(err, backend.ErrLeaseLost):
-		// Nothing left to renew.
-	default:
-		t.Reset(h.cfg.RenewInterval / 4)
+// finish closes Finished and calls OnFinished.
+func (h *Hold) finish() {
+	close(h.finished)
+	if h.cfg.OnFinished != nil {
+		h.cfg.OnFinished()
+	}
+}
+
+// startRenewing marks a renewal callback running. h.mu must be held.
+func (h *Hold) startRenewing() {
+	h.renewing = true
+	h.renewDone = make(chan struct{})
+}
+
+// tick is the periodic renewal timer's callback.
+func (h *Hold) tick() {
+	h.mu.Lock()
+	if !h.renewOn || h.lost || h.renewing {
+		// Stopped, or a RenewNow renewal runs and re-arms the timer.
+		h.mu.Unlock()
+		return
+	}
+	h.startRenewing()
+	h.mu.Unlock()
+	h.renewLoop()
+}
+
+// maxHold is the MaxHold timer's callback: renewals stop, then the hold
+// steps down.
+func (h *Hold) maxHold() {
+	h.mu.Lock()
+	h.renewOn, h.kicked = false, false
+	if h.renewT != nil {
+		h.renewT.Stop()
+	}
+	h.mu.Unlock()
+	h.stepDown(MaxHold, nil, nil)
+}
+
+// renewLoop renews once, again while RenewNow asked for more during the
+// renewal, then re-arms the periodic timer and ends the renewal callback.
+// The caller has called startRenewing.
+func (h *Hold) renewLoop() {
+	for {
+		h.Held() // steps down first if the wall clock passed the deadline
+		err := h.renew(context.Background())
+		h.mu.Lock()
+		if h.kicked && h.renewOn && !h.lost {
+			h.kicked = false
+			h.mu.Unlock()
+			continue
+		}
+		h.kicked = false
+		if h.renewOn && !h.lost {
+			switch {
+			case err == nil:
+				h.renewT.Reset(h.cfg.RenewInterval)
+			case errors.Is(err, backend.ErrLeaseLost):
+				// Nothing left to renew.
+			default:
+				h.renewT.Reset(h.cfg.RenewInterval / 4)
+			}
+		}
+		h.renewing = false
+		close(h.renewDone)
+		h.mu.Unlock()
+		return
 	}
 }
 
@@ -514,31 +603,6 @@ func (h *Hold) stepDown(r Reason, err, cause error) bool {
 	h.mu.Unlock()
 	h.cancel(cause)
 	return true
-}
-
-// finish releases the lease for call, then retries in the background while
-// the store is unreachable.
-func (h *Hold) finish(call releaseCall) {
-	if h.isLost() {
-		_, cause := h.Reason()
-		call.reply <- fmt.Errorf("%w: %w", backend.ErrLeaseLost, cause)
-		return
-	}
-	err := h.releaseOnce(call.ctx)
-	if err == nil || errors.Is(err, backend.ErrLeaseLost) {
-		call.reply <- err
-		return
-	}
-	call.reply <- err
-	for n := 1; ; n++ {
-		if !sleep(h.parent, backoff(h.cfg.RenewInterval, n)) {
-			return
-		}
-		err := h.releaseOnce(h.parent)
-		if err == nil || errors.Is(err, backend.ErrLeaseLost) || h.parent.Err() != nil {
-			return
-		}
-	}
 }
 
 func (h *Hold) releaseOnce(ctx context.Context) error {
