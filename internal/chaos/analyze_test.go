@@ -155,6 +155,24 @@ func TestAnalyzeDataLoss(t *testing.T) {
 			want: "cascade",
 		},
 		{
+			name: "lock mode: holds handed over after one restart are no cascade",
+			modify: func(r *chaos.Run) {
+				r.Handover = true
+				r.Procs[1].Lines = append(r.Procs[1].Lines, lost(2, 1400, "resigned"), release(2, 1401))
+				r.Procs = append(r.Procs, chaos.Proc{ID: "c", Lines: []chaos.Line{
+					startLine("c"), hb(0, 5), acquire(3, 1500, 1510), lead(3, 1515),
+				}})
+			},
+		},
+		{
+			name: "lock mode: an overlap is still one",
+			modify: func(r *chaos.Run) {
+				r.Handover = true
+				r.Procs[1].Lines[2] = acquire(2, 980, 985)
+			},
+			want: "overlap: b term 2",
+		},
+		{
 			name: "term below an earlier one after data loss",
 			modify: func(r *chaos.Run) {
 				r.Procs[0].Lines[2], r.Procs[0].Lines[3], r.Procs[0].Lines[4] = acquire(5, 10, 20), lead(5, 25), write(5, 1, 30)

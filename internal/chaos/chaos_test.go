@@ -28,11 +28,13 @@ import (
 var (
 	flagDuration = flag.Duration("chaos.duration", 15*time.Second,
 		"how long to inject faults, per backend (env SOVEREIGN_CHAOS_DURATION overrides the default)")
-	flagSeed       = flag.Uint64("chaos.seed", 0, "random seed (0: from the clock; the seed is printed)")
-	flagCandidates = flag.Int("chaos.candidates", 5, "number of candidate processes")
-	flagLogs       = flag.String("chaos.logs", "", "keep the candidates' logs in this directory (default: a temporary directory, kept only on failure)")
-	flagAnalyze    = flag.String("chaos.analyze", "", "directory of a kept run to analyse again (TestAnalyzeSaved)")
-	flagSlack      = flag.Duration("chaos.slack", 1500*time.Millisecond,
+	flagSeed         = flag.Uint64("chaos.seed", 0, "random seed (0: from the clock; the seed is printed)")
+	flagCandidates   = flag.Int("chaos.candidates", 5, "number of candidate processes")
+	flagLogs         = flag.String("chaos.logs", "", "keep the candidates' logs in this directory (default: a temporary directory, kept only on failure)")
+	flagAnalyze      = flag.String("chaos.analyze", "", "directory of a kept run to analyse again (TestAnalyzeSaved)")
+	flagLockDuration = flag.Duration("chaos.lock-duration", 0,
+		"how long to inject random faults, per backend, in the lock mode, after its planned faults (0: only those)")
+	flagSlack = flag.Duration("chaos.slack", 1500*time.Millisecond,
 		"scheduling slack added to TTL + (TTL - RenewDeadline) for the longest time without a leader after a fault")
 )
 
@@ -118,6 +120,39 @@ func TestAnalyzeSaved(t *testing.T) {
 // server run with --save "" --appendonly no does: every lease, term counter
 // and heartbeat record is lost.
 func TestChaosRedis(t *testing.T) {
+	addr, kinds, restartLost := redisFaults(t)
+	runChaos(t, "redis", addr, append(kinds, sameID), []planned{{kind: restartLost, short: true}, {kind: sameID}})
+}
+
+// TestChaosRedisLock runs the checker in the lock mode against a real
+// redis-server: the candidates loop on lock.Locker.Do for one key, each
+// holding the lock for 0.5 to 3 s, so the lock moves between them, while
+// the holder is killed, paused beyond the TTL and cut off, and the server
+// restarts without its data. Only those planned faults are injected unless
+// -chaos.lock-duration asks for random ones after them.
+func TestChaosRedisLock(t *testing.T) {
+	addr, kinds, restartLost := redisFaults(t)
+	runMode(t, "lock", "redis", addr, *flagLockDuration, kinds, []planned{
+		{kind: kill}, {kind: stop, long: true}, {kind: cut, long: true}, {kind: restartLost, short: true},
+	})
+}
+
+// TestChaosEtcdLock runs the checker in the lock mode against an embedded
+// one-member etcd: the holder is killed and paused beyond the TTL.
+func TestChaosEtcdLock(t *testing.T) {
+	c := testetcd.Start(t)
+	u, err := url.Parse(c.Endpoint(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runMode(t, "lock", "etcd", u.Host, *flagLockDuration, []faultKind{kill, stop, cut, drop, latency},
+		[]planned{{kind: kill}, {kind: stop, long: true}})
+}
+
+// redisFaults starts a redis-server with an append-only file and returns
+// its address, the kinds of faults of a Redis run other than same-ID
+// faults, and the short-lived restart without persistence.
+func redisFaults(t *testing.T) (string, []faultKind, faultKind) {
 	srv := testredis.StartConfig(t, testredis.Config{Persistent: true})
 	admin := srv.NewClient(t, nil)
 	dir := configGet(t, admin, "dir")
@@ -155,8 +190,8 @@ func TestChaosRedis(t *testing.T) {
 	restart := func(*testing.T) { srv.Stop() }
 	crash := func(t *testing.T) { srv.Kill(t) }
 	restartLost := faultKind{name: "redis-restart-nopersist", server: outage(restart, true), dataLoss: true, shortOdds: 2}
-	runChaos(t, "redis", srv.Addr(), []faultKind{
-		kill, stop, cut, drop, latency, sameID,
+	return srv.Addr(), []faultKind{
+		kill, stop, cut, drop, latency,
 		// The server stays down for a while: mostly longer than the TTL,
 		// so the leader steps down and its lease expires while nobody can
 		// reach the store.
@@ -166,7 +201,7 @@ func TestChaosRedis(t *testing.T) {
 		// when the store comes back empty: the data-loss window.
 		restartLost,
 		{name: "redis-crash-nopersist", server: outage(crash, true), dataLoss: true, shortOdds: 2},
-	}, []planned{{restartLost, true}, {sameID, false}})
+	}, restartLost
 }
 
 // markerKey is written before every Redis outage, outside the election's
@@ -191,7 +226,7 @@ func TestChaosEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runChaos(t, "etcd", u.Host, []faultKind{kill, stop, cut, drop, latency, sameID}, []planned{{sameID, false}})
+	runChaos(t, "etcd", u.Host, []faultKind{kill, stop, cut, drop, latency, sameID}, []planned{{kind: sameID}})
 }
 
 // serverFault takes the server down for down and brings it back. It
@@ -215,10 +250,11 @@ type faultKind struct {
 }
 
 // planned is a fault injected before the random ones, so that even the
-// short form exercises it.
+// short form exercises it: short forces a short one, long a long one
+// (otherwise its duration is drawn as for a random fault).
 type planned struct {
-	kind  faultKind
-	short bool
+	kind        faultKind
+	short, long bool
 }
 
 var (
@@ -249,6 +285,7 @@ type proc struct {
 type harness struct {
 	t       *testing.T
 	backend string
+	mode    string // the candidates' -mode: elect or lock
 	bin     string
 	logs    string
 	store   *chaos.Store
@@ -262,18 +299,30 @@ type harness struct {
 	cur   map[int]*proc // running process of each slot
 }
 
+// runChaos runs the checker on one backend in the election mode: the
+// candidates campaign with sovereign.Elector.
 func runChaos(t *testing.T, backendName, target string, kinds []faultKind, first []planned) {
+	runMode(t, "elect", backendName, target, duration(), kinds, first)
+}
+
+// runMode runs the checker on one backend with candidates in mode (elect
+// or lock), injecting the faults first and then random ones of kinds until
+// dur has passed.
+func runMode(t *testing.T, mode, backendName, target string, dur time.Duration, kinds []faultKind, first []planned) {
 	seed := *flagSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	dur := duration()
+	name := backendName
+	if mode != "elect" {
+		name += "-" + mode
+	}
 	t.Logf("chaos %s: seed %d (-chaos.seed=%d), %d candidates, faults for %v, TTL %v, renew deadline %v, renew interval %v, request timeout %v, data-loss window %v",
-		backendName, seed, seed, *flagCandidates, dur, ttl, renewDeadline, renewInterval, requestTimeout, dataLossWindow)
+		name, seed, seed, *flagCandidates, dur, ttl, renewDeadline, renewInterval, requestTimeout, dataLossWindow)
 
-	h := &harness{t: t, backend: backendName, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), cur: map[int]*proc{}}
+	h := &harness{t: t, backend: backendName, mode: mode, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), cur: map[int]*proc{}}
 	h.bin = buildCandidate(t)
-	h.logs = logDir(t, backendName)
+	h.logs = logDir(t, name)
 
 	store, err := chaos.NewStore()
 	if err != nil {
@@ -303,7 +352,7 @@ func runChaos(t *testing.T, backendName, target string, kinds []faultKind, first
 
 	var faults []chaos.Fault
 	end := time.Now().Add(dur)
-	for time.Now().Before(end) && !t.Failed() {
+	for (time.Now().Before(end) || len(faults) < len(first)) && !t.Failed() {
 		pause(300*time.Millisecond + rand.N(700*time.Millisecond))
 		leader, ok := h.leaderNow()
 		if !ok {
@@ -315,8 +364,11 @@ func runChaos(t *testing.T, backendName, target string, kinds []faultKind, first
 		d, short := h.faultDuration(k)
 		if i := len(faults); i < len(first) {
 			k = first[i].kind
-			if d, short = h.faultDuration(k); first[i].short {
+			switch d, short = h.faultDuration(k); {
+			case first[i].short:
 				d, short = h.shortDuration(), true
+			case first[i].long:
+				d, short = h.longDuration(), false
 			}
 		}
 		var above uint64
@@ -330,10 +382,10 @@ func runChaos(t *testing.T, backendName, target string, kinds []faultKind, first
 		f := h.inject(k, leader, d, short)
 		faults = append(faults, f)
 		if len(faults)%25 == 0 {
-			t.Logf("chaos %s: %d faults injected, %v left", backendName, len(faults), time.Until(end).Round(time.Second))
+			t.Logf("chaos %s: %d faults injected, %v left", name, len(faults), time.Until(end).Round(time.Second))
 		}
 		if _, ok := h.waitLeader(f.Healed, above); !ok {
-			t.Errorf("no leader within %v after %s of %s healed; logs in %s", leaderWait, f.Kind, f.Target, h.logs)
+			t.Errorf("chaos %s: no leader within %v after %s of %s healed; logs in %s", name, leaderWait, f.Kind, f.Target, h.logs)
 			break
 		}
 	}
@@ -345,6 +397,7 @@ func runChaos(t *testing.T, backendName, target string, kinds []faultKind, first
 		Bound:          ttl + (ttl - renewDeadline) + *flagSlack,
 		DataLossWindow: dataLossWindow,
 		ServerBound:    serverBound,
+		Handover:       mode == "lock",
 	}
 	h.mu.Lock()
 	procs := h.procs
@@ -360,12 +413,12 @@ func runChaos(t *testing.T, backendName, target string, kinds []faultKind, first
 		t.Errorf("save run: %v", err)
 	}
 	r := chaos.Analyze(run)
-	t.Logf("chaos %s summary (seed %d, %v of faults, %d processes):\n%s", backendName, seed, dur, len(procs), r)
+	t.Logf("chaos %s summary (seed %d, %v of faults, %d processes):\n%s", name, seed, dur, len(procs), r)
 	if !r.OK() {
-		t.Errorf("chaos %s: %d safety or liveness violations (see summary); logs in %s", backendName, len(r.Violations), h.logs)
+		t.Errorf("chaos %s: %d safety or liveness violations (see summary); logs in %s", name, len(r.Violations), h.logs)
 	}
 	if r.Terms < 2 && len(faults) > 0 {
-		t.Errorf("chaos %s: got %d terms that led, want at least 2: no failover was exercised", backendName, r.Terms)
+		t.Errorf("chaos %s: got %d terms that led, want at least 2: no failover was exercised", name, r.Terms)
 	}
 }
 
@@ -455,6 +508,7 @@ func (h *harness) start(slot int, instance string) *proc {
 	}
 	p.cmd = exec.Command(h.bin,
 		"-backend", h.backend,
+		"-mode", h.mode,
 		"-addr", h.proxies[slot].Addr(),
 		"-store", h.store.URL(),
 		"-id", id,
@@ -505,13 +559,16 @@ func (h *harness) leaderNow() (string, bool) {
 	return w.ID, h.byID(w.ID) != nil
 }
 
-// waitLeader waits until a running process has had a write with a term
-// above above accepted after since, and returns its ID.
+// waitLeader waits until a running process has had two writes of one term
+// above above accepted after since, the last two accepted, and returns its
+// ID. Two, because one can be the late write of a process that was paused
+// between its check and its write and no longer leads.
 func (h *harness) waitLeader(since int64, above uint64) (string, bool) {
 	deadline := time.Now().Add(leaderWait)
 	for time.Now().Before(deadline) {
-		if w, ok := h.store.Last(); ok && w.At > since && w.Term > above && chaos.Now()-w.At < int64(250*time.Millisecond) && h.byID(w.ID) != nil {
-			return w.ID, true
+		if ws := h.store.LastAccepted(2); len(ws) == 2 && ws[1].At > since && ws[0].ID == ws[1].ID && ws[0].Term == ws[1].Term &&
+			ws[0].Term > above && chaos.Now()-ws[0].At < int64(250*time.Millisecond) && h.byID(ws[0].ID) != nil {
+			return ws[0].ID, true
 		}
 		time.Sleep(10 * time.Millisecond) // polling the store for an observable condition
 	}
@@ -547,7 +604,13 @@ func (h *harness) faultDuration(k faultKind) (time.Duration, bool) {
 	if k.shortOdds > 0 && h.rng.IntN(k.shortOdds) == 0 {
 		return h.shortDuration(), true
 	}
-	return ttl + 300*time.Millisecond + time.Duration(h.rng.Int64N(int64(1200*time.Millisecond))), false
+	return h.longDuration(), false
+}
+
+// longDuration returns a fault duration longer than the TTL: the leader (or
+// the lock's holder) must lose.
+func (h *harness) longDuration() time.Duration {
+	return ttl + 300*time.Millisecond + time.Duration(h.rng.Int64N(int64(1200*time.Millisecond)))
 }
 
 func (h *harness) shortDuration() time.Duration {

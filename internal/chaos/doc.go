@@ -7,8 +7,10 @@
 // checks, from the processes' own logs on the machine's monotonic clock and
 // from a fenced store every leader writes to, that no two leaderships ever
 // overlapped (after the store lost its data: only inside the bounded
-// data-loss window) and that no stale write got through. See README.md for what exactly is checked
-// and how to run the long form.
+// data-loss window) and that no stale write got through. In the lock mode the
+// candidates loop on lock.Locker.Do for one key instead, handing the lock
+// from one to another, and the same checks apply to the holds. See README.md
+// for what exactly is checked and how to run the long form.
 //
 // The package holds the pieces the test and the candidate binary share: the
 // clock (Now), the log record (Line), the fault proxy (Proxy), the fenced

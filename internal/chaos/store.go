@@ -109,6 +109,20 @@ func (s *Store) Last() (Write, bool) {
 	return Write{}, false
 }
 
+// LastAccepted returns the latest n accepted writes (fewer if there are
+// not so many), the newest first.
+func (s *Store) LastAccepted(n int) []Write {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Write
+	for i := len(s.writes) - 1; i >= 0 && len(out) < n; i-- {
+		if s.writes[i].Accepted {
+			out = append(out, s.writes[i])
+		}
+	}
+	return out
+}
+
 // Close stops the server, closing its connections, and waits for it.
 func (s *Store) Close() error {
 	err := s.srv.Close()

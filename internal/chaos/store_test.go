@@ -51,4 +51,12 @@ func TestStoreFences(t *testing.T) {
 	if !ok || last.ID != "d" || last.Term != 6 {
 		t.Fatalf("Last: got %+v, %v, want d term 6", last, ok)
 	}
+	// The latest accepted writes, newest first, skipping rejected ones.
+	got := s.LastAccepted(3)
+	if len(got) != 3 || got[0].ID != "d" || got[1].ID != "b" || got[1].Seq != 2 || got[2].ID != "b" || got[2].Seq != 1 {
+		t.Fatalf("LastAccepted(3): got %+v, want d 6/1, b 5/2, b 5/1", got)
+	}
+	if got := s.LastAccepted(100); len(got) != 5 {
+		t.Fatalf("LastAccepted(100): got %d writes, want the 5 accepted", len(got))
+	}
 }

@@ -2,7 +2,10 @@
 // internal/chaos): it campaigns on one election through redisbackend or
 // etcdbackend, reaching the server through the address it is given (its own
 // fault proxy), and while it leads it writes to the checker's fenced store
-// with its fencing term. It logs every backend call that matters for the
+// with its fencing term. With -mode lock it contends for one lock (package
+// lock) instead: it loops on Locker.Do, and while it holds the lock it writes
+// to the fenced store with the lock's term for a random while, then returns
+// so that the lock moves between candidates. It logs every backend call that matters for the
 // safety argument, every leadership event and every write as JSON lines
 // (chaos.Line) on CLOCK_MONOTONIC, and exits 0 on SIGTERM after a clean
 // shutdown with no goroutine left behind.
@@ -17,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"runtime"
@@ -31,6 +35,7 @@ import (
 	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/etcdbackend"
 	"github.com/sovereign-go/sovereign/internal/chaos"
+	"github.com/sovereign-go/sovereign/lock"
 	"github.com/sovereign-go/sovereign/redisbackend"
 )
 
@@ -42,6 +47,7 @@ const (
 )
 
 type config struct {
+	mode          string
 	backend       string
 	addr          string
 	store         string
@@ -55,10 +61,14 @@ type config struct {
 	reqTimeout    time.Duration
 	work          time.Duration
 	pause         time.Duration
+	lockKey       string
+	holdMin       time.Duration
+	holdMax       time.Duration
 }
 
 func main() {
 	var c config
+	flag.StringVar(&c.mode, "mode", "elect", "elect (campaign with sovereign.Elector) or lock (loop on lock.Locker.Do)")
 	flag.StringVar(&c.backend, "backend", "redis", "redis or etcd")
 	flag.StringVar(&c.addr, "addr", "", "host:port of the backend (the candidate's fault proxy)")
 	flag.StringVar(&c.store, "store", "", "base URL of the fenced store")
@@ -72,9 +82,13 @@ func main() {
 	flag.DurationVar(&c.reqTimeout, "request-timeout", 400*time.Millisecond, "bound on every backend call")
 	flag.DurationVar(&c.work, "work", 15*time.Millisecond, "time between the leadership check and the write it guards (the window a pause can hit)")
 	flag.DurationVar(&c.pause, "pause", 25*time.Millisecond, "time between two writes")
+	flag.StringVar(&c.lockKey, "lock-key", "chaos/job", "lock key (-mode lock)")
+	flag.DurationVar(&c.holdMin, "hold-min", 500*time.Millisecond, "shortest time the lock is held before the function returns (-mode lock)")
+	flag.DurationVar(&c.holdMax, "hold-max", 3*time.Second, "longest time the lock is held before the function returns (-mode lock)")
 	flag.Parse()
-	if c.addr == "" || c.store == "" || c.id == "" || (c.backend != "redis" && c.backend != "etcd") {
-		fmt.Fprintln(os.Stderr, "candidate: -addr, -store, -id and -backend redis|etcd are required")
+	if c.addr == "" || c.store == "" || c.id == "" || (c.backend != "redis" && c.backend != "etcd") ||
+		(c.mode != "elect" && c.mode != "lock") || c.holdMin <= 0 || c.holdMax < c.holdMin {
+		fmt.Fprintln(os.Stderr, "candidate: -addr, -store, -id, -backend redis|etcd and -mode elect|lock are required, and 0 < -hold-min <= -hold-max")
 		os.Exit(exitUsage)
 	}
 	if c.instance == "" {
@@ -101,7 +115,12 @@ func run(c config) int {
 	defer stop()
 	baseline := runtime.NumGoroutine()
 
-	code := campaign(ctx, c, lg)
+	var code int
+	if c.mode == "lock" {
+		code = lockLoop(ctx, c, lg)
+	} else {
+		code = campaign(ctx, c, lg)
+	}
 	stop()
 	if code != 0 {
 		return code
@@ -171,8 +190,15 @@ func campaign(ctx context.Context, c config, lg *chaos.Logger) int {
 
 	sc := chaos.NewStoreClient(c.store)
 	defer sc.Close()
-	w := &writer{c: c, el: el, sc: sc, lg: lg}
-	if err := el.Run(ctx, w.lead); err != nil {
+	w := &writer{c: c, sc: sc, lg: lg}
+	lead := func(ctx context.Context) error {
+		term, ok := sovereign.TermFromContext(ctx)
+		if !ok {
+			return errors.New("candidate: leader context without a term")
+		}
+		return w.work(ctx, term, el.IsLeader, nil)
+	}
+	if err := el.Run(ctx, lead); err != nil {
 		fmt.Fprintln(os.Stderr, "candidate: run:", err)
 		return exitFailed
 	}
@@ -212,25 +238,80 @@ func newBackend(c config) (backend.Backend, func(), error) {
 	}
 }
 
-// writer is the leader's work: writes to the fenced store, each guarded by a
-// leadership check.
+// lockLoop contends for one lock until ctx ends and returns the exit code:
+// it loops on Locker.Do, whose function does the same work as the leader
+// function (writes guarded by Lock.Held, with the lock's term) for a random
+// while between -hold-min and -hold-max, then returns so that the lock is
+// released and moves on. After Do fails (the store is unreachable, the lock
+// was lost), it backs off briefly and tries again.
+func lockLoop(ctx context.Context, c config, lg *chaos.Logger) int {
+	inner, closeClient, err := newBackend(c)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "candidate:", err)
+		return exitFailed
+	}
+	defer closeClient()
+	b := &recorder{inner: inner, w: inner.(backend.Watcher), lg: lg}
+	defer b.Close()
+
+	locker, err := lock.New(b, c.instance, &lock.Options{
+		TTL:            c.ttl,
+		RenewDeadline:  c.renewDeadline,
+		RenewInterval:  c.renewInterval,
+		RequestTimeout: c.reqTimeout,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "candidate:", err)
+		return exitFailed
+	}
+	defer locker.Close()
+	o := locker.Options()
+	lg.Log(chaos.Line{
+		Ev: chaos.EvStart, ID: c.id, Instance: c.instance, Pid: os.Getpid(), T: chaos.Now(),
+		OptTTL: int64(o.TTL), OptRenewDeadline: int64(o.RenewDeadline),
+		OptRenewInterval: int64(o.RenewInterval),
+	})
+
+	sc := chaos.NewStoreClient(c.store)
+	defer sc.Close()
+	w := &writer{c: c, sc: sc, lg: lg}
+	fn := func(ctx context.Context, l *lock.Lock) error {
+		hold := c.holdMin + rand.N(c.holdMax-c.holdMin+1)
+		t := time.NewTimer(hold)
+		defer t.Stop()
+		return w.work(ctx, l.Term(), l.Held, t.C)
+	}
+	for ctx.Err() == nil {
+		err := locker.Do(ctx, c.lockKey, nil, fn)
+		if err == nil || ctx.Err() != nil {
+			continue
+		}
+		// The store is unreachable or the lock was lost: back off briefly
+		// (this is the candidate's loop, not a synchronisation).
+		select {
+		case <-ctx.Done():
+		case <-time.After(50*time.Millisecond + rand.N(100*time.Millisecond)):
+		}
+	}
+	return 0
+}
+
+// writer is the holder's work: writes to the fenced store, each guarded by a
+// check that the leadership (or the lock) is still held.
 type writer struct {
 	c  config
-	el *sovereign.Elector
 	sc *chaos.StoreClient
 	lg *chaos.Logger
 }
 
-// lead is the leader function. Before each write it checks the leader
-// context and IsLeader, then spends c.work before sending the write (with a
-// context that is NOT the leader context): the gap between a check and the
-// action it guards, which a stop-the-world pause can hit. Such a write
-// arrives late with a stale term, and the fenced store must reject it.
-func (w *writer) lead(ctx context.Context) error {
-	term, ok := sovereign.TermFromContext(ctx)
-	if !ok {
-		return errors.New("candidate: leader context without a term")
-	}
+// work is the leader function (and the lock mode's function, with the
+// lock's term and Lock.Held). Before each write it checks ctx and held, then
+// spends c.work before sending the write (with a context that is NOT ctx):
+// the gap between a check and the action it guards, which a stop-the-world
+// pause can hit. Such a write arrives late with a stale term, and the fenced
+// store must reject it. It returns when ctx ends, or when enough (closed or
+// sent on) fires: the holder gives the lock up of its own accord.
+func (w *writer) work(ctx context.Context, term uint64, held func() bool, enough <-chan time.Time) error {
 	w.lg.Log(chaos.Line{Ev: chaos.EvLead, Term: term, T: chaos.Now()})
 	defer func() { w.lg.Log(chaos.Line{Ev: chaos.EvFnEnd, Term: term, T: chaos.Now()}) }()
 	for seq := uint64(1); ; seq++ {
@@ -238,7 +319,7 @@ func (w *writer) lead(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if !w.el.IsLeader() {
+		if !held() {
 			// The deadline has passed but the context is not cancelled yet:
 			// how late is it?
 			<-ctx.Done()
@@ -262,6 +343,8 @@ func (w *writer) lead(ctx context.Context) error {
 		w.lg.Log(l)
 		select {
 		case <-ctx.Done():
+			return nil
+		case <-enough:
 			return nil
 		case <-time.After(w.c.pause):
 		}
