@@ -53,6 +53,7 @@ func keeperReason(r keeper.Reason) LossReason {
 // lease is still renewed until fn has returned; only then is it released.
 func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, sent time.Time, rec Record, fn func(context.Context) error) LossReason {
 	o := &e.opts
+	e.wg.Add(1) // done when the hold has finished (release and any retries)
 	hold := keeper.Start(ctx, keeper.Config{
 		Backend:        e.b,
 		TTL:            o.TTL,
@@ -62,7 +63,8 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 		Cause: func(r keeper.Reason, err error) error {
 			return &lossError{reason: keeperReason(r), err: err}
 		},
-		OnError: func(op string, err error) { e.failed(op, err) },
+		OnError:    func(op string, err error) { e.failed(op, err) },
+		OnFinished: e.wg.Done,
 		OnRenew: func(_, deadline time.Time) {
 			e.backendOK()
 			o.Metrics.LeaseRenewed(e.name, deadline)
@@ -183,7 +185,6 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 	default:
 		e.log.Warn("sovereign: release failed; retrying in the background", "term", lease.Term, "err", relErr)
 	}
-	e.wg.Go(func() { <-hold.Finished() })
 	for _, p := range pending {
 		p.released <- relErr
 	}

@@ -3,6 +3,7 @@ package keeper_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -80,7 +81,7 @@ func TestDeadlineUnderPartition(t *testing.T) {
 				other := store.Client()
 				defer other.Close()
 				h := start(t, c, config(c))
-				time.Sleep(time.Second)
+				time.Sleep(time.Second + 100*time.Millisecond) // between two renewal ticks
 				last := h.Status().LastRenewal
 				if fault == "partition" {
 					c.Partition()
@@ -304,15 +305,15 @@ func TestWallClockPastDeadline(t *testing.T) {
 		store := memorybackend.NewStore()
 		c := store.Client()
 		defer c.Close()
-		var suspended time.Duration
-		restore := keeper.SetWallClock(func() time.Time { return time.Now().Round(0).Add(suspended) })
+		var suspended atomic.Int64 // read by renewal callbacks
+		restore := keeper.SetWallClock(func() time.Time { return time.Now().Round(0).Add(time.Duration(suspended.Load())) })
 		defer restore()
 		h := start(t, c, config(c))
-		time.Sleep(time.Second)
+		time.Sleep(time.Second + 100*time.Millisecond) // between two renewal ticks
 		if !h.Held() {
 			t.Fatal("Held false before the suspend")
 		}
-		suspended = 5 * time.Second
+		suspended.Store(int64(5 * time.Second))
 		if h.Held() {
 			t.Fatal("Held true after a suspend longer than the TTL (wall clock past the deadline)")
 		}
@@ -324,7 +325,7 @@ func TestWallClockPastDeadline(t *testing.T) {
 		if r, cause := h.Reason(); r != keeper.Deadline || cause == nil {
 			t.Errorf("reason %v cause %v, want Deadline", r, cause)
 		}
-		suspended = 0
+		suspended.Store(0)
 		release(t, h)
 	})
 }
