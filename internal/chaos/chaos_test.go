@@ -226,7 +226,7 @@ func TestChaosEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runChaos(t, "etcd", u.Host, []faultKind{kill, stop, cut, drop, latency, sameID}, []planned{{kind: sameID}})
+	runChaos(t, "etcd", u.Host, []faultKind{kill, stop, cut, drop, latency, sameID}, []planned{{kind: sameID}, {kind: kill}})
 }
 
 // serverFault takes the server down for down and brings it back. It
