@@ -185,24 +185,18 @@ func (l *Locker) attempt(ctx context.Context, key, bk string, p params) (*Lock, 
 // and never calls fn. A failed release is retried in the background and
 // logged, not returned.
 func (l *Locker) Do(ctx context.Context, key string, opts *AcquireOptions, fn func(ctx context.Context, l *Lock) error) error {
-	if fn == nil {
-		return fmt.Errorf("%w: nil function", ErrInvalidOptions)
-	}
-	cctx, end, err := l.begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer end()
-	lk, err := l.Acquire(cctx, key, opts)
-	if err != nil {
-		return err
-	}
-	return l.run(ctx, lk, fn)
+	return l.do(ctx, key, opts, fn, l.Acquire)
 }
 
 // TryDo is Do with a single attempt, like TryAcquire: when key is held it
 // returns the *HeldError at once without calling fn.
 func (l *Locker) TryDo(ctx context.Context, key string, opts *AcquireOptions, fn func(ctx context.Context, l *Lock) error) error {
+	return l.do(ctx, key, opts, fn, l.TryAcquire)
+}
+
+// do acquires key with acquire, then runs fn under the lock.
+func (l *Locker) do(ctx context.Context, key string, opts *AcquireOptions, fn func(context.Context, *Lock) error,
+	acquire func(context.Context, string, *AcquireOptions) (*Lock, error)) error {
 	if fn == nil {
 		return fmt.Errorf("%w: nil function", ErrInvalidOptions)
 	}
@@ -211,7 +205,7 @@ func (l *Locker) TryDo(ctx context.Context, key string, opts *AcquireOptions, fn
 		return err
 	}
 	defer end()
-	lk, err := l.TryAcquire(cctx, key, opts)
+	lk, err := acquire(cctx, key, opts)
 	if err != nil {
 		return err
 	}

@@ -901,3 +901,41 @@ func TestDoPanics(t *testing.T) {
 		lk.Release(t.Context())
 	})
 }
+
+// Two Lockers configured with the same ID (two processes on one host): the
+// second is refused like anyone else, closing it leaves the first's lock
+// held, and a store restart that loses the lock is noticed by its holder.
+func TestSameIDTwin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		a := newLocker(t, client(t, store), "host-1", fastOpts())
+		twin, err := lock.New(client(t, store), "host-1", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		lk, err := a.TryAcquire(t.Context(), "job", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var he *lock.HeldError
+		if _, err := twin.TryAcquire(t.Context(), "job", nil); !errors.As(err, &he) || he.Holder.Token != lk.Record().Token {
+			t.Fatalf("twin's TryAcquire: got %v, want ErrHeld naming the first Locker's lease", err)
+		}
+		twin.Close()
+		time.Sleep(5 * time.Second)
+		if !lk.Held() {
+			t.Fatal("the lock was lost after the same-ID twin closed")
+		}
+		if err := lk.Verify(t.Context()); err != nil {
+			t.Fatalf("Verify after the twin closed: %v", err)
+		}
+		store.Restart(nil) // a restart without persistence loses the lock
+		<-lk.Done()
+		if !errors.Is(lk.Err(), lock.ErrLockLost) {
+			t.Errorf("cause after the store lost the lock: got %v, want ErrLockLost", lk.Err())
+		}
+		if err := lk.Release(t.Context()); !errors.Is(err, lock.ErrLockLost) {
+			t.Errorf("Release after data loss: got %v, want ErrLockLost", err)
+		}
+	})
+}
