@@ -114,6 +114,11 @@ type Record struct {
 	// recorded, measured by the store's clock. It is meaningful only when
 	// HeartbeatAt is not zero.
 	HeartbeatAge time.Duration
+	// Mode is how the holder holds the key: Exclusive for a lease from
+	// Acquire, or the mode given to Modes.AcquireMode.
+	Mode Mode
+	// Limit is the Shared limit the holder acquired with (0: none).
+	Limit int
 }
 
 // HasHeartbeat reports whether the holder had a live heartbeat record when
@@ -138,6 +143,10 @@ type Lease struct {
 	// than the one requested (etcd rounds up to whole seconds). Renew extends
 	// the lease by this TTL.
 	TTL time.Duration
+	// Entry is nil for a lease from Acquire, and says how the lease holds
+	// its key for one from Modes.AcquireMode: Renew, Release and
+	// SetMetadata then act on that entry alone.
+	Entry *Entry
 }
 
 // AcquireRequest describes an acquisition.
@@ -169,7 +178,9 @@ type Member struct {
 // Backend is a store of leases. Implementations must be safe for concurrent
 // use by multiple goroutines.
 type Backend interface {
-	// Acquire atomically creates a lease on req.Key if the key is free. When
+	// Acquire atomically creates a lease on req.Key if the key is free: on
+	// a backend with Modes, a key is held while it has a live holder or a
+	// live intent (registered waiters do not block Acquire). When
 	// the key is held by another lease it returns a *HeldError
 	// (errors.Is(err, ErrHeld)) whose Holder is the current record, so a
 	// failed attempt doubles as a read.
@@ -297,8 +308,17 @@ type Watcher interface {
 // HeldError is returned by Acquire when the key is held by another lease.
 // errors.Is(err, ErrHeld) reports true for it.
 type HeldError struct {
-	// Holder is the record of the current holder.
+	// Holder is the record of the current holder; of the oldest
+	// conflicting holder when there are several.
 	Holder Record
+	// Holders is every conflicting live holder, in term order, when the
+	// key is held by entries of Modes (Shared holders, intents of locks
+	// below); nil or just Holder otherwise.
+	Holders []Record
+	// Waiting is the number of live waiters registered on the key that
+	// the failed acquisition had to yield to (writer preference, fair
+	// order); 0 when none or when the backend does not say.
+	Waiting int
 }
 
 // Error returns a message naming the holder, its term and since when it holds.
