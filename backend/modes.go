@@ -120,9 +120,9 @@ type ModeRequest struct {
 	Limit int
 	// Ancestors are the keys, outermost first, on which the acquisition
 	// takes intent (a lock on "lock/a/b/c" names "lock/a" and "lock/a/b").
-	// Empty: not hierarchical. Every ancestor must pass ValidateKey; a
-	// backend may also require them to share the key's placement (Redis
-	// Cluster: one hash slot) and says so in ValidateAncestors.
+	// Empty: not hierarchical. Every ancestor must pass ValidateKey and be
+	// a proper prefix of Key; a backend places a tree's keys so that one
+	// atomic operation reaches them all (Redis Cluster: one hash slot).
 	Ancestors []string
 	// Fair orders acquisitions first come, first served among registered
 	// waiters across processes.
