@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,7 +41,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 		return nil, err
 	}
 	defer end()
-	lk, err = l.attempt(ctx, key, bk, p)
+	lk, err = l.attempt(ctx, key, bk, p, "")
 	if err != nil && context.Cause(ctx) == ErrClosed {
 		return nil, fmt.Errorf("lock: acquire %q: %w", key, ErrClosed)
 	}
@@ -51,10 +53,21 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 // wakes within a round trip of a release, and otherwise re-checks when the
 // holder's lease would expire. Goroutines of this Locker waiting for the same
 // key queue first come, first served; only the head of the queue talks to
-// the backend. When ctx ends first, the error is a *HeldError naming the last
-// holder seen, which matches both ErrHeld and ctx.Err() (or, when no holder
-// was ever seen because the backend kept failing, an error wrapping ctx.Err()
-// and the last backend error). opts may be nil.
+// the backend (a head that acquires a Shared lock hands the turn on at once,
+// so several goroutines of one Locker may hold a Shared lock together). When
+// ctx ends first, the error is a *HeldError naming the last holder seen,
+// which matches both ErrHeld and ctx.Err() (or, when no holder was ever seen
+// because the backend kept failing, an error wrapping ctx.Err() and the last
+// backend error). opts may be nil.
+//
+// On a backend with backend.Modes, an Exclusive Acquire that finds Shared
+// holders registers as a waiter (when ModeSupport has WriterFirst), which
+// refuses new Shared holders until it is served (writer preference), and a
+// Fair Acquire registers in line at its first attempt. The registration is
+// kept alive by re-trying at least every third of the TTL, and withdrawn
+// (CancelWait) when the wait ends without the lock; a waiter that crashed
+// stops counting after its TTL. A hierarchical Acquire blocked by a holder
+// of an ancestor also watches that ancestor's key.
 func (l *Locker) Acquire(ctx context.Context, key string, opts *AcquireOptions) (lk *Lock, err error) {
 	start := time.Now()
 	defer func() { l.acquired(key, start, err) }()
@@ -72,25 +85,118 @@ func (l *Locker) Acquire(ctx context.Context, key string, opts *AcquireOptions) 
 	select {
 	case <-w.turn:
 	case <-ctx.Done():
-		return nil, l.gaveUp(ctx, "acquire", key, q.lastHolder(), nil)
+		return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), nil)
 	}
 	return l.acquireHead(ctx, key, bk, p, q, w)
 }
 
-// prepare validates key and opts.
+// prepare validates key and opts, checks that the backend can serve them and
+// asks the policy, all before any store call.
 func (l *Locker) prepare(key string, opts *AcquireOptions) (string, params, error) {
 	bk, err := l.checkKey(key)
 	if err != nil {
 		return "", params{}, err
 	}
 	p, err := l.params(opts)
-	return bk, p, err
+	if err != nil {
+		return "", p, err
+	}
+	if p.hier {
+		for i := range len(key) {
+			if key[i] != '/' {
+				continue
+			}
+			a := Prefix + key[:i]
+			if err := l.b.ValidateKey(a); err != nil {
+				return "", p, fmt.Errorf("%w: ancestor %q of %q: %w", ErrInvalidKey, key[:i], key, err)
+			}
+			p.ancestors = append(p.ancestors, a)
+		}
+	}
+	if err := l.supports(&p); err != nil {
+		return "", p, fmt.Errorf("lock: acquire %q: %w", key, err)
+	}
+	if l.opts.Policy != nil {
+		var ao AcquireOptions
+		if opts != nil {
+			ao = *opts
+			ao.Metadata = maps.Clone(opts.Metadata)
+		}
+		ao.TTL = p.ttl
+		if err := l.opts.Policy(key, ao); err != nil {
+			return "", p, fmt.Errorf("lock: acquire %q: %w: %w", key, ErrPolicy, err)
+		}
+	}
+	return bk, p, nil
+}
+
+// supports returns an error wrapping ErrUnsupported when the backend cannot
+// serve p. Hierarchical needs the capability even for a top-level key, so
+// that a tree's options fail on every key alike.
+func (l *Locker) supports(p *params) error {
+	if !p.modes() {
+		return nil
+	}
+	if l.modes == nil {
+		var what []string
+		if p.mode == Shared {
+			what = append(what, "shared locks")
+		}
+		if p.hier {
+			what = append(what, "hierarchical locks")
+		}
+		if p.fair {
+			what = append(what, "fair queueing")
+		}
+		return fmt.Errorf("%w: %s: the backend does not implement backend.Modes", ErrUnsupported, strings.Join(what, ", "))
+	}
+	s := l.modes.ModeSupport()
+	switch {
+	case p.mode == Shared && !s.Shared:
+		return fmt.Errorf("%w: shared locks", ErrUnsupported)
+	case p.hier && !s.Hierarchical:
+		return fmt.Errorf("%w: hierarchical locks", ErrUnsupported)
+	case p.fair && !s.Fair:
+		return fmt.Errorf("%w: fair queueing", ErrUnsupported)
+	}
+	return nil
+}
+
+// writerFirst reports whether an Exclusive waiter registers, refusing new
+// Shared holders while it waits.
+func (l *Locker) writerFirst() bool {
+	return l.modes != nil && l.modes.ModeSupport().WriterFirst
 }
 
 // acquireHead is Acquire for the head of the key's local queue.
-func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *keyQueue, w *waiter) (*Lock, error) {
+func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *keyQueue, w *waiter) (lk *Lock, err error) {
 	sub := l.subscribe(ctx, bk, p.requestTimeout, p.renewInterval)
 	defer sub.stop()
+	// anc watches the ancestor whose Exclusive (or Shared) holder blocks a
+	// hierarchical lock: its release is published on its own key only.
+	var anc *subscription
+	defer func() {
+		if anc != nil {
+			anc.stop()
+		}
+	}()
+	// waitID registers this wait at the store: an Exclusive waiter blocks
+	// new Shared holders (writer preference), a Fair one keeps its place.
+	// A plain Exclusive lock stays on the fast path (backend.Acquire) while
+	// only Exclusive holders stand in its way, and registers, through
+	// AcquireMode, once it finds Shared holders: readers that slipped in at
+	// a release are the last to go before it.
+	var waitID string
+	register := p.modes()
+	if p.fair || (p.mode == Exclusive && l.writerFirst()) {
+		waitID = backend.NewToken()
+	}
+	registered := false // an attempt carried waitID: the store may hold it
+	defer func() {
+		if registered && err != nil {
+			l.cancelWait(ctx, key, bk, waitID, p)
+		}
+	}()
 	var (
 		lastErr  error
 		failures int
@@ -98,7 +204,17 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 	)
 	for {
 		sub.ensure()
-		lk, err := l.attempt(ctx, key, bk, p)
+		if anc != nil {
+			anc.ensure()
+		}
+		id := ""
+		if register {
+			id = waitID
+		}
+		lk, err := l.attempt(ctx, key, bk, p, id)
+		if id != "" {
+			registered = true
+		}
 		if err == nil {
 			return lk, nil
 		}
@@ -106,11 +222,31 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		var held *HeldError
 		switch {
 		case errors.As(err, &held):
-			q.setLastHolder(held.Holder)
+			q.setLastHeld(held)
 			failures = 0
-			rec := held.Holder
-			wait = max(rec.TTL, 0) + expiryMargin
-			if rec.TTL <= expiryMargin {
+			if waitID != "" && !register && sharedHolder(key, held) {
+				register = true
+				continue // register at once, through AcquireMode
+			}
+			if a := blockingAncestor(key, held); a != "" && (anc == nil || anc.key != Prefix+a) {
+				if anc != nil {
+					anc.stop()
+				}
+				anc = l.subscribe(ctx, Prefix+a, p.requestTimeout, p.renewInterval)
+				if anc.ensure(); anc.ch != nil {
+					continue // a release before the watch began would be missed
+				}
+			}
+			ttl, ok := minTTL(held)
+			if !ok {
+				// Only waiters ahead: they hold no lease to wait out, and
+				// the one ahead may have died (its registration expires).
+				wait = p.ttl / 3
+				expiring = 0
+				break
+			}
+			wait = max(ttl, 0) + expiryMargin
+			if ttl <= expiryMargin {
 				// The lease should be gone but the store still holds it (etcd
 				// expires leases in a periodic scan): back off rather than
 				// hammer it; an expiry event still wakes the waiter at once.
@@ -121,8 +257,9 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 			}
 			wait = min(max(wait, minRetry), p.ttl)
 		case ctx.Err() != nil:
-			return nil, l.gaveUp(ctx, "acquire", key, q.lastHolder(), lastErr)
-		case errors.Is(err, backend.ErrInvalid), errors.Is(err, backend.ErrClosed), errors.Is(err, ErrClosed):
+			return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
+		case errors.Is(err, backend.ErrInvalid), errors.Is(err, backend.ErrClosed), errors.Is(err, ErrClosed),
+			errors.Is(err, ErrUnsupported), errors.Is(err, ErrLimitMismatch):
 			return nil, err
 		default:
 			failures++
@@ -130,19 +267,71 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 			l.log.Warn("lock: acquire failed", "key", key, "err", err)
 			wait = backoff(p.renewInterval, failures)
 		}
-		if !sub.wait(ctx, wait, w.wake) {
-			return nil, l.gaveUp(ctx, "acquire", key, q.lastHolder(), lastErr)
+		if registered {
+			// Re-try before the registration's TTL runs out, so it never
+			// lapses while this caller waits.
+			wait = min(wait, p.ttl/3)
+		}
+		if !sub.wait(ctx, wait, w.wake, anc) {
+			return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
 		}
 	}
 }
 
+// sharedHolder reports whether held names a Shared holder of key itself.
+func sharedHolder(key string, held *HeldError) bool {
+	for _, r := range held.Holders {
+		if r.Key == key && r.Mode == Shared {
+			return true
+		}
+	}
+	return false
+}
+
+// blockingAncestor returns the lock key of an ancestor of key whose holder
+// is among held's holders, or "".
+func blockingAncestor(key string, held *HeldError) string {
+	for _, r := range held.Holders {
+		if len(r.Key) < len(key) && strings.HasPrefix(key, r.Key) && key[len(r.Key)] == '/' {
+			return r.Key
+		}
+	}
+	return ""
+}
+
+// minTTL returns the least TTL left among held's holders, and false when it
+// names none.
+func minTTL(held *HeldError) (time.Duration, bool) {
+	recs := held.Holders
+	if len(recs) == 0 {
+		return 0, false
+	}
+	m := recs[0].TTL
+	for _, r := range recs[1:] {
+		m = min(m, r.TTL)
+	}
+	return m, true
+}
+
+// cancelWait withdraws a wait's registration, bounded by RequestTimeout, even
+// when ctx has ended.
+func (l *Locker) cancelWait(ctx context.Context, key, bk, waitID string, p params) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.requestTimeout)
+	defer cancel()
+	if err := l.modes.CancelWait(cctx, bk, waitID); err != nil {
+		l.log.Warn("lock: withdrawing a wait failed; it expires after its TTL", "key", key, "err", err)
+	}
+}
+
 // gaveUp returns the error of a wait that ctx ended.
-func (l *Locker) gaveUp(ctx context.Context, op, key string, last *backend.Record, lastErr error) error {
+func (l *Locker) gaveUp(ctx context.Context, op, key string, last *HeldError, lastErr error) error {
 	switch {
 	case context.Cause(ctx) == ErrClosed:
 		return fmt.Errorf("lock: %s %q: %w", op, key, ErrClosed)
 	case last != nil:
-		return &HeldError{Key: key, Holder: *last, Err: ctx.Err()}
+		e := *last
+		e.Err = ctx.Err()
+		return &e
 	case lastErr != nil:
 		return fmt.Errorf("lock: %s %q: %w (last error: %w)", op, key, ctx.Err(), lastErr)
 	}
@@ -150,21 +339,34 @@ func (l *Locker) gaveUp(ctx context.Context, op, key string, last *backend.Recor
 }
 
 // attempt makes one acquisition attempt and, when it succeeds, starts
-// keeping the lease. There is no read-back: the backend's Acquire is one
-// atomic compare-and-set on the store (one script on Redis, one transaction
-// on etcd) whose reply is the lease it wrote, so reading it back from the
-// same store would cost a round trip per lock and prove nothing more. Call
-// Lock.Verify before an irreversible step to check the lock is still held.
-func (l *Locker) attempt(ctx context.Context, key, bk string, p params) (*Lock, error) {
+// keeping the lease. A plain Exclusive lock without waitID takes the fast
+// path, backend.Acquire; any other goes through backend.Modes.AcquireMode
+// (waitID, when not empty, registers the caller as a waiter if the key is
+// held). There is no read-back: either call is one atomic operation on the
+// store (one script on Redis, one transaction on etcd) whose reply is the
+// lease it wrote, so reading it back from the same store would cost a round
+// trip per lock and prove nothing more. Call Lock.Verify before an
+// irreversible step to check the lock is still held.
+func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID string) (*Lock, error) {
 	req := backend.AcquireRequest{Key: bk, HolderID: l.id, TTL: p.ttl, Metadata: p.metadata}
 	sent := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, p.requestTimeout)
-	lease, err := l.b.Acquire(cctx, req)
+	var (
+		lease backend.Lease
+		err   error
+	)
+	if p.modes() || waitID != "" {
+		lease, err = l.modes.AcquireMode(cctx, backend.ModeRequest{
+			AcquireRequest: req, Mode: p.mode, Limit: p.limit, Ancestors: p.ancestors, Fair: p.fair, WaitID: waitID,
+		})
+	} else {
+		lease, err = l.b.Acquire(cctx, req)
+	}
 	cancel()
 	if err != nil {
 		var held *backend.HeldError
 		if errors.As(err, &held) {
-			return nil, &HeldError{Key: key, Holder: userRecord(held.Holder)}
+			return nil, heldError(key, held)
 		}
 		return nil, fmt.Errorf("lock: acquire %q: %w", key, err)
 	}
@@ -172,8 +374,25 @@ func (l *Locker) attempt(ctx context.Context, key, bk string, p params) (*Lock, 
 	if err != nil {
 		return nil, err
 	}
-	l.log.Debug("lock: acquired", "key", key, "term", lease.Term)
+	l.log.Debug("lock: acquired", "key", key, "term", lease.Term, "mode", p.mode)
 	return lk, nil
+}
+
+// heldError turns the backend's HeldError into the package's, with lock keys.
+func heldError(key string, held *backend.HeldError) *HeldError {
+	e := &HeldError{Key: key, Holder: userRecord(held.Holder), Waiting: held.Waiting}
+	switch {
+	case len(held.Holders) > 0:
+		e.Holders = make([]backend.Record, len(held.Holders))
+		for i, r := range held.Holders {
+			e.Holders[i] = userRecord(r)
+		}
+	case held.Waiting > 0:
+		// Yielded to waiters only: Holder, if any, is not in the way.
+	case held.Holder.HolderID != "":
+		e.Holders = []backend.Record{e.Holder}
+	}
+	return e
 }
 
 // Do acquires key like Acquire, calls fn with a context that is cancelled
@@ -259,7 +478,7 @@ func (l *Locker) WaitFree(ctx context.Context, key string) error {
 	sub := l.subscribe(ctx, bk, o.RequestTimeout, o.RenewInterval)
 	defer sub.stop()
 	var (
-		last     *backend.Record
+		last     *HeldError
 		lastErr  error
 		failures int
 	)
@@ -274,7 +493,7 @@ func (l *Locker) WaitFree(ctx context.Context, key string) error {
 			return nil
 		case err == nil:
 			r := userRecord(rec)
-			last, failures = &r, 0
+			last, failures = &HeldError{Key: key, Holder: r, Holders: []backend.Record{r}}, 0
 			wait = min(max(max(rec.TTL, 0)+expiryMargin, minRetry), o.TTL)
 		case ctx.Err() != nil:
 			return l.gaveUp(ctx, "wait free", key, last, lastErr)
@@ -283,7 +502,7 @@ func (l *Locker) WaitFree(ctx context.Context, key string) error {
 			lastErr = err
 			wait = backoff(o.RenewInterval, failures)
 		}
-		if !sub.wait(ctx, wait, nil) {
+		if !sub.wait(ctx, wait, nil, nil) {
 			return l.gaveUp(ctx, "wait free", key, last, lastErr)
 		}
 	}
@@ -341,12 +560,20 @@ func (s *subscription) ensure() {
 	s.resubbed = s.everClosed
 }
 
-// wait blocks for d, until an event arrives, wake fires, or ctx ends (then
-// it returns false). A closed channel ends the wait too, after
-// re-subscribing when allowed, since changes may have been missed.
-func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
+// wait blocks for d, until an event arrives on s or on also (which may be
+// nil), wake fires, or ctx ends (then it returns false). A closed channel
+// ends the wait too, after re-subscribing when allowed, since changes may
+// have been missed.
+func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan struct{}, also *subscription) bool {
 	if !s.off && s.ch == nil {
 		d = min(d, max(time.Until(s.next), 0))
+	}
+	var alsoCh <-chan backend.Event
+	if also != nil {
+		if !also.off && also.ch == nil {
+			d = min(d, max(time.Until(also.next), 0))
+		}
+		alsoCh = also.ch
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -358,6 +585,10 @@ func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan st
 	case _, ok := <-s.ch:
 		if !ok {
 			s.closed()
+		}
+	case _, ok := <-alsoCh:
+		if !ok {
+			also.closed()
 		}
 	}
 	return ctx.Err() == nil
@@ -398,8 +629,8 @@ func backoff(interval time.Duration, n int) time.Duration {
 type keyQueue struct {
 	waiters []*waiter // guarded by Locker.mu
 
-	mu   sync.Mutex      // guards last
-	last *backend.Record // the last holder the head saw
+	mu   sync.Mutex // guards last
+	last *HeldError // the last conflict the head saw
 }
 
 type waiter struct {
@@ -458,13 +689,13 @@ func (l *Locker) wakeLocal(key string) {
 	}
 }
 
-func (q *keyQueue) setLastHolder(r backend.Record) {
+func (q *keyQueue) setLastHeld(e *HeldError) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.last = &r
+	q.last = e
 }
 
-func (q *keyQueue) lastHolder() *backend.Record {
+func (q *keyQueue) lastHeld() *HeldError {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.last

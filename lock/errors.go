@@ -35,6 +35,21 @@ var (
 	// lock's context cancelled because the lock was held for
 	// AcquireOptions.MaxHold.
 	ErrMaxHold = errors.New("lock: max hold reached")
+	// ErrPolicy is wrapped, together with the policy's own error, by the
+	// error of an acquisition that Options.Policy refused.
+	ErrPolicy = errors.New("lock: refused by policy")
+
+	// ErrUnsupported is wrapped by the error of an acquisition whose
+	// options (Shared, Limit, Hierarchical, Fair) the backend cannot serve:
+	// it has no backend.Modes, or its ModeSupport lacks the part needed.
+	// The Locker checks before any store call and never falls back to an
+	// exclusive lock. It is backend.ErrUnsupported, so errors.Is matches
+	// either name.
+	ErrUnsupported = backend.ErrUnsupported
+	// ErrLimitMismatch is wrapped by the error of a Shared acquisition
+	// whose Limit differs from the limit the key's live Shared holders
+	// acquired with. It is backend.ErrLimitMismatch.
+	ErrLimitMismatch = backend.ErrLimitMismatch
 )
 
 // HeldError is returned when a lock is held by another holder: by TryAcquire
@@ -49,19 +64,67 @@ type HeldError struct {
 	// failed attempt (or the last one seen, when a wait gave up): who, since
 	// when by the store's clock, under which term, the TTL it had left and
 	// its metadata. Holder.Key is the lock key, without the "lock/" prefix.
+	// When several holders conflict (Shared holders, locks below a
+	// hierarchical key), it is the oldest of them. When the attempt
+	// yielded only to waiters (Holders is empty, Waiting is not), it is
+	// the key's oldest holder, if any, or a record with only Key set.
 	Holder backend.Record
+	// Holders is every conflicting holder, in term order, with lock keys:
+	// the Shared holders of the key, an Exclusive holder of an ancestor of
+	// a hierarchical key (Key is the ancestor), or the locks below a key
+	// whose intents conflict (Key is that lock's key). For an exclusive
+	// lock held by one holder it is just Holder.
+	Holders []backend.Record
+	// Waiting is the number of waiters registered on the key that the
+	// attempt had to yield to: an Exclusive waiter ahead of a Shared
+	// acquisition (writer preference) or, with Fair, earlier waiters; 0
+	// when none or when the backend does not say.
+	Waiting int
 	// Err is why a wait ended (ctx.Err()), or nil for a single attempt.
 	Err error
 }
 
 // Error returns a message such as
-// `lock "tally/42" held by "alice@host" (term 7) since 10:02:03`.
+// `lock "tally/42" held by "alice@host" (term 7) since 10:02:03`, or for
+// Shared holders
+// `lock "schema" held by 3 shared holders, the oldest "r1" (term 4) since 10:02:03`.
 func (e *HeldError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "lock %q held by %q (term %d)", e.Key, e.Holder.HolderID, e.Holder.Term)
-	if t := e.Holder.AcquiredAt; !t.IsZero() {
+	h := e.Holder
+	shared := 0
+	for _, r := range e.Holders {
+		if r.Mode == backend.Shared {
+			shared++
+		}
+	}
+	fmt.Fprintf(&b, "lock %q", e.Key)
+	switch {
+	case len(e.Holders) == 0 && e.Waiting > 0:
+		fmt.Fprintf(&b, " has %d waiting ahead", e.Waiting)
+		h = backend.Record{}
+	case h.Key != "" && h.Key != e.Key:
+		fmt.Fprintf(&b, " conflicts with lock %q held by %q (%v, term %d)", h.Key, h.HolderID, h.Mode, h.Term)
+	case shared > 0 && len(e.Holders) == shared:
+		fmt.Fprintf(&b, " held by %d shared holder", shared)
+		if shared > 1 {
+			b.WriteString("s")
+		}
+		if h.Limit > 0 {
+			fmt.Fprintf(&b, " (limit %d)", h.Limit)
+		}
+		fmt.Fprintf(&b, ", the oldest %q (term %d)", h.HolderID, h.Term)
+	default:
+		fmt.Fprintf(&b, " held by %q (term %d)", h.HolderID, h.Term)
+	}
+	if t := h.AcquiredAt; !t.IsZero() {
 		b.WriteString(" since ")
 		b.WriteString(formatSince(t))
+	}
+	if n := len(e.Holders); n > 1 && shared != n {
+		fmt.Fprintf(&b, " (%d conflicting holders)", n)
+	}
+	if e.Waiting > 0 && len(e.Holders) > 0 {
+		fmt.Fprintf(&b, ", %d waiting ahead", e.Waiting)
 	}
 	if e.Err != nil {
 		b.WriteString(": gave up waiting: ")

@@ -72,10 +72,17 @@ func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params
 			Key: key, HolderID: lease.HolderID, Token: lease.Token, Term: lease.Term,
 			AcquiredAt: sent.Round(0), RenewedAt: sent.Round(0),
 			TTL: lease.TTL, Metadata: maps.Clone(p.metadata),
+			Mode: p.mode, Limit: p.limit,
 		},
 	}
+	var kb backend.Backend = l.b
+	if lease.Entry != nil && lease.Entry.Mode == Shared {
+		// The keeper's Verify reads the key's record; Get returns the
+		// oldest holder, so a Shared lease reads its own among all.
+		kb = entryView{Backend: l.b, modes: l.modes, token: lease.Token}
+	}
 	cfg := keeper.Config{
-		Backend:        l.b,
+		Backend:        kb,
 		TTL:            p.ttl,
 		RenewDeadline:  p.renewDeadline,
 		RenewInterval:  p.renewInterval,
@@ -163,6 +170,10 @@ func (lk *Lock) watchHeld() {
 	}
 	sub := lk.l.subscribe(ctx, lk.lease.Key, lk.p.requestTimeout, lk.p.renewInterval)
 	defer sub.stop()
+	// Other Shared holders come and go on the key all the time and threaten
+	// nothing; a Shared holder renews only when the watch reports a reset or
+	// breaks (the store may have lost its entry).
+	shared := lk.p.mode == Shared
 	first := true
 	for ctx.Err() == nil {
 		sub.ensure()
@@ -184,11 +195,13 @@ func (lk *Lock) watchHeld() {
 		select {
 		case <-ctx.Done():
 		case <-retry:
-		case _, ok := <-sub.ch:
+		case ev, ok := <-sub.ch:
 			if !ok {
 				sub.closed()
 			}
-			lk.hold.RenewNow()
+			if !ok || !shared || ev.Type == backend.EventReset {
+				lk.hold.RenewNow()
+			}
 		}
 		if t != nil {
 			t.Stop()
@@ -198,6 +211,35 @@ func (lk *Lock) watchHeld() {
 
 // Key returns the lock key.
 func (lk *Lock) Key() string { return lk.key }
+
+// Mode returns the mode the lock holds its key in.
+func (lk *Lock) Mode() Mode { return lk.p.mode }
+
+// entryView is the backend a Shared lock's keeper uses: Get returns the
+// lock's own record among the key's holders (the oldest other holder when it
+// is gone, so the keeper sees it is not this lease).
+type entryView struct {
+	backend.Backend
+	modes backend.Modes
+	token string
+}
+
+// Get returns the record of the holder with v's token.
+func (v entryView) Get(ctx context.Context, key string) (backend.Record, error) {
+	recs, err := v.modes.Holders(ctx, key)
+	if err != nil {
+		return backend.Record{}, err
+	}
+	for _, r := range recs {
+		if r.Token == v.token {
+			return r, nil
+		}
+	}
+	if len(recs) == 0 {
+		return backend.Record{}, fmt.Errorf("%w: %q", backend.ErrNotHeld, key)
+	}
+	return recs[0], nil
+}
 
 // Term returns the fencing term of this acquisition: strictly greater than
 // every earlier term of the key. Pass it with every write to a downstream

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -61,6 +62,14 @@ type Options struct {
 	// names ("tally", "extraction"), never the key itself.
 	// Default: DefaultClass (the key's first segment).
 	Class func(key string) string
+
+	// Policy, when set, is called with the lock key and the acquisition's
+	// options before every TryAcquire, Acquire, TryDo and Do, before any
+	// store call; an error refuses the acquisition, which then returns an
+	// error wrapping ErrPolicy and the policy's error. The options it sees
+	// have their defaults applied: TTL is the TTL the lock would get. It
+	// must be safe for concurrent use and must not block. Default: none.
+	Policy func(key string, opts AcquireOptions) error
 }
 
 // withDefaults returns a copy of o (which may be nil) with defaults applied,
@@ -145,8 +154,50 @@ type AcquireOptions struct {
 	// renewal.
 	MaxHold time.Duration
 
-	// A later version adds Mode and Limit here for shared locks.
+	// Mode is Exclusive (the zero value: the holder is alone on the key) or
+	// Shared (any number of Shared holders, or at most Limit, hold the key
+	// at once, and no Exclusive holder). Shared needs a backend with
+	// backend.Modes; without it the acquisition fails with ErrUnsupported.
+	//
+	// While an Exclusive Acquire or Do waits on a backend whose
+	// ModeSupport has WriterFirst, new Shared holders are refused (writer
+	// preference), so a stream of readers cannot starve a writer.
+	Mode Mode
+
+	// Limit is, for Shared, the most holders the key may have at once (a
+	// semaphore of Limit permits); 0 means no limit. Every Shared holder of
+	// a key must give the same Limit: one that differs from the live
+	// holders' fails with ErrLimitMismatch. Limit must be 0 for Exclusive.
+	Limit int
+
+	// Hierarchical treats "/" in the key as levels: a lock on "a/b/c" also
+	// takes intent on "a" and "a/b", atomically with the lock, for as long
+	// as it is held. It then conflicts with an Exclusive lock on "a" or
+	// "a/b" (and, when Exclusive, with a Shared one), and an Exclusive lock
+	// on "a" conflicts with it. Hierarchy is a protocol: every lock of a
+	// tree must be taken with Hierarchical (or, for a top-level key,
+	// plainly), since a lock taken without it takes no intent. It needs a
+	// backend whose ModeSupport has Hierarchical, else ErrUnsupported.
+	Hierarchical bool
+
+	// Fair makes Acquire and Do wait their turn: among the waiters of the
+	// key, across processes, the first to wait is the first served. A Fair
+	// TryAcquire succeeds only when nobody waits. It needs a backend whose
+	// ModeSupport has Fair, else ErrUnsupported.
+	Fair bool
 }
+
+// Mode says how a lock holds its key: Exclusive or Shared.
+type Mode = backend.Mode
+
+// The modes of AcquireOptions.Mode.
+const (
+	// Exclusive: the holder is alone on its key (the default).
+	Exclusive = backend.Exclusive
+	// Shared: many holders (or at most AcquireOptions.Limit) hold the key
+	// at once; no Exclusive holder does.
+	Shared = backend.Shared
+)
 
 // params is one acquisition's resolved configuration.
 type params struct {
@@ -154,7 +205,16 @@ type params struct {
 	noRenew                                           bool
 	maxHold                                           time.Duration
 	metadata                                          map[string]string
+
+	mode      Mode
+	limit     int
+	hier      bool     // AcquireOptions.Hierarchical
+	ancestors []string // backend keys of the ancestors, outermost first
+	fair      bool
 }
+
+// modes reports whether the acquisition needs backend.Modes.AcquireMode.
+func (p *params) modes() bool { return p.mode != Exclusive || p.hier || p.fair }
 
 // params resolves ao against the Locker's options.
 func (l *Locker) params(ao *AcquireOptions) (params, error) {
@@ -168,8 +228,15 @@ func (l *Locker) params(ao *AcquireOptions) (params, error) {
 		return p, fmt.Errorf("%w: AcquireOptions.TTL is negative (%v)", ErrInvalidOptions, ao.TTL)
 	case ao.MaxHold < 0:
 		return p, fmt.Errorf("%w: AcquireOptions.MaxHold is negative (%v)", ErrInvalidOptions, ao.MaxHold)
+	case ao.Mode != Exclusive && ao.Mode != Shared:
+		return p, fmt.Errorf("%w: AcquireOptions.Mode is unknown (%v)", ErrInvalidOptions, ao.Mode)
+	case ao.Limit < 0:
+		return p, fmt.Errorf("%w: AcquireOptions.Limit is negative (%d)", ErrInvalidOptions, ao.Limit)
+	case ao.Limit > 0 && ao.Mode != Shared:
+		return p, fmt.Errorf("%w: AcquireOptions.Limit (%d) is for Shared locks only", ErrInvalidOptions, ao.Limit)
 	}
 	p.noRenew, p.maxHold, p.metadata = ao.NoRenew, ao.MaxHold, maps.Clone(ao.Metadata)
+	p.mode, p.limit, p.hier, p.fair = ao.Mode, ao.Limit, ao.Hierarchical, ao.Fair
 	if ao.TTL != 0 && ao.TTL != o.TTL {
 		scale := func(d time.Duration) time.Duration {
 			return time.Duration(float64(d) / float64(o.TTL) * float64(ao.TTL))
@@ -188,6 +255,7 @@ func (l *Locker) params(ao *AcquireOptions) (params, error) {
 type Locker struct {
 	b       backend.Backend
 	watcher backend.Watcher // nil when b cannot watch
+	modes   backend.Modes   // nil when b has no shared locks, hierarchies or fair queueing
 	id      string
 	opts    Options
 	log     *slog.Logger
@@ -234,6 +302,7 @@ func New(b backend.Backend, id string, opts *Options) (*Locker, error) {
 		queues: make(map[string]*keyQueue),
 	}
 	l.watcher, _ = b.(backend.Watcher)
+	l.modes, _ = b.(backend.Modes)
 	l.closeCtx, l.cancelClose = context.WithCancel(context.Background())
 	l.holdCtx, l.cancelHold = context.WithCancel(context.Background())
 	return l, nil
@@ -333,9 +402,11 @@ func userRecord(r backend.Record) backend.Record {
 	return r
 }
 
-// Holders returns the records of the holders of key: none when it is free,
-// one for an exclusive lock (a later version adds shared locks, with several).
-// Record keys are lock keys.
+// Holders returns the records of the holders of key, in term order: none
+// when it is free, one for an exclusive lock, one per holder for a Shared
+// lock (on a backend with backend.Modes). Records carry Mode and Limit, and
+// their keys are lock keys. Locks below a hierarchical key are not its
+// holders: list them with List.
 func (l *Locker) Holders(ctx context.Context, key string) ([]backend.Record, error) {
 	bk, err := l.checkKey(key)
 	if err != nil {
@@ -348,6 +419,16 @@ func (l *Locker) Holders(ctx context.Context, key string) ([]backend.Record, err
 	defer end()
 	ctx, cancel := context.WithTimeout(ctx, l.opts.RequestTimeout)
 	defer cancel()
+	if l.modes != nil {
+		recs, err := l.modes.Holders(ctx, bk)
+		if err != nil {
+			return nil, fmt.Errorf("lock: holders of %q: %w", key, err)
+		}
+		for i := range recs {
+			recs[i] = userRecord(recs[i])
+		}
+		return recs, nil
+	}
 	rec, err := l.b.Get(ctx, bk)
 	switch {
 	case errors.Is(err, backend.ErrNotHeld):
@@ -359,8 +440,9 @@ func (l *Locker) Holders(ctx context.Context, key string) ([]backend.Record, err
 }
 
 // List returns the records of every held lock whose key begins with prefix
-// (every held lock when prefix is empty), sorted by key. Record keys are lock
-// keys, without the backend prefix.
+// (every held lock when prefix is empty), sorted by key: one record per
+// holder, so a Shared lock appears once per holder, in term order. Record
+// keys are lock keys, without the backend prefix.
 func (l *Locker) List(ctx context.Context, prefix string) ([]backend.Record, error) {
 	ctx, end, err := l.begin(ctx)
 	if err != nil {
@@ -377,4 +459,61 @@ func (l *Locker) List(ctx context.Context, prefix string) ([]backend.Record, err
 		recs[i] = userRecord(recs[i])
 	}
 	return recs, nil
+}
+
+// SubjectStats counts the locks held under one subject: the first segment
+// of their keys, up to the first "/" or ":" (as DefaultClass).
+type SubjectStats struct {
+	// Subject is the keys' first segment.
+	Subject string
+	// Keys is the number of distinct keys held.
+	Keys int
+	// Held is the number of holders: Shared plus Exclusive.
+	Held int
+	// Shared is the number of Shared holders (a Shared key counts each).
+	Shared int
+	// Exclusive is the number of Exclusive holders.
+	Exclusive int
+	// Oldest is the record of the holder that acquired first, by the
+	// store's clock (AcquiredAt); its key is a lock key.
+	Oldest backend.Record
+}
+
+// Stats returns per-subject counts of the locks held whose keys begin with
+// prefix (every lock when prefix is empty), sorted by subject: one List
+// call, for dashboards ("3 consolidation locks, 2 of them shared, the
+// oldest held by alice since 10:02").
+func (l *Locker) Stats(ctx context.Context, prefix string) ([]SubjectStats, error) {
+	recs, err := l.List(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("lock: stats %q: %w", prefix, err)
+	}
+	var out []SubjectStats
+	idx := make(map[string]int)
+	lastKey := make(map[string]string)
+	for _, r := range recs {
+		subj := DefaultClass(r.Key)
+		i, ok := idx[subj]
+		if !ok {
+			i = len(out)
+			idx[subj] = i
+			out = append(out, SubjectStats{Subject: subj, Oldest: r})
+		}
+		s := &out[i]
+		if s.Keys == 0 || lastKey[subj] != r.Key {
+			s.Keys++
+			lastKey[subj] = r.Key
+		}
+		s.Held++
+		if r.Mode == Shared {
+			s.Shared++
+		} else {
+			s.Exclusive++
+		}
+		if r.AcquiredAt.Before(s.Oldest.AcquiredAt) {
+			s.Oldest = r
+		}
+	}
+	slices.SortFunc(out, func(a, b SubjectStats) int { return strings.Compare(a.Subject, b.Subject) })
+	return out, nil
 }
