@@ -1,5 +1,5 @@
-// Package memorybackend is an in-process implementation of backend.Backend
-// and backend.Watcher, made for tests.
+// Package memorybackend is an in-process implementation of backend.Backend,
+// backend.Watcher and backend.Modes, made for tests.
 //
 // A Store is the shared state of one simulated cluster; each candidate in a
 // test gets its own client of it with Store.Client, so faults can be injected
@@ -74,9 +74,22 @@
 // backend whose connection to the store breaks does; it sends no EventReset.
 // A receiver sees its channel closed, watches again, and treats the new
 // subscription as a reset: anything may have changed meanwhile.
+// # Modes
+//
+// A client implements every part of backend.Modes (shared locks,
+// semaphores, hierarchies, fair queueing, writer preference) unless
+// SetModeSupport restricts it. Every entry and waiter has its own expiry,
+// applied like a lease's: its key's expiry timer fires at the earliest one,
+// and EventExpired goes to the watchers of the entry's key and of each of
+// its ancestors. A release sends EventReleased to the same watchers;
+// CancelWait and a waiter's expiry send EventChanged, so that the waiters
+// behind it look again. Terms come from the store-wide counter. Len counts
+// a key while it has entries, intents or waiters, and Restart loses them
+// all, like leases.
 package memorybackend
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -111,6 +124,11 @@ type Store struct {
 	keys map[string]*keyState // keys with a lease, heartbeat records or watches
 	peak int                  // largest len(keys) since keys was last rebuilt
 	term uint64               // last term handed out, for any key
+	seq  uint64               // last waiter registration number, for any key
+	// dirty holds keys whose entries or intents changed while another key
+	// was being worked on; flushLocked settles them at the end of the
+	// operation, so that no key is forgotten while a caller still uses it.
+	dirty []*keyState
 }
 
 // keyState is the state of one key. A keyState is dropped from Store.keys as
@@ -118,6 +136,9 @@ type Store struct {
 type keyState struct {
 	name    string
 	lease   *lease              // nil when the key is free
+	entries []*entry            // holders from AcquireMode, in term order
+	intents []*entry            // hierarchical locks below the key holding intent on it, in term order
+	waiters []*waiter           // registered waiters, in registration order
 	beats   map[string]*beat    // nil when there are none
 	watches map[*watch]struct{} // nil when there are none
 	timer   *time.Timer         // the expiry timer; nil until first armed
@@ -235,6 +256,7 @@ func (s *Store) Len() int {
 		s.expireLocked(ks, now)
 		s.settleLocked(ks, now)
 	}
+	s.flushLocked(now)
 	s.shrinkLocked()
 	return len(s.keys)
 }
@@ -253,6 +275,7 @@ type Backend struct {
 	latency     time.Duration
 	changed     chan struct{} // closed and replaced when a fault setting changes
 	calls       map[string]int64
+	modes       *backend.ModeSupport // set by SetModeSupport; nil: everything
 
 	watches map[*watch]struct{} // guarded by store.mu
 }
@@ -665,6 +688,9 @@ func (s *Store) expireLocked(ks *keyState, now time.Time) {
 		ks.lease = nil
 		s.notifyLocked(ks, backend.EventExpired)
 	}
+	if len(ks.entries) > 0 || len(ks.intents) > 0 || len(ks.waiters) > 0 {
+		s.expireModesLocked(ks, now)
+	}
 	for id, hb := range ks.beats {
 		if !now.Before(hb.expires) {
 			delete(ks.beats, id)
@@ -681,7 +707,11 @@ func (s *Store) settleLocked(ks *keyState, now time.Time) {
 	var next time.Time
 	if ks.lease != nil {
 		next = ks.lease.expires
-	} else {
+	}
+	if len(ks.entries) > 0 || len(ks.waiters) > 0 {
+		next = ks.nextModeExpiry(next)
+	}
+	if next.IsZero() {
 		for _, hb := range ks.beats {
 			if hb.expires.After(next) {
 				next = hb.expires
@@ -690,7 +720,7 @@ func (s *Store) settleLocked(ks *keyState, now time.Time) {
 	}
 	if next.IsZero() {
 		ks.stopTimer()
-		if len(ks.watches) == 0 && s.keys[ks.name] == ks {
+		if len(ks.watches) == 0 && len(ks.intents) == 0 && s.keys[ks.name] == ks {
 			delete(s.keys, ks.name)
 		}
 		return
@@ -742,6 +772,7 @@ func (s *Store) onTimer(ks *keyState) {
 	ks.timerAt = time.Time{}
 	s.expireLocked(ks, now)
 	s.settleLocked(ks, now)
+	s.flushLocked(now)
 	s.shrinkLocked()
 }
 
@@ -752,6 +783,12 @@ func (s *Store) acquire(req backend.AcquireRequest) (backend.Lease, error) {
 	ks := s.keyLocked(req.Key, now)
 	if ks.lease != nil {
 		return backend.Lease{}, &backend.HeldError{Holder: s.recordLocked(ks, now)}
+	}
+	if len(ks.entries) > 0 || len(ks.intents) > 0 {
+		// Held by entries of AcquireMode: every holder and intent conflicts.
+		held := s.heldErrorLocked(ks.name, append(s.holdersLocked(ks, now), s.intentRecordsLocked(ks, now, false)...), 0)
+		s.flushLocked(now)
+		return backend.Lease{}, held
 	}
 	s.term++
 	l := &lease{
@@ -779,12 +816,16 @@ func (s *Store) ownedLocked(l backend.Lease, now time.Time) (*keyState, error) {
 			return ks, nil
 		}
 		s.settleLocked(ks, now)
-		s.shrinkLocked()
 	}
+	s.flushLocked(now)
+	s.shrinkLocked()
 	return nil, fmt.Errorf("memorybackend: %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
 }
 
 func (s *Store) renew(l backend.Lease) error {
+	if l.Entry != nil {
+		return s.renewEntry(l)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
@@ -799,6 +840,9 @@ func (s *Store) renew(l backend.Lease) error {
 }
 
 func (s *Store) release(l backend.Lease) error {
+	if l.Entry != nil {
+		return s.releaseEntry(l)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
@@ -814,6 +858,9 @@ func (s *Store) release(l backend.Lease) error {
 }
 
 func (s *Store) setMetadata(l backend.Lease, md map[string]string) error {
+	if l.Entry != nil {
+		return s.setEntryMetadata(l, md)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ks, err := s.ownedLocked(l, time.Now())
@@ -829,6 +876,10 @@ func (s *Store) get(key string) (backend.Record, error) {
 	defer s.mu.Unlock()
 	now := time.Now()
 	ks := s.lookupLocked(key, now)
+	defer s.flushLocked(now)
+	if ks != nil && ks.lease == nil && len(ks.entries) > 0 {
+		return s.entryRecordLocked(ks.entries[0], now), nil // the oldest holder
+	}
 	if ks == nil || ks.lease == nil {
 		if ks != nil {
 			s.settleLocked(ks, now)
@@ -851,12 +902,22 @@ func (s *Store) list(prefix string) []backend.Record {
 		s.expireLocked(ks, now)
 		if ks.lease != nil {
 			recs = append(recs, s.recordLocked(ks, now))
-		} else {
+		}
+		for _, e := range ks.entries {
+			recs = append(recs, s.entryRecordLocked(e, now))
+		}
+		if ks.lease == nil && len(ks.entries) == 0 {
 			s.settleLocked(ks, now) // deleting during the loop is safe
 		}
 	}
+	s.flushLocked(now)
 	s.shrinkLocked()
-	slices.SortFunc(recs, func(a, b backend.Record) int { return strings.Compare(a.Key, b.Key) })
+	slices.SortFunc(recs, func(a, b backend.Record) int {
+		if c := strings.Compare(a.Key, b.Key); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Term, b.Term)
+	})
 	return recs
 }
 

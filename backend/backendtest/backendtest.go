@@ -133,6 +133,8 @@ func Run(t *testing.T, newEnv func(t *testing.T) Env) {
 		{"RestartKeepingData", func(t *testing.T, h *harness) { testRestart(t, h, false) }},
 		{"RestartLosingData", func(t *testing.T, h *harness) { testRestart(t, h, true) }},
 	}
+	// The cases of backend.Modes skip, saying so, for a backend without it.
+	tests = append(tests, modeCases...)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			env := newEnv(t)

@@ -1,0 +1,708 @@
+package backendtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// The cases of backend.Modes (shared locks, semaphores, hierarchies, fair
+// queueing). Each skips, saying why, when the backend does not implement
+// Modes or its ModeSupport lacks what the case needs.
+
+// modeCases are the subtests of backend.Modes, run by Run.
+var modeCases = []struct {
+	name string
+	fn   func(*testing.T, *harness)
+}{
+	{"ModesManyShared", testModesManyShared},
+	{"ModesLimit", testModesLimit},
+	{"ModesLimitMismatch", testModesLimitMismatch},
+	{"ModesExclusiveVsShared", testModesExclusiveVsShared},
+	{"ModesPlainAcquire", testModesPlainAcquire},
+	{"ModesEntryExpires", testModesEntryExpires},
+	{"ModesOwnerChecked", testModesOwnerChecked},
+	{"ModesTerms", testModesTerms},
+	{"ModesHoldersGetList", testModesHoldersGetList},
+	{"ModesInvalid", testModesInvalid},
+	{"ModesUnsupported", testModesUnsupported},
+	{"ModesCancelledAndClosed", testModesCancelledAndClosed},
+}
+
+// modeKey is the key of the cases of Modes: a lock key, as package lock
+// stores it.
+const modeKey = "lock/modes/k"
+
+// modesClient is a client of the backend under test that implements Modes.
+type modesClient interface {
+	backend.Backend
+	backend.Modes
+}
+
+// openModes returns a new client, skipping the subtest when the backend does
+// not implement Modes or lacks a part of it that need requires.
+func (h *harness) openModes(need ...string) modesClient {
+	h.t.Helper()
+	b := h.open()
+	m, ok := b.(modesClient)
+	if !ok {
+		h.t.Skip("backend does not implement backend.Modes")
+	}
+	ms := m.ModeSupport()
+	for _, n := range need {
+		var has bool
+		switch n {
+		case "Shared":
+			has = ms.Shared
+		case "Hierarchical":
+			has = ms.Hierarchical
+		case "Fair":
+			has = ms.Fair
+		case "WriterFirst":
+			has = ms.WriterFirst
+		default:
+			h.t.Fatalf("backendtest: unknown mode feature %q", n)
+		}
+		if !has {
+			h.t.Skipf("backend's ModeSupport lacks %s (%+v): not checked", n, ms)
+		}
+	}
+	return m
+}
+
+// openMore returns another client of the same kind as openModes, without
+// checking again.
+func (h *harness) openMore() modesClient {
+	h.t.Helper()
+	return h.open().(modesClient)
+}
+
+// modeReq returns a request for key by id, in mode m, with TTL longTTL.
+func modeReq(key, id string, m backend.Mode) backend.ModeRequest {
+	return backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: key, HolderID: id, TTL: longTTL}, Mode: m}
+}
+
+// shared returns a Shared request for key by id with limit.
+func shared(key, id string, limit int) backend.ModeRequest {
+	r := modeReq(key, id, backend.Shared)
+	r.Limit = limit
+	return r
+}
+
+// exclusive returns an Exclusive request for key by id.
+func exclusive(key, id string) backend.ModeRequest { return modeReq(key, id, backend.Exclusive) }
+
+// below makes r hierarchical, with ancestors.
+func below(r backend.ModeRequest, ancestors ...string) backend.ModeRequest {
+	r.Ancestors = ancestors
+	return r
+}
+
+// describe returns a short description of a request, for messages.
+func describe(r backend.ModeRequest) string {
+	s := fmt.Sprintf("%v %q by %q", r.Mode, r.Key, r.HolderID)
+	if r.Limit > 0 {
+		s += fmt.Sprintf(" limit %d", r.Limit)
+	}
+	if len(r.Ancestors) > 0 {
+		s += fmt.Sprintf(" below %q", r.Ancestors)
+	}
+	if r.Fair {
+		s += " fair"
+	}
+	if r.WaitID != "" {
+		s += " waiting as " + r.WaitID
+	}
+	return s
+}
+
+// acquireMode acquires r, failing the test on an error or a malformed
+// lease.
+func (h *harness) acquireMode(m backend.Modes, r backend.ModeRequest) backend.Lease {
+	h.t.Helper()
+	l, err := m.AcquireMode(h.ctx, r)
+	if err != nil {
+		h.t.Fatalf("AcquireMode(%s): got error %v, want nil", describe(r), err)
+	}
+	if l.Key != r.Key || l.HolderID != r.HolderID || l.Token == "" || l.Term == 0 || l.TTL < r.TTL {
+		h.t.Fatalf("AcquireMode(%s): got lease %+v, want key, holder, token, term and TTL >= %v", describe(r), l, r.TTL)
+	}
+	if l.Entry == nil || l.Entry.Mode != r.Mode || l.Entry.Limit != r.Limit || !slices.Equal(l.Entry.Ancestors, r.Ancestors) {
+		h.t.Fatalf("AcquireMode(%s): got lease entry %+v, want mode %v, limit %d, ancestors %q", describe(r), l.Entry, r.Mode, r.Limit, r.Ancestors)
+	}
+	return l
+}
+
+// heldMode expects AcquireMode(r) to fail with a *HeldError and returns it.
+func (h *harness) heldMode(m backend.Modes, r backend.ModeRequest) *backend.HeldError {
+	h.t.Helper()
+	l, err := m.AcquireMode(h.ctx, r)
+	var held *backend.HeldError
+	if !errors.As(err, &held) || !errors.Is(err, backend.ErrHeld) {
+		h.t.Fatalf("AcquireMode(%s): got lease %+v, error %v; want a *HeldError that is ErrHeld", describe(r), l, err)
+	}
+	return held
+}
+
+// heldBy expects AcquireMode(r) to fail with a *HeldError whose Holders are
+// exactly the leases want, in that order (term order), and Holder the
+// first of them.
+func (h *harness) heldBy(m backend.Modes, r backend.ModeRequest, want ...backend.Lease) *backend.HeldError {
+	h.t.Helper()
+	held := h.heldMode(m, r)
+	h.sameHolders(fmt.Sprintf("HeldError.Holders of AcquireMode(%s)", describe(r)), held.Holders, want...)
+	if len(want) > 0 && !sameLease(held.Holder, want[0]) {
+		h.t.Errorf("HeldError.Holder of AcquireMode(%s): got %q %q term %d, want the oldest conflicting holder %q %q term %d",
+			describe(r), held.Holder.Key, held.Holder.HolderID, held.Holder.Term, want[0].Key, want[0].HolderID, want[0].Term)
+	}
+	return held
+}
+
+// sameHolders fails unless recs are the records of exactly the leases
+// want, in that order, each with the lease's mode and limit.
+func (h *harness) sameHolders(what string, recs []backend.Record, want ...backend.Lease) {
+	h.t.Helper()
+	ok := len(recs) == len(want)
+	for i := 0; ok && i < len(recs); i++ {
+		ok = sameLease(recs[i], want[i]) && recs[i].Mode == modeOf(want[i]) && recs[i].Limit == limitOf(want[i])
+	}
+	if !ok {
+		h.t.Fatalf("%s: got %s, want %s", what, recordsString(recs), leasesString(want))
+	}
+}
+
+func modeOf(l backend.Lease) backend.Mode {
+	if l.Entry == nil {
+		return backend.Exclusive
+	}
+	return l.Entry.Mode
+}
+
+func limitOf(l backend.Lease) int {
+	if l.Entry == nil {
+		return 0
+	}
+	return l.Entry.Limit
+}
+
+func recordsString(recs []backend.Record) string {
+	s := "["
+	for i, r := range recs {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%q %q term %d %v limit %d", r.Key, r.HolderID, r.Term, r.Mode, r.Limit)
+	}
+	return s + "]"
+}
+
+func leasesString(ls []backend.Lease) string {
+	s := "["
+	for i, l := range ls {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%q %q term %d %v limit %d", l.Key, l.HolderID, l.Term, modeOf(l), limitOf(l))
+	}
+	return s + "]"
+}
+
+// holders returns Holders(key), failing on an error.
+func (h *harness) holders(m backend.Modes, key string) []backend.Record {
+	h.t.Helper()
+	recs, err := m.Holders(h.ctx, key)
+	if err != nil {
+		h.t.Fatalf("Holders(%q): got error %v, want nil", key, err)
+	}
+	return recs
+}
+
+// mustHolders fails unless Holders(key) returns exactly the leases want,
+// in term order.
+func (h *harness) mustHolders(m backend.Modes, key string, want ...backend.Lease) {
+	h.t.Helper()
+	h.sameHolders(fmt.Sprintf("Holders(%q)", key), h.holders(m, key), want...)
+}
+
+// release releases l, failing on an error.
+func (h *harness) release(b backend.Backend, l backend.Lease) {
+	h.t.Helper()
+	if err := b.Release(h.ctx, l); err != nil {
+		h.t.Fatalf("Release(%q by %q term %d): got %v, want nil", l.Key, l.HolderID, l.Term, err)
+	}
+}
+
+// testModesManyShared: many Shared holders hold a key at once, each with
+// its own token and a strictly greater term; Holders lists them all in term
+// order; an Exclusive acquisition and a plain Acquire fail naming them.
+func testModesManyShared(t *testing.T, h *harness) {
+	m := h.openModes("Shared")
+	const n = 5
+	var ls []backend.Lease
+	tokens := map[string]bool{}
+	for i := range n {
+		c := m
+		if i%2 == 1 {
+			c = h.openMore()
+		}
+		l := h.acquireMode(c, shared(modeKey, fmt.Sprintf("reader-%d", i), 0))
+		if tokens[l.Token] {
+			t.Fatalf("reader-%d: token %q handed out twice", i, l.Token)
+		}
+		tokens[l.Token] = true
+		if i > 0 && l.Term <= ls[i-1].Term {
+			t.Fatalf("reader-%d: term %d, want > %d (the previous reader's)", i, l.Term, ls[i-1].Term)
+		}
+		ls = append(ls, l)
+	}
+	h.mustHolders(m, modeKey, ls...)
+	h.heldBy(m, exclusive(modeKey, "writer"), ls...)
+	_, err := m.Acquire(h.ctx, backend.AcquireRequest{Key: modeKey, HolderID: "plain", TTL: longTTL})
+	var held *backend.HeldError
+	if !errors.As(err, &held) || !sameLease(held.Holder, ls[0]) {
+		t.Fatalf("plain Acquire of a key with Shared holders: got %v, want ErrHeld naming the oldest, %q term %d", err, ls[0].HolderID, ls[0].Term)
+	}
+	h.release(m, ls[2])
+	ls = slices.Delete(ls, 2, 3)
+	h.mustHolders(m, modeKey, ls...)
+	for _, l := range ls {
+		h.release(m, l)
+	}
+	h.mustHolders(m, modeKey)
+	h.mustBeFree(m, modeKey)
+	h.release(m, h.acquireMode(m, exclusive(modeKey, "writer")))
+}
+
+// testModesLimit: a Shared key with a limit holds at most that many
+// holders; the next fails listing them all, and gets in once one leaves.
+func testModesLimit(t *testing.T, h *harness) {
+	m := h.openModes("Shared")
+	const limit = 3
+	var ls []backend.Lease
+	for i := range limit {
+		ls = append(ls, h.acquireMode(h.openMore(), shared(modeKey, fmt.Sprintf("permit-%d", i), limit)))
+	}
+	h.mustHolders(m, modeKey, ls...)
+	for range 2 { // failed attempts write nothing
+		h.heldBy(m, shared(modeKey, "one-too-many", limit), ls...)
+	}
+	h.mustHolders(m, modeKey, ls...)
+	h.release(m, ls[1])
+	ls = slices.Delete(ls, 1, 2)
+	ls = append(ls, h.acquireMode(m, shared(modeKey, "one-too-many", limit)))
+	h.mustHolders(m, modeKey, ls...)
+	h.heldBy(m, shared(modeKey, "late", limit), ls...)
+
+	// Another key's limit is its own.
+	other := modeKey + "-other"
+	h.release(m, h.acquireMode(m, shared(other, "x", 1)))
+	l1 := h.acquireMode(m, shared(other, "x", 1))
+	h.heldBy(m, shared(other, "y", 1), l1)
+}
+
+// testModesLimitMismatch: a Shared acquisition whose limit differs from
+// the live holders' fails with ErrLimitMismatch and writes nothing; once
+// they are gone a new limit may be chosen.
+func testModesLimitMismatch(t *testing.T, h *harness) {
+	m := h.openModes("Shared")
+	l := h.acquireMode(m, shared(modeKey, "a", 3))
+	for _, limit := range []int{0, 2, 4} {
+		r := shared(modeKey, "b", limit)
+		r.WaitID = "b-wait"
+		got, err := m.AcquireMode(h.ctx, r)
+		if !errors.Is(err, backend.ErrLimitMismatch) {
+			t.Errorf("AcquireMode(%s) with holders of limit 3: got lease %+v, error %v; want ErrLimitMismatch", describe(r), got, err)
+		}
+		if errors.Is(err, backend.ErrHeld) {
+			t.Errorf("AcquireMode(%s): got %v, want ErrLimitMismatch alone, not ErrHeld", describe(r), err)
+		}
+	}
+	h.mustHolders(m, modeKey, l)
+	h.release(m, l)
+	h.mustHolders(m, modeKey)
+	l2 := h.acquireMode(m, shared(modeKey, "b", 2))
+	h.mustHolders(m, modeKey, l2)
+	if _, err := m.AcquireMode(h.ctx, shared(modeKey, "c", 3)); !errors.Is(err, backend.ErrLimitMismatch) {
+		t.Errorf("AcquireMode limit 3 with a holder of limit 2: got %v, want ErrLimitMismatch", err)
+	}
+}
+
+// testModesExclusiveVsShared: an Exclusive holder excludes Shared holders
+// and other Exclusive holders, and Shared holders exclude an Exclusive one.
+func testModesExclusiveVsShared(t *testing.T, h *harness) {
+	m := h.openModes("Shared")
+	b := h.openMore()
+	x := h.acquireMode(m, exclusive(modeKey, "writer"))
+	h.mustHolders(b, modeKey, x)
+	h.heldBy(b, shared(modeKey, "reader", 0), x)
+	h.heldBy(b, shared(modeKey, "reader", 2), x)
+	h.heldBy(b, exclusive(modeKey, "writer-2"), x)
+	h.heldBy(b, exclusive(modeKey, "writer"), x) // the same holder ID too
+	h.release(m, x)
+
+	r1 := h.acquireMode(b, shared(modeKey, "reader-1", 0))
+	r2 := h.acquireMode(m, shared(modeKey, "reader-2", 0))
+	h.heldBy(m, exclusive(modeKey, "writer"), r1, r2)
+	h.release(b, r1)
+	h.heldBy(m, exclusive(modeKey, "writer"), r2)
+	h.release(m, r2)
+	x = h.acquireMode(b, exclusive(modeKey, "writer"))
+	h.mustHolders(m, modeKey, x)
+}
+
+// testModesPlainAcquire: plain Acquire and AcquireMode see each other: a
+// plain lease is an Exclusive holder for AcquireMode, a Mode holder makes
+// Acquire fail naming the oldest holder, and waiters do not block Acquire.
+func testModesPlainAcquire(t *testing.T, h *harness) {
+	m := h.openModes()
+	b := h.openMore()
+	p := h.acquireKey(b, modeKey, "plain", longTTL)
+	h.mustHolders(m, modeKey, p)
+	h.heldBy(m, exclusive(modeKey, "mode"), p)
+	if m.ModeSupport().Shared {
+		h.heldBy(m, shared(modeKey, "mode", 0), p)
+	}
+	h.release(b, p)
+
+	x := h.acquireMode(m, exclusive(modeKey, "mode"))
+	_, err := b.Acquire(h.ctx, backend.AcquireRequest{Key: modeKey, HolderID: "plain", TTL: longTTL})
+	var held *backend.HeldError
+	if !errors.As(err, &held) || !sameLease(held.Holder, x) {
+		t.Fatalf("plain Acquire of a key held by AcquireMode: got %v, want ErrHeld naming %q term %d", err, x.HolderID, x.Term)
+	}
+	h.mustHold(b, x) // Get sees it
+	h.release(m, x)
+
+	if !m.ModeSupport().Shared {
+		return
+	}
+	s1 := h.acquireMode(m, shared(modeKey, "reader-1", 0))
+	s2 := h.acquireMode(b, shared(modeKey, "reader-2", 0))
+	_, err = b.Acquire(h.ctx, backend.AcquireRequest{Key: modeKey, HolderID: "plain", TTL: longTTL})
+	if !errors.As(err, &held) || !sameLease(held.Holder, s1) {
+		t.Fatalf("plain Acquire of a key with Shared holders: got %v, want ErrHeld naming the oldest, %q term %d", err, s1.HolderID, s1.Term)
+	}
+	// A waiter registers, then the readers leave: plain Acquire ignores
+	// the waiter.
+	w := exclusive(modeKey, "waiting-writer")
+	w.WaitID = "waiting-writer-1"
+	h.heldBy(m, w, s1, s2)
+	h.release(m, s1)
+	h.release(b, s2)
+	p = h.acquireKey(b, modeKey, "plain", longTTL)
+	h.mustHolders(m, modeKey, p)
+	if err := m.CancelWait(h.ctx, modeKey, w.WaitID); err != nil {
+		t.Fatalf("CancelWait: %v", err)
+	}
+}
+
+// testModesEntryExpires: an entry expires on its own TTL, freeing its slot
+// while the others live on; it can then no longer be renewed or released.
+func testModesEntryExpires(t *testing.T, h *harness) {
+	m := h.openModes("Shared")
+	b := h.openMore()
+	const limit = 2
+	long := h.acquireMode(m, shared(modeKey, "long", limit))
+	r := shared(modeKey, "crashes", limit)
+	r.TTL = h.env.ShortTTL
+	short := h.acquireMode(b, r)
+	h.mustHolders(m, modeKey, long, short)
+	h.heldBy(m, shared(modeKey, "third", limit), long, short)
+	h.eventually("expiry of the short entry", short.TTL, func() (bool, string) {
+		recs := h.holders(m, modeKey)
+		return len(recs) == 1, recordsString(recs)
+	})
+	h.mustHolders(m, modeKey, long)
+	if err := b.Renew(h.ctx, short); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of an expired entry: got %v, want ErrLeaseLost", err)
+	}
+	if err := b.Release(h.ctx, short); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Release of an expired entry: got %v, want ErrLeaseLost", err)
+	}
+	third := h.acquireMode(m, shared(modeKey, "third", limit))
+	h.mustHolders(m, modeKey, long, third)
+	if err := m.Renew(h.ctx, long); err != nil {
+		t.Errorf("Renew of the live entry: got %v, want nil", err)
+	}
+}
+
+// testModesOwnerChecked: Renew, Release and SetMetadata act on one entry,
+// owner-checked by token: two entries of one holder ID are told apart, and
+// a wrong token, holder or kind of lease gets ErrLeaseLost and changes
+// nothing.
+func testModesOwnerChecked(t *testing.T, h *harness) {
+	m := h.openModes("Shared")
+	b := h.openMore()
+	r := shared(modeKey, "same", 0)
+	r.TTL = 4 * h.env.ShortTTL
+	r.Metadata = map[string]string{"n": "1"}
+	l1 := h.acquireMode(m, r)
+	r.Metadata = map[string]string{"n": "2"}
+	l2 := h.acquireMode(b, r)
+	if l1.Token == l2.Token {
+		t.Fatalf("two entries of one holder ID: same token %q, want fresh tokens", l1.Token)
+	}
+	h.mustHolders(m, modeKey, l1, l2)
+
+	plain := l1
+	plain.Entry = nil
+	wrong := map[string]backend.Lease{
+		"random token":             {Key: l1.Key, HolderID: l1.HolderID, Token: backend.NewToken(), Term: l1.Term, TTL: l1.TTL, Entry: l1.Entry},
+		"wrong holder":             {Key: l1.Key, HolderID: "other", Token: l1.Token, Term: l1.Term, TTL: l1.TTL, Entry: l1.Entry},
+		"wrong key":                {Key: modeKey + "-free", HolderID: l1.HolderID, Token: l1.Token, Term: l1.Term, TTL: l1.TTL, Entry: l1.Entry},
+		"no Entry (a plain lease)": plain,
+	}
+	for name, w := range wrong {
+		if err := b.Renew(h.ctx, w); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("Renew with %s: got %v, want ErrLeaseLost", name, err)
+		}
+		if err := b.SetMetadata(h.ctx, w, map[string]string{"n": "foreign"}); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("SetMetadata with %s: got %v, want ErrLeaseLost", name, err)
+		}
+		if err := b.Release(h.ctx, w); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("Release with %s: got %v, want ErrLeaseLost", name, err)
+		}
+		h.mustHolders(m, modeKey, l1, l2)
+	}
+	recs := h.holders(m, modeKey)
+	if recs[0].Metadata["n"] != "1" || recs[1].Metadata["n"] != "2" {
+		t.Fatalf("metadata after foreign calls: got %v, %v; want n=1, n=2", recs[0].Metadata, recs[1].Metadata)
+	}
+
+	// SetMetadata changes its own entry only, without extending it.
+	h.elapse(h.env.ShortTTL)
+	before := h.holders(m, modeKey)
+	if err := b.SetMetadata(h.ctx, l2, map[string]string{"n": "2b"}); err != nil {
+		t.Fatalf("SetMetadata of the second entry: %v", err)
+	}
+	recs = h.holders(m, modeKey)
+	if !maps.Equal(recs[0].Metadata, map[string]string{"n": "1"}) || !maps.Equal(recs[1].Metadata, map[string]string{"n": "2b"}) {
+		t.Errorf("metadata after SetMetadata of the second entry: got %v, %v; want n=1, n=2b", recs[0].Metadata, recs[1].Metadata)
+	}
+	if recs[1].TTL > before[1].TTL {
+		t.Errorf("TTL after SetMetadata: got %v, want at most the %v before (SetMetadata must not extend)", recs[1].TTL, before[1].TTL)
+	}
+	// Renew extends its own entry only.
+	if err := m.Renew(h.ctx, l1); err != nil {
+		t.Fatalf("Renew of the first entry: %v", err)
+	}
+	recs = h.holders(m, modeKey)
+	if recs[0].TTL <= before[0].TTL || recs[1].TTL > before[1].TTL {
+		t.Errorf("TTLs after renewing the first entry: got %v, %v; want the first above %v, the second at most %v",
+			recs[0].TTL, recs[1].TTL, before[0].TTL, before[1].TTL)
+	}
+	// Release removes its own entry only, once.
+	h.release(m, l1)
+	h.mustHolders(m, modeKey, l2)
+	if err := m.Release(h.ctx, l1); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("second Release of the first entry: got %v, want ErrLeaseLost", err)
+	}
+	if err := m.Renew(h.ctx, l1); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of the released first entry: got %v, want ErrLeaseLost", err)
+	}
+	if err := m.SetMetadata(h.ctx, l1, nil); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("SetMetadata of the released first entry: got %v, want ErrLeaseLost", err)
+	}
+	h.mustHolders(m, modeKey, l2)
+	if err := b.Renew(h.ctx, l2); err != nil {
+		t.Errorf("Renew of the second entry: got %v, want nil", err)
+	}
+}
+
+// testModesTerms: terms strictly increase across plain and Mode
+// acquisitions of a key, across release and expiry; renewal keeps them.
+func testModesTerms(t *testing.T, h *harness) {
+	m := h.openModes()
+	hasShared := m.ModeSupport().Shared
+	var terms []uint64
+	check := func(step string, l backend.Lease) {
+		t.Helper()
+		if n := len(terms); n > 0 && l.Term <= terms[n-1] {
+			t.Fatalf("term after %s: got %d, want > %d (terms so far %v)", step, l.Term, terms[n-1], terms)
+		}
+		terms = append(terms, l.Term)
+	}
+	p := h.acquireKey(m, modeKey, "plain", longTTL)
+	check("plain Acquire", p)
+	h.release(m, p)
+	x := h.acquireMode(m, exclusive(modeKey, "x"))
+	check("plain, then Exclusive AcquireMode", x)
+	if err := m.Renew(h.ctx, x); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	if recs := h.holders(m, modeKey); len(recs) != 1 || recs[0].Term != x.Term {
+		t.Fatalf("Holders after Renew: got %s, want term %d unchanged", recordsString(recs), x.Term)
+	}
+	h.release(m, x)
+	if hasShared {
+		s1 := h.acquireMode(m, shared(modeKey, "s1", 0))
+		check("Shared after Exclusive", s1)
+		s2 := h.acquireMode(m, shared(modeKey, "s2", 0))
+		check("a second Shared", s2)
+		h.release(m, s1)
+		s3 := h.acquireMode(m, shared(modeKey, "s3", 0))
+		check("a third Shared after the first left", s3)
+		h.release(m, s2)
+		h.release(m, s3)
+	}
+	r := exclusive(modeKey, "expiring")
+	r.TTL = h.env.ShortTTL
+	e := h.acquireMode(m, r)
+	check("Exclusive AcquireMode", e)
+	h.eventually("expiry of the entry", e.TTL, func() (bool, string) {
+		recs := h.holders(m, modeKey)
+		return len(recs) == 0, recordsString(recs)
+	})
+	p = h.acquireKey(m, modeKey, "plain", longTTL)
+	check("expiry, then plain Acquire", p)
+	t.Logf("terms: %v", terms)
+}
+
+// testModesHoldersGetList: Holders lists every holder in term order (an
+// empty slice for a free key); Get returns the oldest; List returns one
+// record per holder, in key order and then term order, with mode, limit and
+// metadata, and never intents or waiters.
+func testModesHoldersGetList(t *testing.T, h *harness) {
+	m := h.openModes("Shared")
+	b := h.openMore()
+	if recs := h.holders(b, modeKey); recs == nil || len(recs) != 0 {
+		t.Errorf("Holders of a free key: got %#v, want an empty, non-nil slice", recs)
+	}
+	ka, kb := "lock/list/a", "lock/list/b"
+	req := func(key, id string, limit int) backend.ModeRequest {
+		r := shared(key, id, limit)
+		r.Metadata = map[string]string{"id": id}
+		return r
+	}
+	b1 := h.acquireMode(m, req(kb, "b1", 0))
+	a1 := h.acquireMode(b, req(ka, "a1", 2))
+	b2 := h.acquireMode(b, req(kb, "b2", 0))
+	a2 := h.acquireMode(m, req(ka, "a2", 2))
+	c := h.acquireKey(m, "lock/list/c", "c1", longTTL)
+	h.mustHolders(b, ka, a1, a2)
+	h.mustHolders(b, kb, b1, b2)
+	if rec := h.get(b, ka); !sameLease(rec, a1) || rec.Mode != backend.Shared || rec.Limit != 2 || rec.Metadata["id"] != "a1" {
+		t.Errorf("Get(%q): got %+v, want the oldest holder a1 (shared, limit 2, metadata id=a1)", ka, rec)
+	}
+	if recs := h.holders(b, ka); recs[1].Metadata["id"] != "a2" || recs[1].TTL <= 0 || recs[1].AcquiredAt.IsZero() {
+		t.Errorf("Holders(%q)[1]: got %+v, want a2's full record", ka, recs[1])
+	}
+	// A waiter is not listed.
+	w := exclusive(ka, "waiter")
+	w.WaitID = "waiter-1"
+	h.heldMode(b, w)
+	recs := h.list(b, "lock/list/")
+	h.sameHolders(`List("lock/list/")`, recs, a1, a2, b1, b2, c)
+	for _, r := range recs {
+		if want := r.HolderID; r.Key != c.Key && r.Metadata["id"] != want {
+			t.Errorf("List record of %q by %q: metadata %v, want id=%s", r.Key, r.HolderID, r.Metadata, want)
+		}
+	}
+	h.sameHolders(`List("lock/list/a")`, h.list(b, "lock/list/a"), a1, a2)
+	if err := b.CancelWait(h.ctx, ka, w.WaitID); err != nil {
+		t.Fatalf("CancelWait: %v", err)
+	}
+	if err := b.CancelWait(h.ctx, ka, w.WaitID); err != nil {
+		t.Errorf("CancelWait of a registration already withdrawn: got %v, want nil", err)
+	}
+	h.release(m, a1)
+	if rec := h.get(b, ka); !sameLease(rec, a2) {
+		t.Errorf("Get(%q) after the oldest left: got %q term %d, want a2 term %d", ka, rec.HolderID, rec.Term, a2.Term)
+	}
+	h.release(m, a2)
+	h.mustBeFree(b, ka)
+	h.sameHolders(`List("lock/list/")`, h.list(b, "lock/list/"), b1, b2, c)
+}
+
+// testModesInvalid: ModeRequests out of range are refused with ErrInvalid
+// and write nothing.
+func testModesInvalid(t *testing.T, h *harness) {
+	m := h.openModes()
+	good := exclusive("lock/inv/a/b", "a")
+	cases := map[string]func(*backend.ModeRequest){
+		"empty key":                  func(r *backend.ModeRequest) { r.Key = "" },
+		"empty holder":               func(r *backend.ModeRequest) { r.HolderID = "" },
+		"zero TTL":                   func(r *backend.ModeRequest) { r.TTL = 0 },
+		"unknown mode":               func(r *backend.ModeRequest) { r.Mode = 7 },
+		"negative limit":             func(r *backend.ModeRequest) { r.Mode, r.Limit = backend.Shared, -1 },
+		"limit on an exclusive lock": func(r *backend.ModeRequest) { r.Limit = 2 },
+		"empty ancestor":             func(r *backend.ModeRequest) { r.Ancestors = []string{""} },
+		"ancestor equal to the key":  func(r *backend.ModeRequest) { r.Ancestors = []string{"lock/inv/a/b"} },
+		"ancestor not a prefix":      func(r *backend.ModeRequest) { r.Ancestors = []string{"lock/other"} },
+		"ancestors innermost first":  func(r *backend.ModeRequest) { r.Ancestors = []string{"lock/inv/a", "lock/inv"} },
+	}
+	for name, f := range cases {
+		r := good
+		f(&r)
+		if l, err := m.AcquireMode(h.ctx, r); !errors.Is(err, backend.ErrInvalid) {
+			t.Errorf("AcquireMode with %s: got lease %+v, error %v; want ErrInvalid", name, l, err)
+		}
+	}
+	h.mustHolders(m, good.Key)
+	if _, err := m.Holders(h.ctx, ""); !errors.Is(err, backend.ErrInvalid) {
+		t.Errorf(`Holders(""): got %v, want ErrInvalid`, err)
+	}
+	h.release(m, h.acquireMode(m, good))
+}
+
+// testModesUnsupported: a request that needs a part of Modes the backend's
+// ModeSupport lacks fails with ErrUnsupported, never with a silent
+// Exclusive lock.
+func testModesUnsupported(t *testing.T, h *harness) {
+	m := h.openModes()
+	ms := m.ModeSupport()
+	var checked int
+	try := func(what string, has bool, r backend.ModeRequest) {
+		t.Helper()
+		if has {
+			return
+		}
+		checked++
+		if l, err := m.AcquireMode(h.ctx, r); !errors.Is(err, backend.ErrUnsupported) {
+			t.Errorf("AcquireMode(%s) with ModeSupport %+v (no %s): got lease %+v, error %v; want ErrUnsupported", describe(r), ms, what, l, err)
+		}
+		h.mustHolders(m, r.Key)
+	}
+	try("Shared", ms.Shared, shared(modeKey, "a", 0))
+	try("Shared", ms.Shared, shared(modeKey, "a", 2))
+	try("Hierarchical", ms.Hierarchical, below(exclusive("lock/u/a/b", "a"), "lock/u", "lock/u/a"))
+	fair := exclusive(modeKey, "a")
+	fair.Fair = true
+	try("Fair", ms.Fair, fair)
+	if checked == 0 {
+		t.Skipf("ModeSupport %+v lacks nothing that AcquireMode could refuse", ms)
+	}
+}
+
+// testModesCancelledAndClosed: the methods of Modes honour a cancelled
+// context and return ErrClosed after Close.
+func testModesCancelledAndClosed(t *testing.T, h *harness) {
+	m := h.openModes()
+	modeCalls := func(ctx context.Context) map[string]func() error {
+		return map[string]func() error{
+			"AcquireMode": func() error { _, err := m.AcquireMode(ctx, exclusive(modeKey, "a")); return err },
+			"Holders":     func() error { _, err := m.Holders(ctx, modeKey); return err },
+			"CancelWait":  func() error { return m.CancelWait(ctx, modeKey, "w") },
+		}
+	}
+	ctx, cancel := context.WithCancel(h.ctx)
+	cancel()
+	for name, call := range modeCalls(ctx) {
+		if err := within(t, name+" with a cancelled context", call); !errors.Is(err, context.Canceled) {
+			t.Errorf("%s with a cancelled context: got %v, want an error that is context.Canceled", name, err)
+		}
+	}
+	if err := m.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	for name, call := range modeCalls(h.ctx) {
+		if err := within(t, name+" after Close", call); !errors.Is(err, backend.ErrClosed) {
+			t.Errorf("%s after Close: got %v, want ErrClosed", name, err)
+		}
+	}
+}
