@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
 )
@@ -29,6 +30,13 @@ var modeCases = []struct {
 	{"ModesOwnerChecked", testModesOwnerChecked},
 	{"ModesTerms", testModesTerms},
 	{"ModesHoldersGetList", testModesHoldersGetList},
+	{"ModesWriterPreference", testModesWriterPreference},
+	{"ModesHierarchy", testModesHierarchy},
+	{"ModesIntentExpires", testModesIntentExpires},
+	{"ModesFairOrder", testModesFairOrder},
+	{"ModesCancelWaitFair", testModesCancelWaitFair},
+	{"ModesWatch", testModesWatch},
+	{"ModesBoundedState", testModesBounded},
 	{"ModesInvalid", testModesInvalid},
 	{"ModesUnsupported", testModesUnsupported},
 	{"ModesCancelledAndClosed", testModesCancelledAndClosed},
@@ -704,5 +712,405 @@ func testModesCancelledAndClosed(t *testing.T, h *harness) {
 		if err := within(t, name+" after Close", call); !errors.Is(err, backend.ErrClosed) {
 			t.Errorf("%s after Close: got %v, want ErrClosed", name, err)
 		}
+	}
+}
+
+// testModesWriterPreference: an Exclusive acquirer that failed with a
+// WaitID blocks new non-fair Shared holders (ErrHeld, Waiting > 0) until it
+// withdraws (CancelWait), succeeds, or its registration expires.
+func testModesWriterPreference(t *testing.T, h *harness) {
+	m := h.openModes("Shared", "WriterFirst")
+	b := h.openMore()
+	r1 := h.acquireMode(m, shared(modeKey, "reader-1", 0))
+	writer := exclusive(modeKey, "writer")
+	writer.WaitID = "writer-wait-1"
+	h.heldBy(b, writer, r1)
+	blocked := func(step string) {
+		t.Helper()
+		held := h.heldMode(m, shared(modeKey, "reader-2", 0))
+		if held.Waiting < 1 {
+			t.Errorf("Shared acquisition with an Exclusive waiter (%s): HeldError.Waiting %d, want >= 1", step, held.Waiting)
+		}
+	}
+	blocked("registered")
+	h.heldBy(b, writer, r1) // a retry refreshes the registration
+	blocked("refreshed")
+	// Waiters do not stop Holders from listing the live holders.
+	h.mustHolders(b, modeKey, r1)
+
+	// CancelWait withdraws it.
+	if err := b.CancelWait(h.ctx, modeKey, writer.WaitID); err != nil {
+		t.Fatalf("CancelWait: %v", err)
+	}
+	r2 := h.acquireMode(m, shared(modeKey, "reader-2", 0))
+
+	// A success removes it.
+	writer.WaitID = "writer-wait-2"
+	h.heldBy(b, writer, r1, r2)
+	blocked("registered again")
+	h.release(m, r1)
+	h.release(m, r2)
+	x := h.acquireMode(b, writer)
+	h.release(b, x)
+	h.release(m, h.acquireMode(m, shared(modeKey, "reader-3", 0)))
+
+	// It expires on its own TTL.
+	r4 := h.acquireMode(m, shared(modeKey, "reader-4", 0))
+	writer.WaitID = "writer-wait-3"
+	writer.TTL = h.env.ShortTTL
+	h.heldBy(b, writer, r4)
+	blocked("registered with a short TTL")
+	h.eventually("expiry of the writer's registration", writer.TTL, func() (bool, string) {
+		l, err := m.AcquireMode(h.ctx, shared(modeKey, "reader-5", 0))
+		if err == nil {
+			h.release(m, l)
+			return true, ""
+		}
+		if !errors.Is(err, backend.ErrHeld) {
+			t.Fatalf("Shared acquisition: got %v, want nil or ErrHeld", err)
+		}
+		return false, fmt.Sprintf("still refused: %v", err)
+	})
+	h.mustHolders(m, modeKey, r4)
+
+	// A Shared acquirer with a WaitID that is not Fair does not register:
+	// it blocks nobody.
+	h.release(m, r4)
+	x = h.acquireMode(b, exclusive(modeKey, "writer"))
+	rs := shared(modeKey, "reader-6", 0)
+	rs.WaitID = "reader-wait"
+	h.heldBy(m, rs, x)
+	h.release(b, x)
+	if m.ModeSupport().Fair {
+		// A Fair acquisition gets in only when no waiter is registered.
+		fair := exclusive(modeKey, "writer-2")
+		fair.Fair = true
+		h.release(b, h.acquireMode(b, fair))
+	}
+	if err := m.CancelWait(h.ctx, modeKey, rs.WaitID); err != nil {
+		t.Fatalf("CancelWait: %v", err)
+	}
+}
+
+// Keys of the hierarchy cases: a file set and two of its pages.
+const (
+	hSet   = "lock/h/set"
+	hPage1 = "lock/h/set/p1"
+	hPage2 = "lock/h/set/p2"
+	hRoot  = "lock/h"
+)
+
+// testModesHierarchy: intents on ancestors make a lock below and an
+// Exclusive lock above exclude each other, both ways, while Shared locks
+// above and below coexist; a Shared lock above excludes an Exclusive one
+// below; intents are not holders.
+func testModesHierarchy(t *testing.T, h *harness) {
+	m := h.openModes("Shared", "Hierarchical")
+	b := h.openMore()
+	page := func(key, id string, mode backend.Mode) backend.ModeRequest {
+		return below(modeReq(key, id, mode), hRoot, hSet)
+	}
+
+	// An Exclusive lock above blocks every lock below.
+	x := h.acquireMode(m, below(exclusive(hSet, "set-writer"), hRoot))
+	h.heldBy(b, page(hPage1, "page-writer", backend.Exclusive), x)
+	h.heldBy(b, page(hPage1, "page-reader", backend.Shared), x)
+	h.mustHolders(b, hPage1)
+	h.release(m, x)
+
+	// A lock below blocks an Exclusive lock above, and a plain Acquire.
+	p1 := h.acquireMode(b, page(hPage1, "page-writer", backend.Exclusive))
+	held := h.heldBy(m, below(exclusive(hSet, "set-writer"), hRoot), p1)
+	if held.Holder.Key != hPage1 {
+		t.Errorf("HeldError.Holder.Key for an intent conflict: got %q, want the lock below, %q", held.Holder.Key, hPage1)
+	}
+	h.heldBy(m, exclusive(hRoot, "root-writer"), p1)
+	_, err := m.Acquire(h.ctx, backend.AcquireRequest{Key: hSet, HolderID: "plain", TTL: longTTL})
+	var plainHeld *backend.HeldError
+	if !errors.As(err, &plainHeld) || !sameLease(plainHeld.Holder, p1) {
+		t.Errorf("plain Acquire of a key with an intent: got %v, want ErrHeld naming the lock below, %q term %d", err, p1.Key, p1.Term)
+	}
+	// An Exclusive lock below also excludes a Shared lock above.
+	h.heldBy(m, below(shared(hSet, "set-reader", 0), hRoot), p1)
+	// Intents are not holders: not in Get, Holders or List.
+	h.mustBeFree(m, hSet)
+	h.mustHolders(m, hSet)
+	h.sameHolders(`List("lock/h")`, h.list(m, hRoot), p1)
+	// A sibling page is independent.
+	p2 := h.acquireMode(m, page(hPage2, "page-2-writer", backend.Exclusive))
+	h.heldBy(m, below(exclusive(hSet, "set-writer"), hRoot), p1, p2)
+	// The intent ends with its lock.
+	h.release(b, p1)
+	h.heldBy(m, below(exclusive(hSet, "set-writer"), hRoot), p2)
+	h.release(m, p2)
+	x = h.acquireMode(m, below(exclusive(hSet, "set-writer"), hRoot))
+	h.release(m, x)
+
+	// Shared above and Shared below coexist; an Exclusive lock below does
+	// not get in under a Shared lock above.
+	s := h.acquireMode(m, below(shared(hSet, "set-reader", 0), hRoot))
+	sp := h.acquireMode(b, page(hPage1, "page-reader", backend.Shared))
+	h.heldBy(b, page(hPage2, "page-writer", backend.Exclusive), s)
+	h.release(m, s)
+	// Shared locks below let a Shared lock above in, not an Exclusive one.
+	s = h.acquireMode(m, below(shared(hSet, "set-reader", 0), hRoot))
+	h.heldBy(m, below(exclusive(hSet, "set-writer"), hRoot), sp, s)
+	h.release(m, s)
+	h.heldBy(m, below(exclusive(hSet, "set-writer"), hRoot), sp)
+	// Renewing the lock below keeps its intents.
+	if err := b.Renew(h.ctx, sp); err != nil {
+		t.Fatalf("Renew of the page lock: %v", err)
+	}
+	h.heldBy(m, exclusive(hRoot, "root-writer"), sp)
+	h.release(b, sp)
+	h.release(m, h.acquireMode(m, exclusive(hRoot, "root-writer")))
+
+	// A plain lease above counts as an Exclusive holder.
+	pl := h.acquireKey(m, hSet, "plain", longTTL)
+	h.heldBy(b, page(hPage1, "page-reader", backend.Shared), pl)
+	h.release(m, pl)
+}
+
+// testModesIntentExpires: the intents of a lock that expires end with it.
+func testModesIntentExpires(t *testing.T, h *harness) {
+	m := h.openModes("Hierarchical")
+	b := h.openMore()
+	r := below(exclusive(hPage1, "crashes"), hRoot, hSet)
+	r.TTL = h.env.ShortTTL
+	p := h.acquireMode(b, r)
+	h.heldBy(m, exclusive(hSet, "set-writer"), p)
+	h.heldBy(m, exclusive(hRoot, "root-writer"), p)
+	var x backend.Lease
+	h.eventually("expiry of the page lock's intents", p.TTL, func() (bool, string) {
+		l, err := m.AcquireMode(h.ctx, exclusive(hSet, "set-writer"))
+		if err != nil {
+			return false, err.Error()
+		}
+		x = l
+		return true, ""
+	})
+	h.release(m, x)
+	h.release(m, h.acquireMode(m, exclusive(hRoot, "root-writer")))
+	if err := b.Renew(h.ctx, p); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of the expired page lock: got %v, want ErrLeaseLost", err)
+	}
+}
+
+// testModesFairOrder: Fair acquisitions are served in registration order:
+// with three waiters registered, after a release only the first may
+// acquire, then the next; a newcomer without registration waits behind
+// them.
+func testModesFairOrder(t *testing.T, h *harness) {
+	m := h.openModes("Fair")
+	x := h.acquireMode(m, exclusive(modeKey, "holder"))
+	var ws []backend.ModeRequest
+	for i := range 3 {
+		w := exclusive(modeKey, fmt.Sprintf("waiter-%d", i))
+		w.Fair = true
+		w.WaitID = fmt.Sprintf("wait-%d", i)
+		h.heldBy(h.openMore(), w, x)
+		ws = append(ws, w)
+	}
+	h.release(m, x)
+	newcomer := exclusive(modeKey, "newcomer")
+	newcomer.Fair = true
+	for round := range ws {
+		// Everyone behind the head of the line is refused, last first.
+		for i := len(ws) - 1; i > round; i-- {
+			held := h.heldMode(m, ws[i])
+			if held.Waiting != i-round {
+				t.Errorf("round %d: %s: HeldError.Waiting %d, want %d (the waiters ahead)", round, ws[i].HolderID, held.Waiting, i-round)
+			}
+		}
+		held := h.heldMode(m, newcomer)
+		if held.Waiting < len(ws)-round {
+			t.Errorf("round %d: unregistered newcomer: HeldError.Waiting %d, want >= %d", round, held.Waiting, len(ws)-round)
+		}
+		l := h.acquireMode(m, ws[round])
+		h.mustHolders(m, modeKey, l)
+		h.release(m, l)
+	}
+	h.release(m, h.acquireMode(m, newcomer))
+
+	// A waiter that withdraws or expires gives up its place.
+	x = h.acquireMode(m, exclusive(modeKey, "holder"))
+	first, second := ws[0], ws[1]
+	first.WaitID, second.WaitID = "wait-again-0", "wait-again-1"
+	first.TTL = h.env.ShortTTL
+	h.heldBy(m, first, x)
+	h.heldBy(m, second, x)
+	h.release(m, x)
+	h.heldMode(m, second)
+	var l backend.Lease
+	h.eventually("expiry of the first waiter's registration", first.TTL, func() (bool, string) {
+		got, err := m.AcquireMode(h.ctx, second)
+		if err != nil {
+			return false, err.Error()
+		}
+		l = got
+		return true, ""
+	})
+	h.release(m, l)
+	if m.ModeSupport().Shared {
+		// Fair Shared acquirers queue too, and share once at the head.
+		x = h.acquireMode(m, exclusive(modeKey, "holder"))
+		var rs []backend.ModeRequest
+		for i := range 2 {
+			r := shared(modeKey, fmt.Sprintf("fair-reader-%d", i), 0)
+			r.Fair = true
+			r.WaitID = fmt.Sprintf("fair-reader-wait-%d", i)
+			h.heldBy(m, r, x)
+			rs = append(rs, r)
+		}
+		h.release(m, x)
+		h.heldMode(m, rs[1])
+		l0 := h.acquireMode(m, rs[0])
+		l1 := h.acquireMode(m, rs[1])
+		h.mustHolders(m, modeKey, l0, l1)
+	}
+}
+
+// testModesCancelWaitFair: CancelWait of the head of the line lets the
+// next one in at once.
+func testModesCancelWaitFair(t *testing.T, h *harness) {
+	m := h.openModes("Fair")
+	x := h.acquireMode(m, exclusive(modeKey, "holder"))
+	var ws []backend.ModeRequest
+	for i := range 2 {
+		w := exclusive(modeKey, fmt.Sprintf("waiter-%d", i))
+		w.Fair, w.WaitID = true, fmt.Sprintf("wait-%d", i)
+		h.heldBy(m, w, x)
+		ws = append(ws, w)
+	}
+	h.release(m, x)
+	h.heldMode(m, ws[1])
+	if err := m.CancelWait(h.ctx, modeKey, ws[0].WaitID); err != nil {
+		t.Fatalf("CancelWait: %v", err)
+	}
+	h.release(m, h.acquireMode(m, ws[1]))
+	if err := m.CancelWait(h.ctx, modeKey, "never-registered"); err != nil {
+		t.Errorf("CancelWait of an unknown registration: got %v, want nil", err)
+	}
+}
+
+// testModesWatch: releasing an entry notifies the watchers of its key and
+// of each of its ancestors with EventReleased (or EventExpired).
+func testModesWatch(t *testing.T, h *harness) {
+	m := h.openModes("Hierarchical")
+	w, ok := backend.Backend(h.openMore()).(backend.Watcher)
+	if !ok {
+		t.Skip("backend does not implement backend.Watcher")
+	}
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel()
+	watch := func(k string) <-chan backend.Event {
+		ch, err := w.Watch(ctx, k)
+		if err != nil {
+			t.Fatalf("Watch(%q): %v", k, err)
+		}
+		return ch
+	}
+	onKey, onSet, onRoot := watch(hPage1), watch(hSet), watch(hRoot)
+	p := h.acquireMode(m, below(exclusive(hPage1, "page-writer"), hRoot, hSet))
+	h.release(m, p)
+	released := func(e backend.Event) bool {
+		return e.Type == backend.EventReleased || e.Type == backend.EventExpired
+	}
+	for k, ch := range map[string]<-chan backend.Event{hPage1: onKey, hSet: onSet, hRoot: onRoot} {
+		waitEvent(t, ch, k, "release of the lock "+hPage1, released)
+	}
+	if !m.ModeSupport().Shared {
+		return
+	}
+	// A Shared entry's release is seen while another holder remains.
+	s1 := h.acquireMode(m, below(shared(hPage1, "r1", 0), hRoot, hSet))
+	s2 := h.acquireMode(m, below(shared(hPage1, "r2", 0), hRoot, hSet))
+	h.release(m, s1)
+	waitEvent(t, onKey, hPage1, "release of one Shared entry", released)
+	waitEvent(t, onSet, hSet, "release of one Shared entry below", released)
+	h.release(m, s2)
+}
+
+// waitEvent waits for an event on ch accepted by want, failing after
+// watchBound.
+func waitEvent(t *testing.T, ch <-chan backend.Event, key, what string, want func(backend.Event) bool) {
+	t.Helper()
+	timer := time.NewTimer(watchBound)
+	defer timer.Stop()
+	for {
+		select {
+		case e, ok := <-ch:
+			if !ok {
+				t.Fatalf("watch of %q, %s: channel closed, want an event", key, what)
+			}
+			if e.Key != key {
+				t.Errorf("watch of %q: got event for key %q", key, e.Key)
+			}
+			if want(e) {
+				return
+			}
+		case <-timer.C:
+			t.Fatalf("watch of %q, %s: no release event within %v", key, what, watchBound)
+		}
+	}
+}
+
+// testModesBounded: once every entry, intent and waiter is released,
+// withdrawn or expired, the store returns to its size before (Env.Size),
+// and terms still increase.
+func testModesBounded(t *testing.T, h *harness) {
+	if h.env.Size == nil {
+		t.Skip("backendtest: Env.Size is nil: bounded per-key state of Modes is NOT checked for this backend")
+	}
+	if h.env.Retention > time.Minute && h.env.Advance == nil {
+		t.Skipf("backendtest: Env.Retention is %v and Env.Advance is nil: bounded state of Modes is NOT checked", h.env.Retention)
+	}
+	m := h.openModes()
+	ms := m.ModeSupport()
+	base := h.env.Size()
+	ttl := h.env.ShortTTL
+	const keys = 50
+	var last uint64
+	for i := range keys {
+		k := fmt.Sprintf("lock/mb/%d", i)
+		k2 := k + "/x"
+		anc := []string(nil)
+		if ms.Hierarchical {
+			anc = []string{"lock/mb", k}
+		}
+		mode := backend.Exclusive
+		if ms.Shared {
+			mode = backend.Shared
+		}
+		// Released at once.
+		r := below(modeReq(k2, "a", mode), anc...)
+		l := h.acquireMode(m, r)
+		last = max(last, l.Term)
+		// Left to expire.
+		r.TTL = ttl
+		if ms.Shared {
+			last = max(last, h.acquireMode(m, r).Term)
+		}
+		// A waiter withdrawn, one left to expire.
+		if i == 0 && h.env.Size() <= base {
+			t.Fatalf("Size with entries held: got %d, want above the baseline %d", h.env.Size(), base)
+		}
+		w := exclusive(k2, "w")
+		w.TTL, w.WaitID = ttl, "w1"
+		h.heldMode(m, w)
+		w.WaitID = "w2"
+		h.heldMode(m, w)
+		if err := m.CancelWait(h.ctx, k2, "w1"); err != nil {
+			t.Fatalf("CancelWait: %v", err)
+		}
+		h.release(m, l)
+	}
+	h.eventually(fmt.Sprintf("Size back at its baseline %d (TTL %v, retention %v)", base, ttl, h.env.Retention),
+		ttl+h.env.Retention, func() (bool, string) {
+			size := h.env.Size()
+			return size <= base, fmt.Sprintf("Size %d", size)
+		})
+	if l := h.acquireMode(m, exclusive("lock/mb/0/x", "a")); l.Term <= last {
+		t.Errorf("term after the state was dropped: got %d, want > %d", l.Term, last)
 	}
 }
