@@ -221,7 +221,7 @@ func (s *Store) Restart(opts *RestartOptions) {
 		opts = &RestartOptions{}
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	for _, ks := range s.keys {
 		for w := range ks.watches {
 			s.closeWatchLocked(w)
@@ -237,6 +237,8 @@ func (s *Store) Restart(opts *RestartOptions) {
 	for _, ks := range s.keys {
 		ks.stopTimer()
 	}
+	clear(s.dirty)
+	s.dirty = s.dirty[:0]
 	s.keys = make(map[string]*keyState)
 	s.peak = 0
 }
@@ -250,13 +252,13 @@ func (s *Store) Restart(opts *RestartOptions) {
 // proportional to the number of keys.
 func (s *Store) Len() int {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
 	for _, ks := range s.keys {
 		s.expireLocked(ks, now)
 		s.settleLocked(ks, now)
 	}
-	s.flushLocked(now)
+	s.flushLocked()
 	s.shrinkLocked()
 	return len(s.keys)
 }
@@ -315,7 +317,7 @@ func (b *Backend) Heal() {
 	b.setFault(func() { b.partitioned, b.hung, b.latency = false, false, 0 })
 	s := b.store
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if b.faulted() {
 		return // faulted again meanwhile
 	}
@@ -378,7 +380,7 @@ func (b *Backend) Close() error {
 
 	s := b.store
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	for w := range b.watches {
 		s.closeWatchLocked(w)
 	}
@@ -595,7 +597,7 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 	}
 	s := b.store
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	b.mu.Lock()
 	closed := b.closed
 	b.mu.Unlock()
@@ -613,7 +615,7 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 	s.settleLocked(ks, now)
 	w.stop = context.AfterFunc(ctx, func() {
 		s.mu.Lock()
-		defer s.mu.Unlock()
+		defer s.unlock()
 		s.closeWatchLocked(w)
 		s.shrinkLocked()
 	})
@@ -761,7 +763,7 @@ func (s *Store) shrinkLocked() {
 // onTimer runs when the expiry timer of ks fires.
 func (s *Store) onTimer(ks *keyState) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if s.keys[ks.name] != ks {
 		return // forgotten, or lost by Restart
 	}
@@ -772,13 +774,13 @@ func (s *Store) onTimer(ks *keyState) {
 	ks.timerAt = time.Time{}
 	s.expireLocked(ks, now)
 	s.settleLocked(ks, now)
-	s.flushLocked(now)
+	s.flushLocked()
 	s.shrinkLocked()
 }
 
 func (s *Store) acquire(req backend.AcquireRequest) (backend.Lease, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
 	ks := s.keyLocked(req.Key, now)
 	if ks.lease != nil {
@@ -787,7 +789,7 @@ func (s *Store) acquire(req backend.AcquireRequest) (backend.Lease, error) {
 	if len(ks.entries) > 0 || len(ks.intents) > 0 {
 		// Held by entries of AcquireMode: every holder and intent conflicts.
 		held := s.heldErrorLocked(ks.name, append(s.holdersLocked(ks, now), s.intentRecordsLocked(ks, now, false)...), 0)
-		s.flushLocked(now)
+		s.flushLocked()
 		return backend.Lease{}, held
 	}
 	s.term++
@@ -817,7 +819,7 @@ func (s *Store) ownedLocked(l backend.Lease, now time.Time) (*keyState, error) {
 		}
 		s.settleLocked(ks, now)
 	}
-	s.flushLocked(now)
+	s.flushLocked()
 	s.shrinkLocked()
 	return nil, fmt.Errorf("memorybackend: %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
 }
@@ -827,7 +829,7 @@ func (s *Store) renew(l backend.Lease) error {
 		return s.renewEntry(l)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
 	ks, err := s.ownedLocked(l, now)
 	if err != nil {
@@ -844,7 +846,7 @@ func (s *Store) release(l backend.Lease) error {
 		return s.releaseEntry(l)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
 	ks, err := s.ownedLocked(l, now)
 	if err != nil {
@@ -862,7 +864,7 @@ func (s *Store) setMetadata(l backend.Lease, md map[string]string) error {
 		return s.setEntryMetadata(l, md)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	ks, err := s.ownedLocked(l, time.Now())
 	if err != nil {
 		return err
@@ -873,10 +875,9 @@ func (s *Store) setMetadata(l backend.Lease, md map[string]string) error {
 
 func (s *Store) get(key string) (backend.Record, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
 	ks := s.lookupLocked(key, now)
-	defer s.flushLocked(now)
 	if ks != nil && ks.lease == nil && len(ks.entries) > 0 {
 		return s.entryRecordLocked(ks.entries[0], now), nil // the oldest holder
 	}
@@ -892,7 +893,7 @@ func (s *Store) get(key string) (backend.Record, error) {
 
 func (s *Store) list(prefix string) []backend.Record {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
 	var recs []backend.Record
 	for name, ks := range s.keys {
@@ -910,7 +911,7 @@ func (s *Store) list(prefix string) []backend.Record {
 			s.settleLocked(ks, now) // deleting during the loop is safe
 		}
 	}
-	s.flushLocked(now)
+	s.flushLocked()
 	s.shrinkLocked()
 	slices.SortFunc(recs, func(a, b backend.Record) int {
 		if c := strings.Compare(a.Key, b.Key); c != 0 {
@@ -943,7 +944,7 @@ func (s *Store) recordLocked(ks *keyState, now time.Time) backend.Record {
 
 func (s *Store) heartbeat(key, id string, ttl time.Duration) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
 	ks := s.keyLocked(key, now)
 	if ks.beats == nil {
@@ -955,7 +956,7 @@ func (s *Store) heartbeat(key, id string, ttl time.Duration) {
 
 func (s *Store) members(key string) []backend.Member {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
 	ks := s.lookupLocked(key, now)
 	if ks == nil {
@@ -978,7 +979,7 @@ func (s *Store) members(key string) []backend.Member {
 
 func (s *Store) removeMember(key, id string) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
 	if ks := s.lookupLocked(key, now); ks != nil {
 		delete(ks.beats, id)

@@ -166,12 +166,20 @@ func (s *Store) dropEntryLocked(e *entry, t backend.EventType) {
 	}
 }
 
+// unlock flushes s.dirty and unlocks s.mu. Every operation that locks s.mu
+// unlocks it with unlock.
+func (s *Store) unlock() {
+	s.flushLocked()
+	s.mu.Unlock()
+}
+
 // flushLocked settles the keys in s.dirty that the store still holds.
 // s.mu must be held, and no loop over s.keys may be running.
-func (s *Store) flushLocked(now time.Time) {
+func (s *Store) flushLocked() {
 	if len(s.dirty) == 0 {
 		return
 	}
+	now := time.Now()
 	for _, ks := range s.dirty {
 		if s.keys[ks.name] == ks {
 			s.settleLocked(ks, now)
@@ -312,9 +320,8 @@ func (s *Store) ancestorConflictsLocked(as *keyState, m backend.Mode, now time.T
 
 func (s *Store) acquireMode(req backend.ModeRequest, writerFirst bool) (backend.Lease, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
-	defer s.flushLocked(now)
 	ks := s.keyLocked(req.Key, now)
 	// Apply the expiries of the ancestors too, before anything is decided.
 	for _, a := range req.Ancestors {
@@ -425,9 +432,8 @@ func (s *Store) ownedEntryLocked(l backend.Lease, now time.Time) (*entry, error)
 
 func (s *Store) renewEntry(l backend.Lease) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
-	defer s.flushLocked(now)
 	e, err := s.ownedEntryLocked(l, now)
 	if err != nil {
 		return err
@@ -440,9 +446,8 @@ func (s *Store) renewEntry(l backend.Lease) error {
 
 func (s *Store) releaseEntry(l backend.Lease) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
-	defer s.flushLocked(now)
 	e, err := s.ownedEntryLocked(l, now)
 	if err != nil {
 		return err
@@ -453,9 +458,8 @@ func (s *Store) releaseEntry(l backend.Lease) error {
 
 func (s *Store) setEntryMetadata(l backend.Lease, md map[string]string) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
-	defer s.flushLocked(now)
 	e, err := s.ownedEntryLocked(l, now)
 	if err != nil {
 		return err
@@ -466,9 +470,8 @@ func (s *Store) setEntryMetadata(l backend.Lease, md map[string]string) error {
 
 func (s *Store) holders(key string) []backend.Record {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
-	defer s.flushLocked(now)
 	ks := s.lookupLocked(key, now)
 	if ks == nil {
 		return []backend.Record{}
@@ -483,9 +486,8 @@ func (s *Store) holders(key string) []backend.Record {
 
 func (s *Store) cancelWait(key, waitID string) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	now := time.Now()
-	defer s.flushLocked(now)
 	ks := s.lookupLocked(key, now)
 	if ks == nil {
 		return
