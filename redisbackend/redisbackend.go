@@ -281,6 +281,7 @@ type Backend struct {
 	healthCheck time.Duration
 	watchBuffer int
 	termKeep    time.Duration // Options.TermRetention
+	batch       *batcher      // pipelines concurrent calls; nil on a cluster client
 
 	closed atomic.Bool
 	hubs   hubs
@@ -353,6 +354,9 @@ func New(client Client, opts *Options) (*Backend, error) {
 	case *redis.ClusterClient:
 		b.cluster = c
 		b.ctxAware = c.Options().ContextTimeoutEnabled
+	}
+	if b.cluster == nil {
+		b.batch = &batcher{client: client, max: 64}
 	}
 	switch o.PubSub {
 	case PubSubAuto:
@@ -433,9 +437,12 @@ func (b *Backend) run(ctx context.Context, s *redis.Script, wait bool, keys []st
 	err = b.bounded(ctx, func(ctx context.Context) error {
 		var v any
 		var werr, err error
-		if wait {
+		switch {
+		case wait:
 			v, werr, err = b.runWait(ctx, s, keys, args)
-		} else {
+		case b.batch != nil:
+			v, err = b.batch.do(ctx, s, keys, args)
+		default:
 			v, err = s.Run(ctx, b.client, keys, args...).Result()
 		}
 		if err != nil {
