@@ -41,21 +41,25 @@ type broken struct {
 // shared is what the broken clients of one store remember between calls, so
 // that a mutation can show state the store no longer has.
 type shared struct {
-	mu       sync.Mutex
-	ever     map[string]bool           // every key acquired
-	live     map[string]backend.Record // leases acquired and not released, by key
-	released map[string]backend.Record // leases released, by key
-	beats    map[string]bool           // "key:heartbeat:id" of every heartbeat
-	counters map[string]uint64         // per-key term counters ("term-counter-forgotten")
+	mu        sync.Mutex
+	ever      map[string]bool           // every key acquired
+	live      map[string]backend.Record // leases acquired and not released, by key
+	released  map[string]backend.Record // leases released, by key
+	beats     map[string]bool           // "key:heartbeat:id" of every heartbeat
+	counters  map[string]uint64         // per-key term counters ("term-counter-forgotten")
+	ancestors map[string]bool           // every key named as an ancestor in AcquireMode
+	waitIDs   map[string]bool           // "key/waitID" of every registration attempt
 }
 
 func newShared() *shared {
 	return &shared{
-		ever:     map[string]bool{},
-		live:     map[string]backend.Record{},
-		released: map[string]backend.Record{},
-		beats:    map[string]bool{},
-		counters: map[string]uint64{},
+		ever:      map[string]bool{},
+		live:      map[string]backend.Record{},
+		released:  map[string]backend.Record{},
+		beats:     map[string]bool{},
+		counters:  map[string]uint64{},
+		ancestors: map[string]bool{},
+		waitIDs:   map[string]bool{},
 	}
 }
 
@@ -469,6 +473,11 @@ func brokenEnv(t *testing.T, name string) backendtest.Env {
 		},
 		TermsSurviveDataLoss: true,
 	}
+	if _, ok := modeMutations[name]; ok || name == "modes-none" {
+		env.Open = func() backend.Backend {
+			return &brokenModes{Backend: store.Client(), name: name, sh: sh}
+		}
+	}
 	count := func(m map[string]bool) int {
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
@@ -481,6 +490,8 @@ func brokenEnv(t *testing.T, name string) backendtest.Env {
 		env.Size = func() int { return store.Len() + count(sh.ever) }
 	case "keeps-heartbeat-records":
 		env.Size = func() int { return store.Len() + count(sh.beats) }
+	case "keeps-wait-ids":
+		env.Size = func() int { return store.Len() + count(sh.waitIDs) }
 	case "term-counter-forgotten": // per-key counters, dropped with the key's state
 		probe := store.Client()
 		t.Cleanup(func() { _ = probe.Close() })
