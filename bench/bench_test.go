@@ -1,9 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"math"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -55,9 +63,10 @@ func TestMarkdown(t *testing.T) {
 	r.note("a note")
 	got := r.markdown()
 	for _, want := range []string{
-		"| Measure | Sovereign-Redis | Sovereign-etcd | etcd concurrency.Election | etcd concurrency.Mutex | redsync/v4 | bsm/redislock |",
-		"| Hand-over p50 (ms) | 2.0 | — | — | — | — | — |", // the median of three runs
-		"| Pairs/s | — | — | — | — | — | 1234 |",
+		// Only the columns with a figure, in table order.
+		"| Measure | Sovereign-Redis | bsm/redislock |\n|---|---:|---:|\n",
+		"| Hand-over p50 (ms) | 2.0 | — |", // the median of three runs
+		"| Pairs/s | — | 1234 |",
 		"\na note\n",
 	} {
 		if !strings.Contains(got, want) {
@@ -81,6 +90,10 @@ func TestParseFlags(t *testing.T) {
 		{"no hand-off samples", []string{"-handoff-samples", "0"}, false},
 		{"unknown scenario", []string{"-only", "nope"}, false},
 		{"bad many", []string{"-many", "redis:x"}, false},
+		{"many kinds and counts", []string{"-many", "memory/cluster:100/1000", "-many-locks", "mutex/etcd:10"}, true},
+		{"many lock kind as election", []string{"-many", "mutex:10"}, false},
+		{"many election kind as lock", []string{"-many-locks", "election:10"}, false},
+		{"fractional many ttl", []string{"-many-ttl", "2500ms"}, false},
 		{"fractional ttl", []string{"-ttl", "1500ms"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -374,6 +387,174 @@ func BenchmarkPairShapes(b *testing.B) {
 				s.pair(b)
 			}
 			b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-µs/op")
+		})
+	}
+}
+
+func TestParseMany(t *testing.T) {
+	got, err := parseMany("redis/etcd:100/1000, memory:10,redis:100", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []manySpec{{false, "redis", 100}, {false, "etcd", 100}, {false, "redis", 1000}, {false, "etcd", 1000}, {false, "memory", 10}}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v (kinds varying fastest, duplicates dropped)", got, want)
+	}
+	got, err = parseMany("mutex:5", true)
+	if err != nil || !slices.Equal(got, []manySpec{{true, "mutex", 5}}) {
+		t.Errorf("got %v, %v, want one mutex run of 5 locks", got, err)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{nil, outOK},
+		{fmt.Errorf("x: %w", &backend.HeldError{}), outHeld},
+		{fmt.Errorf("x: %w", backend.ErrNotHeld), outNotHeld},
+		{fmt.Errorf("x: %w", backend.ErrLeaseLost), outLeaseLost},
+		{fmt.Errorf("etcdbackend: acquire: %w: %w", context.DeadlineExceeded, errors.New("rpc error")), outTimeout},
+		{fmt.Errorf("x: %w", context.Canceled), outCanceled},
+		{fmt.Errorf("redisbackend: renew: %w", os.ErrDeadlineExceeded), outTimeout}, // a socket deadline
+		{errors.New("etcdserver: too many requests"), outTooMany},
+		{errors.New("connection refused"), outOther},
+	} {
+		if got := classify(tc.err); got != tc.want {
+			t.Errorf("classify(%v): got %s, want %s", tc.err, outcomeNames[got], outcomeNames[tc.want])
+		}
+	}
+}
+
+// TestPlots writes the figures of a small result set and checks that each
+// is well-formed XML with a line per implementation.
+func TestPlots(t *testing.T) {
+	r := newResults()
+	for _, n := range []float64{100, 1000, 10000} {
+		r.point("elections-client-cpu", colSovRedis, n, 20)
+		r.point("elections-client-cpu", colElection, n, 0) // drawn hollow on the axis
+		r.point("locks-requests", colSovEtcd, n, 1)
+	}
+	r.fail(colSovEtcd, manySpec{false, "etcd", 10000})
+	r.sample("Graceful hand-over", colSovRedis, 1.2, 1.5, 3)
+	r.sample("Graceful hand-over", colSovEtcd, 2.5, 4)
+	r.sample("Crash failover − TTL (TTL 2s)", colElection, 300, 420)
+	dir := t.TempDir()
+	files, err := r.writePlots(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{ // file -> polylines (one per implementation)
+		"elections-cost.svg": 2, "locks-cost.svg": 1, "handover-cdf.svg": 2, "crash-cdf.svg": 1,
+	}
+	if len(files) != len(want) {
+		t.Errorf("got files %v, want %d files", files, len(want))
+	}
+	for name, lines := range want {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		d := xml.NewDecoder(bytes.NewReader(b))
+		for {
+			_, err := d.Token()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Errorf("%s: not well-formed XML: %v", name, err)
+				break
+			}
+		}
+		if got := strings.Count(string(b), "<polyline"); got != lines {
+			t.Errorf("%s: got %d lines, want %d", name, got, lines)
+		}
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "elections-cost.svg"))
+	if !strings.Contains(string(b), "10k elections failed") {
+		t.Errorf("elections-cost.svg does not mark the failed run")
+	}
+}
+
+// TestRedisCluster starts the bench's 3-master cluster and checks that
+// leases acquired through redisbackend on a cluster client land on every
+// master, then runs a small many-locks child body against it.
+func TestRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three redis-servers")
+	}
+	bin, err := testredis.FindServer()
+	if err != nil {
+		testredis.Start(t) // skips loudly, or fails on CI
+		return
+	}
+	c, err := startCluster(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := len(c.Addrs()); got != clusterMasters {
+		t.Fatalf("got %d nodes, want %d", got, clusterMasters)
+	}
+	cli := newClusterClient(c.Addrs(), "test", nil)
+	defer cli.Close()
+	rb, err := redisbackend.New(cli, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 30 {
+		if _, err := rb.Acquire(ctx, backend.AcquireRequest{Key: fmt.Sprintf("k%d", i), HolderID: "t", TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, addr := range c.Addrs() {
+		n := newRedisClient(addr, "test-node", nil)
+		size, err := n.DBSize(ctx).Result()
+		n.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if size == 0 {
+			t.Errorf("master %s holds no key, want some of the 30 leases on every master", addr)
+		}
+	}
+
+	r, err := measureMany(manyConfig{Locks: true, Kind: "cluster", N: 30, Cluster: c.Addrs(), ServerPIDs: c.PIDs(),
+		Bound: 30 * time.Second, Window: 100 * time.Millisecond, Windows: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.LeadersAtEnd != 30 || r.WithinTwoTTLs != 30 || r.LeadershipLosses != 0 {
+		t.Errorf("got %d held at the end, %d within two TTLs, %d lost; want 30, 30, 0", r.LeadersAtEnd, r.WithinTwoTTLs, r.LeadershipLosses)
+	}
+}
+
+// TestManyMemory runs the many-elections and many-locks child body on the
+// memory backend, in this process, with a short TTL so that renewals fall
+// in the measurement window.
+func TestManyMemory(t *testing.T) {
+	for _, locks := range []bool{false, true} {
+		t.Run(map[bool]string{false: "elections", true: "locks"}[locks], func(t *testing.T) {
+			r, err := measureMany(manyConfig{Locks: locks, Kind: "memory", N: 20, TTL: time.Second,
+				Bound: 30 * time.Second, Window: 500 * time.Millisecond, Windows: 1, Diag: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.LeadersAtEnd != 20 || r.WithinTwoTTLs != 20 {
+				t.Errorf("got %d at the end, %d within two TTLs, want 20 and 20", r.LeadersAtEnd, r.WithinTwoTTLs)
+			}
+			// 20 leases renewed every 200 ms: about 100 calls/s.
+			if r.ReqPerSec <= 0 {
+				t.Errorf("got %v backend calls/s, want renewals", r.ReqPerSec)
+			}
+			if len(r.ClientCPU) != 1 || len(r.ServerCPU) != 0 {
+				t.Errorf("got client CPU %v and server CPU %v, want one window and no server", r.ClientCPU, r.ServerCPU)
+			}
 		})
 	}
 }

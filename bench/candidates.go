@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -161,6 +162,34 @@ type env struct {
 	log   *slog.Logger
 
 	names atomic.Int64
+
+	clusterMu sync.Mutex    // guards cluster
+	cluster   *redisCluster // started by the first redisCluster call
+}
+
+// redisCluster returns the bench's Redis Cluster, starting it on first use.
+func (e *env) redisCluster(bin string) (*redisCluster, error) {
+	e.clusterMu.Lock()
+	defer e.clusterMu.Unlock()
+	if e.cluster == nil {
+		c, err := startCluster(bin)
+		if err != nil {
+			return nil, err
+		}
+		progress("redis cluster on %s", strings.Join(c.Addrs(), ", "))
+		e.cluster = c
+	}
+	return e.cluster, nil
+}
+
+// closeCluster stops the Redis Cluster, if it was started.
+func (e *env) closeCluster() {
+	e.clusterMu.Lock()
+	defer e.clusterMu.Unlock()
+	if e.cluster != nil {
+		e.cluster.Close()
+		e.cluster = nil
+	}
 }
 
 // name returns a fresh election or key name.

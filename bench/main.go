@@ -29,6 +29,10 @@ type config struct {
 	idleSettle  time.Duration
 	idleWindow  time.Duration
 	many        []manySpec
+	manyTTL     time.Duration
+	manyDiag    bool
+	diagDir     string
+	plots       string
 	manyBound   time.Duration
 	manySettle  time.Duration
 	manyWindow  time.Duration
@@ -40,10 +44,67 @@ type config struct {
 	out         string
 }
 
-// manySpec is one many-elections run: a kind and a number of elections.
+// manySpec is one many-elections or many-locks run: a kind and a number
+// of elections (locks).
 type manySpec struct {
-	kind string
-	n    int
+	locks bool
+	kind  string
+	n     int
+}
+
+// Kinds of the many-elections and many-locks runs.
+var (
+	manyElectionKinds = []string{"memory", "redis", "cluster", "etcd", "election"}
+	manyLockKinds     = []string{"memory", "redis", "cluster", "etcd", "mutex"}
+)
+
+// parseMany parses a -many or -many-locks list: comma-separated entries
+// kinds:counts, where kinds and counts may each be several, separated by
+// '/' (every kind at every count, kinds varying fastest).
+func parseMany(list string, locks bool) ([]manySpec, error) {
+	kinds := manyElectionKinds
+	if locks {
+		kinds = manyLockKinds
+	}
+	type kn struct {
+		kind string
+		n    int
+	}
+	var specs []manySpec
+	seen := make(map[kn]bool)
+	for _, s := range strings.Split(list, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		k, n, ok := strings.Cut(s, ":")
+		if !ok {
+			return nil, fmt.Errorf("bad entry %q (want kind:n, kind one of %s)", s, strings.Join(kinds, ", "))
+		}
+		var ns []int
+		for _, x := range strings.Split(n, "/") {
+			num, err := strconv.Atoi(x)
+			if err != nil || num <= 0 {
+				return nil, fmt.Errorf("bad count %q in %q", x, s)
+			}
+			ns = append(ns, num)
+		}
+		ks := strings.Split(k, "/")
+		for _, x := range ks {
+			if !slices.Contains(kinds, x) {
+				return nil, fmt.Errorf("bad kind %q in %q (want one of %s)", x, s, strings.Join(kinds, ", "))
+			}
+		}
+		for _, num := range ns {
+			for _, x := range ks {
+				if !seen[kn{x, num}] {
+					seen[kn{x, num}] = true
+					specs = append(specs, manySpec{locks, x, num})
+				}
+			}
+		}
+	}
+	return specs, nil
 }
 
 var scenarios = []string{"handover", "crash", "idle", "lock", "handoff", "many"}
@@ -58,8 +119,17 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.ttl, "ttl", 2*time.Second, "lease/session TTL of the hand-over and crash scenarios (whole seconds, for etcd)")
 	fs.DurationVar(&c.idleSettle, "idle-settle", 12*time.Second, "wait before counting idle requests")
 	fs.DurationVar(&c.idleWindow, "idle-window", time.Minute, "window over which idle requests are counted (scaled to a minute)")
-	many := fs.String("many", "redis:1000,redis:10000,election:1000,election:10000,etcd:1000,etcd:10000",
-		"many-elections runs, kind:n with kind redis, etcd (Sovereign) or election (etcd concurrency.Election)")
+	many := fs.String("many", "memory/redis/cluster/etcd/election:1000/10000",
+		"many-elections runs: comma-separated kinds:counts, each '/'-separated, kinds memory, redis, cluster (Redis Cluster), etcd (Sovereign) "+
+			"or election (etcd concurrency.Election); e.g. redis/etcd:100/1000")
+	manyLocks := fs.String("many-locks", "memory/redis/cluster/etcd/mutex:1000/10000",
+		"many-locks runs (one Locker holding n locks), like -many; kinds memory, redis, cluster, etcd (Sovereign package lock) "+
+			"or mutex (etcd concurrency.Mutex)")
+	fs.DurationVar(&c.manyTTL, "many-ttl", 0, "TTL of the many-elections and many-locks runs (0: the default, 10s)")
+	fs.BoolVar(&c.manyDiag, "many-diag", false, "many runs: print a per-second timeline and counts of backend calls by method and outcome, "+
+		"gRPC calls by code, and dump goroutines to -diag-dir")
+	fs.StringVar(&c.diagDir, "diag-dir", os.TempDir(), "directory of the -many-diag goroutine dumps")
+	fs.StringVar(&c.plots, "plots", "plots", "directory the SVG plots are written to (empty: none)")
 	fs.DurationVar(&c.manyBound, "many-bound", time.Minute, "how long every election may take to get its leader before a many-elections run is reported failed")
 	fs.DurationVar(&c.manySettle, "many-settle", 6*time.Second, "wait after every election has its leader")
 	fs.DurationVar(&c.manyWindow, "many-window", 5*time.Second, "length of one many-elections measurement window")
@@ -76,7 +146,8 @@ func parseFlags(args []string) (config, error) {
 	if *quick {
 		c.rounds, c.handoverN, c.crashN = 1, 5, 2
 		c.idleSettle, c.idleWindow = 3*time.Second, 20*time.Second
-		*many = "redis:1000,etcd:1000,election:1000"
+		*many = "memory/redis/cluster/etcd/election:1000"
+		*manyLocks = "memory/redis/cluster/etcd/mutex:1000"
 		c.manySettle, c.manyWindow, c.manyWindows = 3*time.Second, 3*time.Second, 1
 		c.lockDur = 500 * time.Millisecond
 		c.handoffN = 10
@@ -92,23 +163,22 @@ func parseFlags(args []string) (config, error) {
 		}
 		c.only[s] = true
 	}
-	for _, s := range strings.Split(*many, ",") {
-		s = strings.TrimSpace(s)
-		if s == "" {
-			continue
-		}
-		k, n, ok := strings.Cut(s, ":")
-		num, err := strconv.Atoi(n)
-		if !ok || err != nil || num <= 0 || (k != "redis" && k != "etcd" && k != "election") {
-			return c, fmt.Errorf("bad -many entry %q (want kind:n, kind redis, etcd or election)", s)
-		}
-		c.many = append(c.many, manySpec{k, num})
+	el, err := parseMany(*many, false)
+	if err != nil {
+		return c, fmt.Errorf("-many: %w", err)
 	}
+	lk, err := parseMany(*manyLocks, true)
+	if err != nil {
+		return c, fmt.Errorf("-many-locks: %w", err)
+	}
+	c.many = append(el, lk...)
 	switch {
 	case c.rounds < 1 || c.handoverN < 1 || c.crashN < 1 || c.handoffN < 1 || c.manyWindows < 1:
 		return c, fmt.Errorf("rounds, samples and windows must be positive")
 	case c.ttl < time.Second || c.ttl%time.Second != 0:
 		return c, fmt.Errorf("-ttl %v: want whole seconds, at least 1s (etcd leases count in seconds)", c.ttl)
+	case c.manyTTL < 0 || c.manyTTL%time.Second != 0:
+		return c, fmt.Errorf("-many-ttl %v: want whole seconds (etcd leases count in seconds)", c.manyTTL)
 	}
 	return c, nil
 }
@@ -145,6 +215,7 @@ func run(cfg config) error {
 	}
 	defer es.stop()
 	e := &env{redis: rs, etcd: es, log: slog.New(slog.DiscardHandler)}
+	defer e.closeCluster()
 	if os.Getenv("BENCH_LOG") != "" { // the electors' own logs, for debugging
 		e.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
@@ -184,6 +255,15 @@ func run(cfg config) error {
 		}
 	}
 	notes(cfg, r)
+	if cfg.plots != "" {
+		files, err := r.writePlots(cfg.plots)
+		if err != nil {
+			return err
+		}
+		if len(files) > 0 {
+			progress("plots: %s", strings.Join(files, ", "))
+		}
+	}
 	table := r.markdown()
 	fmt.Println(table)
 	progress("done in %v", time.Since(began).Round(time.Second))
@@ -217,6 +297,7 @@ func latencies(e *env, cfg config, r *results) error {
 		for i, d := range ds {
 			xs[i] = ms(d)
 		}
+		r.sample(what, col, xs...)
 		r.add(what+" p50 (ms)", col, "%.1f", percentile(xs, 50))
 		r.add(what+" p99 (ms)", col, "%.1f", percentile(xs, 99))
 	}
@@ -253,41 +334,89 @@ func latencies(e *env, cfg config, r *results) error {
 	return nil
 }
 
+// manyColumn returns the table column of a many run.
+func manyColumn(s manySpec) string {
+	switch s.kind {
+	case "memory":
+		return colSovMemory
+	case "cluster":
+		return colSovCluster
+	case "etcd":
+		return colSovEtcd
+	case "election":
+		return colElection
+	case "mutex":
+		return colMutex
+	}
+	return colSovRedis
+}
+
+// manyElections runs the many-elections and many-locks scenarios, each in a
+// child process, and records their rows and curves.
 func manyElections(e *env, cfg config, r *results) error {
 	for _, s := range cfg.many {
-		progress("many elections: %s × %d", s.kind, s.n)
-		mc := manyConfig{Kind: s.kind, N: s.n, Redis: e.redis.Addr(), Etcd: e.etcd.endpoint(),
-			Bound: cfg.manyBound, Settle: cfg.manySettle, Window: cfg.manyWindow, Windows: cfg.manyWindows}
-		col := colSovRedis
+		unit, holder := "elections", "leader"
+		if s.locks {
+			unit, holder = "locks held", "holder"
+		}
+		progress("many %s: %s × %d", unit, s.kind, s.n)
+		mc := manyConfig{Locks: s.locks, Kind: s.kind, N: s.n, Redis: e.redis.Addr(), Etcd: e.etcd.endpoint(), TTL: cfg.manyTTL,
+			Bound: cfg.manyBound, Settle: cfg.manySettle, Window: cfg.manyWindow, Windows: cfg.manyWindows,
+			Diag: cfg.manyDiag, DiagDir: cfg.diagDir}
+		col := manyColumn(s)
 		switch s.kind {
 		case "redis":
-			mc.ServerPID = e.redis.PID()
-		case "etcd":
-			mc.ServerPID, col = os.Getpid(), colSovEtcd
-		case "election":
-			mc.ServerPID, col = os.Getpid(), colElection
+			mc.ServerPIDs = []int{e.redis.PID()}
+		case "cluster":
+			c, err := e.redisCluster(cfg.redisBin)
+			if err != nil {
+				return err
+			}
+			mc.Cluster, mc.ServerPIDs = c.Addrs(), c.PIDs()
+		case "etcd", "election", "mutex":
+			mc.ServerPIDs = []int{os.Getpid()}
 		}
+		n := humanInt(s.n)
+		ttl := mc.ttl()
 		res, err := runMany(mc)
 		if err != nil {
 			// Report it in the table's notes and go on: 10,000 elections
 			// may be more than a small machine's etcd can serve.
 			progress("  failed: %v", err)
-			r.note("%s × %d elections failed: %v", col, s.n, err)
+			r.note("%s × %s %s failed: %v", col, n, unit, err)
+			r.add(fmt.Sprintf("%s %s: %% with a %s two TTLs (%v) after start", n, unit, holder, 2*ttl), col, "%.1f", 0)
+			r.fail(col, s)
 			continue
 		}
-		progress("  started in %v; client CPU %v, server CPU %v, %.0f req/s, %.0f B/election, leaders at end %d, losses %d",
-			res.Startup.Round(time.Millisecond), res.ClientCPU, res.ServerCPU, res.ReqPerSec, res.HeapPerElection, res.LeadersAtEnd, res.LeadershipLosses)
-		n := humanInt(s.n)
+		progress("  all had a %s after %v (%d of %d within two TTLs); client CPU %v, server CPU %v, %.0f req/s, %.0f B and %.2f goroutines each, at end %d, losses %d",
+			holder, res.Startup.Round(time.Millisecond), res.WithinTwoTTLs, s.n, res.ClientCPU, res.ServerCPU, res.ReqPerSec,
+			res.HeapPerElection, res.GoroutinesPerEl, res.LeadersAtEnd, res.LeadershipLosses)
 		pct := func(xs []float64) float64 { return 100 * median(xs) }
-		r.add(n+" elections: client CPU, % of one core", col, "%.1f", pct(res.ClientCPU))
-		r.add(n+" elections: server CPU, % of one core", col, "%.1f", pct(res.ServerCPU))
-		r.add(n+" elections: heap per election (KiB)", col, "%.1f", res.HeapPerElection/1024)
-		r.add(n+" elections: goroutines per election", col, "%.1f", res.GoroutinesPerEl)
-		r.add(n+" elections: backend requests/s", col, "%.1f", res.ReqPerSec)
-		if res.LeadersAtEnd != s.n || res.LeadershipLosses != 0 {
-			r.note("%s × %d elections: %d of %d led at the end; %d lost their leader while measured.",
-				col, s.n, res.LeadersAtEnd, s.n, res.LeadershipLosses)
+		per := "election"
+		if s.locks {
+			per = "lock"
 		}
+		r.add(fmt.Sprintf("%s %s: %% with a %s two TTLs (%v) after start", n, unit, holder, 2*ttl), col, "%.1f", 100*float64(res.WithinTwoTTLs)/float64(s.n))
+		r.add(fmt.Sprintf("%s %s: seconds until every one had a %s", n, unit, holder), col, "%.1f", res.Startup.Seconds())
+		r.add(n+" "+unit+": client CPU, % of one core", col, "%.1f", pct(res.ClientCPU))
+		r.add(n+" "+unit+": server CPU, % of one core", col, "%.1f", pct(res.ServerCPU))
+		r.add(n+" "+unit+": heap per "+per+" (KiB)", col, "%.1f", res.HeapPerElection/1024)
+		r.add(n+" "+unit+": goroutines per "+per, col, "%.2f", res.GoroutinesPerEl)
+		r.add(n+" "+unit+": backend requests/s", col, "%.1f", res.ReqPerSec)
+		if res.LeadersAtEnd != s.n || res.LeadershipLosses != 0 {
+			r.note("%s × %s %s: %d of %d had a %s at the end; %d lost it while measured.",
+				col, n, unit, res.LeadersAtEnd, s.n, holder, res.LeadershipLosses)
+		}
+		x := float64(s.n)
+		chart := "elections"
+		if s.locks {
+			chart = "locks"
+		}
+		r.point(chart+"-client-cpu", col, x, 1e6*median(res.ClientCPU)/x)
+		r.point(chart+"-server-cpu", col, x, 1e6*median(res.ServerCPU)/x)
+		r.point(chart+"-requests", col, x, res.ReqPerSec/x)
+		r.point(chart+"-heap", col, x, res.HeapPerElection/1024)
+		r.point(chart+"-goroutines", col, x, res.GoroutinesPerEl)
 	}
 	return nil
 }

@@ -45,15 +45,17 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 // Column names of the table.
 const (
-	colSovRedis  = "Sovereign-Redis"
-	colSovEtcd   = "Sovereign-etcd"
-	colElection  = "etcd concurrency.Election"
-	colMutex     = "etcd concurrency.Mutex"
-	colRedsync   = "redsync/v4"
-	colRedislock = "bsm/redislock"
+	colSovMemory  = "Sovereign-memory"
+	colSovRedis   = "Sovereign-Redis"
+	colSovCluster = "Sovereign-Redis Cluster"
+	colSovEtcd    = "Sovereign-etcd"
+	colElection   = "etcd concurrency.Election"
+	colMutex      = "etcd concurrency.Mutex"
+	colRedsync    = "redsync/v4"
+	colRedislock  = "bsm/redislock"
 )
 
-var columns = []string{colSovRedis, colSovEtcd, colElection, colMutex, colRedsync, colRedislock}
+var columns = []string{colSovMemory, colSovRedis, colSovCluster, colSovEtcd, colElection, colMutex, colRedsync, colRedislock}
 
 // results collects, for each row and column, one figure per run; the table
 // shows the median of each cell's figures.
@@ -62,10 +64,54 @@ type results struct {
 	cells map[string]map[string][]float64 // row -> column -> figure per run
 	fmts  map[string]string               // row -> format verb
 	notes []string
+
+	// For the plots: curves[chart][column] are (x, y) points of a cost
+	// curve, samples[chart][column] raw latency samples (ms) of a
+	// distribution, failed[chart][column] the counts where a many run
+	// failed.
+	curves  map[string]map[string][]point
+	samples map[string]map[string][]float64
+	failed  map[string]map[string][]float64
 }
 
+// point is one point of a curve.
+type point struct{ x, y float64 }
+
 func newResults() *results {
-	return &results{cells: make(map[string]map[string][]float64), fmts: make(map[string]string)}
+	return &results{cells: make(map[string]map[string][]float64), fmts: make(map[string]string),
+		curves: make(map[string]map[string][]point), samples: make(map[string]map[string][]float64),
+		failed: make(map[string]map[string][]float64)}
+}
+
+// point adds a point to a cost curve.
+func (r *results) point(chart, col string, x, y float64) {
+	if math.IsNaN(y) {
+		return
+	}
+	if r.curves[chart] == nil {
+		r.curves[chart] = make(map[string][]point)
+	}
+	r.curves[chart][col] = append(r.curves[chart][col], point{x, y})
+}
+
+// sample adds latency samples (ms) to a distribution.
+func (r *results) sample(chart, col string, ms ...float64) {
+	if r.samples[chart] == nil {
+		r.samples[chart] = make(map[string][]float64)
+	}
+	r.samples[chart][col] = append(r.samples[chart][col], ms...)
+}
+
+// fail records that a many run of col failed at s.n, for the plots.
+func (r *results) fail(col string, s manySpec) {
+	chart := "elections"
+	if s.locks {
+		chart = "locks"
+	}
+	if r.failed[chart] == nil {
+		r.failed[chart] = make(map[string][]float64)
+	}
+	r.failed[chart][col] = append(r.failed[chart][col], float64(s.n))
 }
 
 // add records one run's figure for row and column; format is the Printf verb
@@ -100,21 +146,31 @@ func (r *results) get(row, col string) (float64, bool) {
 }
 
 // markdown renders one markdown table: a row per measure, a column per
-// implementation, "—" where a measure does not apply or was not run.
+// implementation that has at least one figure, "—" where a measure does
+// not apply or was not run.
 func (r *results) markdown() string {
+	var cols []string
+	for _, c := range columns {
+		for _, row := range r.rows {
+			if _, ok := r.get(row, c); ok {
+				cols = append(cols, c)
+				break
+			}
+		}
+	}
 	var b strings.Builder
 	b.WriteString("| Measure |")
-	for _, c := range columns {
+	for _, c := range cols {
 		b.WriteString(" " + c + " |")
 	}
 	b.WriteString("\n|---|")
-	for range columns {
+	for range cols {
 		b.WriteString("---:|")
 	}
 	b.WriteString("\n")
 	for _, row := range r.rows {
 		b.WriteString("| " + row + " |")
-		for _, c := range columns {
+		for _, c := range cols {
 			v, ok := r.get(row, c)
 			switch {
 			case !ok:
