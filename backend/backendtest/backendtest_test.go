@@ -490,6 +490,8 @@ func brokenEnv(t *testing.T, name string) backendtest.Env {
 		env.Size = func() int { return store.Len() + count(sh.ever) }
 	case "keeps-heartbeat-records":
 		env.Size = func() int { return store.Len() + count(sh.beats) }
+	case "restart-keeps-entries": // a restart with persistence, reported as one without
+		env.Restart = func(bool) { store.Restart(&memorybackend.RestartOptions{KeepLeases: true}) }
 	case "keeps-wait-ids":
 		env.Size = func() int { return store.Len() + count(sh.waitIDs) }
 	case "term-counter-forgotten": // per-key counters, dropped with the key's state

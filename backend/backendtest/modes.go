@@ -1,11 +1,13 @@
 package backendtest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,6 +39,9 @@ var modeCases = []struct {
 	{"ModesCancelWaitFair", testModesCancelWaitFair},
 	{"ModesWatch", testModesWatch},
 	{"ModesBoundedState", testModesBounded},
+	{"ModesContention", testModesContention},
+	{"ModesIntentRenewed", testModesIntentRenewed},
+	{"ModesRestartLosingData", testModesRestart},
 	{"ModesInvalid", testModesInvalid},
 	{"ModesUnsupported", testModesUnsupported},
 	{"ModesCancelledAndClosed", testModesCancelledAndClosed},
@@ -1112,5 +1117,109 @@ func testModesBounded(t *testing.T, h *harness) {
 		})
 	if l := h.acquireMode(m, exclusive("lock/mb/0/x", "a")); l.Term <= last {
 		t.Errorf("term after the state was dropped: got %d, want > %d", l.Term, last)
+	}
+}
+
+// testModesContention: of many Shared acquirers of a semaphore on separate
+// clients, all at once, exactly Limit win; the others fail with ErrHeld.
+func testModesContention(t *testing.T, h *harness) {
+	h.openModes("Shared")
+	const contenders, limit = 20, 3
+	clients := make([]modesClient, contenders)
+	for i := range clients {
+		clients[i] = h.openMore()
+	}
+	errs := make(chan error, contenders)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var won []backend.Lease
+	for i, c := range clients {
+		wg.Go(func() {
+			<-start
+			l, err := c.AcquireMode(h.ctx, shared(modeKey, fmt.Sprintf("contender-%02d", i), limit))
+			if err == nil {
+				mu.Lock()
+				won = append(won, l)
+				mu.Unlock()
+			}
+			errs <- err
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil && !errors.Is(err, backend.ErrHeld) {
+			t.Errorf("AcquireMode under contention: got %v, want nil or ErrHeld", err)
+		}
+	}
+	if len(won) != limit {
+		t.Fatalf("winners of a semaphore of %d among %d contenders: got %d", limit, contenders, len(won))
+	}
+	slices.SortFunc(won, func(a, b backend.Lease) int { return cmp.Compare(a.Term, b.Term) })
+	h.mustHolders(clients[0], modeKey, won...)
+}
+
+// testModesIntentRenewed: renewing a lock below extends its intents with
+// it: an Exclusive lock above stays refused for as long as the lock below
+// is renewed, beyond its TTL.
+func testModesIntentRenewed(t *testing.T, h *harness) {
+	m := h.openModes("Hierarchical")
+	b := h.openMore()
+	r := below(exclusive(hPage1, "page-writer"), hRoot, hSet)
+	r.TTL = h.env.ShortTTL
+	p := h.acquireMode(b, r)
+	step := p.TTL / 3
+	for i := range 5 { // 1⅔ TTLs
+		h.elapse(step)
+		if err := b.Renew(h.ctx, p); err != nil {
+			t.Fatalf("Renew %d of the page lock: %v", i+1, err)
+		}
+		h.heldBy(m, exclusive(hSet, "set-writer"), p)
+		h.heldBy(m, exclusive(hRoot, "root-writer"), p)
+	}
+	h.release(b, p)
+	h.release(m, h.acquireMode(m, exclusive(hRoot, "root-writer")))
+}
+
+// testModesRestart: a store restart without persistence loses entries,
+// intents and waiters like leases: they are reported lost, the keys are
+// free, and terms increase when the backend promises it.
+func testModesRestart(t *testing.T, h *harness) {
+	if h.env.Restart == nil {
+		t.Skip("backendtest: Env.Restart is nil: Modes across a store restart are NOT checked for this backend")
+	}
+	m := h.openModes()
+	ms := m.ModeSupport()
+	b := h.openMore()
+	r := exclusive(hPage1, "page-writer")
+	if ms.Hierarchical {
+		r = below(r, hRoot, hSet)
+	}
+	p := h.acquireMode(m, r)
+	w := exclusive(hPage1, "waiter")
+	w.WaitID = "waiter-1"
+	h.heldBy(b, w, p)
+	h.env.Restart(true)
+	h.reconnect(m)
+	h.reconnect(b)
+	if err := m.Renew(h.ctx, p); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of an entry the store lost: got %v, want ErrLeaseLost", err)
+	}
+	if err := m.Release(h.ctx, p); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Release of an entry the store lost: got %v, want ErrLeaseLost", err)
+	}
+	h.mustHolders(b, hPage1)
+	h.mustBeFree(b, hPage1)
+	// Neither the intents nor the waiter survived.
+	x := h.acquireMode(b, exclusive(hSet, "set-writer"))
+	if ms.Fair {
+		fair := exclusive(hPage1, "fair")
+		fair.Fair = true
+		h.release(b, h.acquireMode(b, fair))
+	}
+	if h.env.TermsSurviveDataLoss && x.Term <= p.Term {
+		t.Errorf("term after a restart that lost the data: got %d, want > %d", x.Term, p.Term)
 	}
 }

@@ -36,6 +36,7 @@ var modeMutations = map[string][]string{
 	"invalid-ancestor-dropped":       {"ModesInvalid"},
 	"mode-ignores-cancel":            {"ModesCancelledAndClosed"},
 	"keeps-wait-ids":                 {"ModesBoundedState"},
+	"restart-keeps-entries":          {"ModesRestartLosingData"},
 }
 
 func init() {
