@@ -18,14 +18,19 @@ import "github.com/redis/go-redis/v9"
 // at (unix ms, -1 when none), granted ttl (ms), PTTL (ms); then metadata
 // name/value pairs.
 
-// luaPrelude holds the helpers every script shares.
+// The helpers the scripts share follow.
 //
 // The scripts that run all the time (acquire, renew, release, heartbeat)
 // find foreign data at our paths from the WRONGTYPE error of the
 // command they need anyway (redis.pcall), and from the fields they read,
 // instead of asking TYPE first; TYPE runs only to describe foreign data in
 // the error. Each reads the server's clock (TIME) at most once.
-const luaPrelude = `
+//
+// The helpers are split so that each script defines only what it uses:
+// every EVALSHA runs its script's top level, helper definitions included,
+// and the hot scripts (acquire, renew, release) run all the time.
+const (
+	luaBase = `
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -38,6 +43,13 @@ local function ktype(k)
   if type(t) == 'table' then t = t['ok'] end
   return t
 end
+-- failed reports whether r, a result of redis.pcall, is an error.
+local function failed(r) return type(r) == 'table' and r['err'] ~= nil end
+-- foreign is the WRONGTYPE reply for k, which holds data of another kind.
+local function foreign(k) return {'WRONGTYPE', k, 'a ' .. ktype(k)} end
+local no_lease_fields = 'a hash without the fields holder, token and term'
+`
+	luaChunked = `
 -- call_chunked runs cmd on k with the arguments in list, a few thousand at
 -- a time: unpack is limited by Lua's C stack (about 8000 values).
 local function call_chunked(cmd, k, list)
@@ -45,11 +57,8 @@ local function call_chunked(cmd, k, list)
     redis.call(cmd, k, unpack(list, i, math.min(i + 3999, #list)))
   end
 end
--- failed reports whether r, a result of redis.pcall, is an error.
-local function failed(r) return type(r) == 'table' and r['err'] ~= nil end
--- foreign is the WRONGTYPE reply for k, which holds data of another kind.
-local function foreign(k) return {'WRONGTYPE', k, 'a ' .. ktype(k)} end
-local no_lease_fields = 'a hash without the fields holder, token and term'
+`
+	luaReadLease = `
 -- read_lease reads the lease hash at k with one HGETALL. It returns the
 -- fields by name and the HGETALL reply; nil fields when k does not exist
 -- (Redis keeps no empty hash); or nil, nil and the WRONGTYPE reply when k
@@ -65,6 +74,8 @@ local function read_lease(k)
   end
   return f, h, nil
 end
+`
+	luaCheckOwner = `
 -- check_owner is the owner check of Renew, Release and SetMetadata: one
 -- HMGET of the lease at k. It returns nil and the lease's term when the
 -- lease is holder ARGV[1]'s with token ARGV[2]; otherwise the reply: LOST,
@@ -82,6 +93,8 @@ local function check_owner(k)
   end
   return {'LOST'}
 end
+`
+	luaHeartbeatState = `
 -- hb_state is 'none', 'ok', or a description of the foreign data at k.
 local function hb_state(k)
   local t = ktype(k)
@@ -100,6 +113,8 @@ local function set_state(k)
   if t ~= 'set' then return 'a ' .. t end
   return 'ok'
 end
+`
+	luaRecord = `
 -- max_term is the largest integer a Lua number holds exactly (2^53 - 1).
 local max_term = 9007199254740991
 -- record returns status followed by the record of the lease at lease,
@@ -125,6 +140,10 @@ local function record(status, lease, hbbase, f, h)
   return out
 end
 `
+)
+
+// luaPrelude holds every helper, for the scripts that run rarely.
+const luaPrelude = luaBase + luaChunked + luaReadLease + luaCheckOwner + luaHeartbeatState + luaRecord
 
 // acquireScript: KEYS lease, term, heartbeat base; ARGV holder, token,
 // ttl ms, term counter lifetime ms (TermRetention), publish command (empty
@@ -135,7 +154,7 @@ end
 // counter), TIME, SET PX (the counter), HSET (every field at once), PEXPIRE
 // and PUBLISH (the watch contract promises an event for every acquisition;
 // without subscribers it costs a dictionary lookup).
-var acquireScript = redis.NewScript(luaPrelude + `
+var acquireScript = redis.NewScript(luaBase + luaChunked + luaReadLease + luaRecord + `
 local f, h, bad = read_lease(KEYS[1])
 if bad then return bad end
 if f then return record('HELD', KEYS[1], KEYS[3], f, h) end
@@ -174,7 +193,7 @@ return {'OK', term}
 
 // renewScript: KEYS lease; ARGV holder, token, ttl ms. Four calls: HMGET,
 // PEXPIRE, TIME, HSET.
-var renewScript = redis.NewScript(luaPrelude + `
+var renewScript = redis.NewScript(luaBase + luaCheckOwner + `
 local bad = check_owner(KEYS[1])
 if bad then return bad end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -184,7 +203,7 @@ return {'OK'}
 
 // releaseScript: KEYS lease; ARGV holder, token, publish command (empty for
 // none), channel. Three calls: HMGET, DEL, PUBLISH.
-var releaseScript = redis.NewScript(luaPrelude + `
+var releaseScript = redis.NewScript(luaBase + luaCheckOwner + `
 local bad, term = check_owner(KEYS[1])
 if bad then return bad end
 redis.call('DEL', KEYS[1])
