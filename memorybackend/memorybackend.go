@@ -74,6 +74,7 @@
 // backend whose connection to the store breaks does; it sends no EventReset.
 // A receiver sees its channel closed, watches again, and treats the new
 // subscription as a reset: anything may have changed meanwhile.
+//
 // # Modes
 //
 // A client implements every part of backend.Modes (shared locks,
@@ -346,10 +347,12 @@ func (b *Backend) faulted() bool {
 
 // Calls returns how many times each method ("Acquire", "Renew", "Release",
 // "SetMetadata", "Get", "List", "Heartbeat", "Members", "RemoveMember",
-// "Watch", "ValidateKey", "MinTTL") was called on this client, failed calls
-// included. Every method but ValidateKey and MinTTL is an operation on the
-// store (a round trip on a real backend); those two do no I/O and are counted
-// under their own names only, so leave them out when counting round trips.
+// "Watch", "AcquireMode", "Holders", "CancelWait", "ValidateKey", "MinTTL",
+// "ModeSupport") was called on this client, failed calls included. Every
+// method but ValidateKey, MinTTL and ModeSupport is an operation on the
+// store (a round trip on a real backend); those three do no I/O and are
+// counted under their own names only, so leave them out when counting round
+// trips.
 // The map is a copy; methods never called are absent.
 func (b *Backend) Calls() map[string]int64 {
 	b.mu.Lock()
