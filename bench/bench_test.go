@@ -123,7 +123,10 @@ func newTestEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(es.stop)
-	return &env{redis: rs, etcd: es, log: slog.New(slog.DiscardHandler)}
+	bin, _ := testredis.FindServer() // found: testredis.Start did not skip
+	e := &env{redis: rs, redisBin: bin, etcd: es, log: slog.New(slog.DiscardHandler)}
+	t.Cleanup(e.closeCluster)
+	return e
 }
 
 // TestScenariosSmoke runs one sample of the hand-over, crash and lock
@@ -148,9 +151,11 @@ func TestScenariosSmoke(t *testing.T) {
 	}{
 		{"handover/sovereign-redis", func() ([]time.Duration, error) { return e.sovHandover(kindRedis, 1, ttl) }, 5 * time.Second},
 		{"handover/sovereign-etcd", func() ([]time.Duration, error) { return e.sovHandover(kindEtcd, 1, ttl) }, 5 * time.Second},
+		{"handover/sovereign-cluster", func() ([]time.Duration, error) { return e.sovHandover(kindCluster, 1, ttl) }, 5 * time.Second},
 		{"handover/election", func() ([]time.Duration, error) { return e.electionHandover(1, ttl) }, 5 * time.Second},
 		{"crash/sovereign-redis", func() ([]time.Duration, error) { return delays(e.sovCrash(kindRedis, 1, ttl)) }, 5 * time.Second},
 		{"crash/sovereign-etcd", func() ([]time.Duration, error) { return delays(e.sovCrash(kindEtcd, 1, ttl)) }, 5 * time.Second},
+		{"crash/sovereign-cluster", func() ([]time.Duration, error) { return delays(e.sovCrash(kindCluster, 1, ttl)) }, 5 * time.Second},
 		{"crash/election", func() ([]time.Duration, error) { return delays(e.electionCrash(1, ttl)) }, 5 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -556,5 +561,34 @@ func TestManyMemory(t *testing.T) {
 				t.Errorf("got client CPU %v and server CPU %v, want one window and no server", r.ClientCPU, r.ServerCPU)
 			}
 		})
+	}
+}
+
+// TestPlotsMerge checks that a second run's figures add to the first's in
+// the plot data, a re-measured point replacing the stored one.
+func TestPlotsMerge(t *testing.T) {
+	dir := t.TempDir()
+	r1 := newResults()
+	r1.point("elections-heap", colSovRedis, 100, 7)
+	r1.point("elections-heap", colSovRedis, 1000, 8)
+	r1.fail(colSovEtcd, manySpec{false, "etcd", 10000})
+	if _, err := r1.writePlots(dir); err != nil {
+		t.Fatal(err)
+	}
+	r2 := newResults()
+	r2.point("elections-heap", colSovRedis, 1000, 9)  // replaces 8
+	r2.point("elections-heap", colSovEtcd, 10000, 20) // replaces the failure
+	if _, err := r2.writePlots(dir); err != nil {
+		t.Fatal(err)
+	}
+	got := map[float64]float64{}
+	for _, p := range r2.curves["elections-heap"][colSovRedis] {
+		got[p.x] = p.y
+	}
+	if len(got) != 2 || got[100] != 7 || got[1000] != 9 {
+		t.Errorf("got Redis heap points %v, want 100:7 (stored) and 1000:9 (re-measured)", got)
+	}
+	if n := len(r2.failed["elections"][colSovEtcd]); n != 0 {
+		t.Errorf("got %d etcd failures, want 0: the run at 10,000 succeeded since", n)
 	}
 }

@@ -144,22 +144,27 @@ func (c *crashable) Close() error { return c.inner.Close() }
 type kind string
 
 const (
-	kindRedis kind = "redis"
-	kindEtcd  kind = "etcd"
+	kindRedis   kind = "redis"
+	kindCluster kind = "cluster" // the bench's 3-master Redis Cluster
+	kindEtcd    kind = "etcd"
 )
 
 func (k kind) column() string {
-	if k == kindEtcd {
+	switch k {
+	case kindEtcd:
 		return colSovEtcd
+	case kindCluster:
+		return colSovCluster
 	}
 	return colSovRedis
 }
 
 // env holds the servers every scenario runs against.
 type env struct {
-	redis *testredis.Server
-	etcd  *etcdServer
-	log   *slog.Logger
+	redis    *testredis.Server
+	redisBin string // the redis-server binary, for the cluster
+	etcd     *etcdServer
+	log      *slog.Logger
 
 	names atomic.Int64
 
@@ -215,9 +220,21 @@ func (e *env) newSovCandidate(k kind, name, id string, opts sovereign.Options) (
 	c := &sovCandidate{id: id, acquired: make(chan time.Time, 16)}
 	var b backend.Backend
 	switch k {
-	case kindRedis:
+	case kindRedis, kindCluster:
 		c.redisCtr = &cmdCounter{}
-		cli := newRedisClient(e.redis.Addr(), id, c.redisCtr)
+		var cli interface {
+			redisbackend.Client
+			Close() error
+		}
+		if k == kindRedis {
+			cli = newRedisClient(e.redis.Addr(), id, c.redisCtr)
+		} else {
+			rc, err := e.redisCluster(e.redisBin)
+			if err != nil {
+				return nil, err
+			}
+			cli = newClusterClient(rc.Addrs(), id, c.redisCtr)
+		}
 		rb, err := redisbackend.New(cli, nil)
 		if err != nil {
 			cli.Close()

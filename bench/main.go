@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sovereign-go/sovereign"
 	"github.com/sovereign-go/sovereign/internal/testredis"
 )
 
@@ -214,7 +215,7 @@ func run(cfg config) error {
 		return err
 	}
 	defer es.stop()
-	e := &env{redis: rs, etcd: es, log: slog.New(slog.DiscardHandler)}
+	e := &env{redis: rs, redisBin: cfg.redisBin, etcd: es, log: slog.New(slog.DiscardHandler)}
 	defer e.closeCluster()
 	if os.Getenv("BENCH_LOG") != "" { // the electors' own logs, for debugging
 		e.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -287,6 +288,8 @@ func latencies(e *env, cfg config, r *results) error {
 	impls := []impl{
 		{colSovRedis, func() ([]time.Duration, error) { return e.sovHandover(kindRedis, cfg.handoverN, cfg.ttl) },
 			func() ([]crashSample, error) { return e.sovCrash(kindRedis, cfg.crashN, cfg.ttl) }},
+		{colSovCluster, func() ([]time.Duration, error) { return e.sovHandover(kindCluster, cfg.handoverN, cfg.ttl) },
+			func() ([]crashSample, error) { return e.sovCrash(kindCluster, cfg.crashN, cfg.ttl) }},
 		{colSovEtcd, func() ([]time.Duration, error) { return e.sovHandover(kindEtcd, cfg.handoverN, cfg.ttl) },
 			func() ([]crashSample, error) { return e.sovCrash(kindEtcd, cfg.crashN, cfg.ttl) }},
 		{colElection, func() ([]time.Duration, error) { return e.electionHandover(cfg.handoverN, cfg.ttl) },
@@ -466,11 +469,19 @@ func notes(cfg config, r *results) {
 			"etcd: gRPC unary calls plus messages sent on streams.", cfg.idleWindow, cfg.idleSettle)
 	}
 	if cfg.only["many"] {
-		r.note("Many elections: one child process, one client (and one backend; for concurrency.Election one session) shared by every "+
-			"election, one candidate each, default options; after every election has its leader and %v of settling, %d window(s) of %v. "+
-			"CPU = CPU time / wall time (median over windows; server = redis-server, or the bench's own process for the embedded etcd); "+
-			"heap = live heap after GC minus the baseline, / n; requests = client-side count (go-redis hook, not counting pub/sub PINGs; "+
-			"gRPC interceptors for etcd) over all windows.", cfg.manySettle, cfg.manyWindows, cfg.manyWindow)
+		ttl := cfg.manyTTL
+		if ttl == 0 {
+			ttl = sovereign.DefaultTTL
+		}
+		r.note("Many elections / locks held: one child process, one client (and one backend; for concurrency.Election and Mutex one "+
+			"session) shared by every election or lock, TTL %v. Elections: one candidate each, default options otherwise (all started "+
+			"at once, each with the default startup jitter). Locks: one Locker acquires n distinct keys (%d acquisitions at a time) and "+
+			"holds them; concurrency.Mutex: n mutexes of one session, locked. A run fails when not every one has its leader (holder) "+
+			"%v after start; \"two TTLs\" is the goal of issue #13. After every one has it and %v of settling, %d window(s) of %v. "+
+			"CPU = CPU time / wall time (median over windows; server = redis-server, the sum of the 3 masters for Redis Cluster, the "+
+			"bench's own process for the embedded etcd; none for memory); heap = live heap after GC minus the baseline, / n; "+
+			"requests = client-side count (go-redis hook, not counting pub/sub PINGs; gRPC interceptors for etcd; backend calls for "+
+			"memory) over all windows.", ttl, manyParallel, cfg.manyBound, cfg.manySettle, cfg.manyWindows, cfg.manyWindow)
 	}
 	if cfg.only["lock"] {
 		r.note("Lock pairs: one client (one process) per implementation, TTL %v, runs of %v after a warm-up; each goroutine "+
@@ -541,6 +552,6 @@ func machineInfo(redisBin string, es *etcdServer) string {
 	if out, err := exec.Command(redisBin, "--version").Output(); err == nil {
 		rv = strings.TrimSpace(string(out))
 	}
-	return fmt.Sprintf("- Machine: %d CPUs (nproc), %s, %s/%s\n- Go: %s\n- %s\n- etcd %s (embedded, go.etcd.io/etcd/server/v3/embed; one member, 10 ms heartbeat)\n- Sovereign: %s\n",
+	return fmt.Sprintf("- Machine: %d CPUs (nproc), %s, %s/%s\n- Go: %s\n- %s\n- etcd %s (embedded, go.etcd.io/etcd/server/v3/embed; one member, 10 ms heartbeat)\n- Redis Cluster (when used): 3 masters of the same redis-server, no replicas, on loopback\n- Sovereign: %s\n",
 		runtime.NumCPU(), cpu, runtime.GOOS, runtime.GOARCH, runtime.Version(), rv, es.version(), sourceVersion())
 }

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -34,10 +37,105 @@ var costPanels = []struct{ key, title, ylabel string }{
 	{"goroutines", "Client goroutines per %s", "goroutines"},
 }
 
-// writePlots writes the SVG figures the results have data for into dir and
-// returns their paths. Figures without data are not written, so a partial
-// run leaves the other figures of dir as they were.
+// plotData is what the figures are drawn from, kept in dir/data.json so
+// that runs of different scales (small ones on a busy machine, large ones
+// on a quiet one) add up to one figure.
+type plotData struct {
+	Curves  map[string]map[string][][2]float64 `json:"curves"`  // chart -> column -> (x, y)
+	Samples map[string]map[string][]float64    `json:"samples"` // chart -> column -> ms
+	Failed  map[string]map[string][]float64    `json:"failed"`  // chart -> column -> counts
+}
+
+// mergePlotData adds to r the figures of dir/data.json that r has not
+// measured itself: a curve point of the same chart, column and count, or a
+// failure there, replaces the stored one (either way); a column's latency
+// samples replace the stored ones. It is not an error if the file does not
+// exist.
+func (r *results) mergePlotData(dir string) error {
+	b, err := os.ReadFile(filepath.Join(dir, "data.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var d plotData
+	if err := json.Unmarshal(b, &d); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, "data.json"), err)
+	}
+	measured := func(chart, col string, x float64) bool {
+		scope, _, _ := strings.Cut(chart, "-")
+		if slices.Contains(r.failed[scope][col], x) {
+			return true
+		}
+		for _, p := range costPanels {
+			for _, q := range r.curves[scope+"-"+p.key][col] {
+				if q.x == x {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	for chart, m := range d.Curves {
+		for col, ps := range m {
+			for _, p := range ps {
+				if !measured(chart, col, p[0]) {
+					r.point(chart, col, p[0], p[1])
+				}
+			}
+		}
+	}
+	for chart, m := range d.Failed {
+		for col, ns := range m {
+			for _, n := range ns {
+				if !measured(chart, col, n) {
+					r.fail(col, manySpec{locks: chart == "locks", n: int(n)})
+				}
+			}
+		}
+	}
+	for chart, m := range d.Samples {
+		for col, xs := range m {
+			if len(r.samples[chart][col]) == 0 {
+				r.sample(chart, col, xs...)
+			}
+		}
+	}
+	return nil
+}
+
+// savePlotData writes r's figures to dir/data.json.
+func (r *results) savePlotData(dir string) error {
+	d := plotData{Curves: make(map[string]map[string][][2]float64), Samples: r.samples, Failed: r.failed}
+	for chart, m := range r.curves {
+		d.Curves[chart] = make(map[string][][2]float64)
+		for col, ps := range m {
+			for _, p := range ps {
+				d.Curves[chart][col] = append(d.Curves[chart][col], [2]float64{p.x, p.y})
+			}
+		}
+	}
+	b, err := json.MarshalIndent(d, "", " ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "data.json"), append(b, '\n'), 0o644)
+}
+
+// writePlots merges the figures stored in dir (see mergePlotData) into r,
+// stores the result, writes the SVG figures there is data for into dir and
+// returns their paths.
 func (r *results) writePlots(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := r.mergePlotData(dir); err != nil {
+		return nil, err
+	}
+	if err := r.savePlotData(dir); err != nil {
+		return nil, err
+	}
 	var files []string
 	write := func(name, svg string) error {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
