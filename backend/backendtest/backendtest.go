@@ -1,5 +1,6 @@
 // Package backendtest is the conformance suite for implementations of
-// backend.Backend (and, where implemented, backend.Watcher).
+// backend.Backend (and, where implemented, backend.Watcher and
+// backend.Modes).
 //
 // Every backend's test calls Run once:
 //
@@ -12,6 +13,15 @@
 //
 // Each subtest checks one promise of the contract and fails when the backend
 // breaks it. Subtests run one after another, each on a fresh Env.
+//
+// A backend whose clients implement backend.Modes also runs the Modes
+// subtests (named Modes...): shared holders, limits and limit mismatch,
+// Exclusive against Shared and plain Acquire, per-entry expiry and owner
+// checks, terms, writer preference, hierarchies, fair order, Holders, Get
+// and List, watches of a key and its ancestors, bounded state and a restart.
+// Each skips, saying why, when the backend lacks Modes or the part of its
+// ModeSupport the subtest needs; ModesUnsupported checks that what
+// ModeSupport lacks is refused with backend.ErrUnsupported.
 //
 // Two promises need more of the Env than a client: bounded per-key state
 // (Env.Size, Env.Retention) and behaviour across a store restart
