@@ -1,0 +1,37 @@
+package backend
+
+import (
+	"context"
+	"time"
+)
+
+// BatchRenewer is an optional capability of a Backend: renewing many leases
+// in few requests. The lease keeper (package internal/keeper) gathers the
+// renewals of every election and lock of a process that fall due together
+// and sends them with one call, so that an instance holding thousands of
+// keys sends one request per interval (per Cluster slot, on Redis Cluster)
+// rather than one per key.
+type BatchRenewer interface {
+	// RenewBatch renews each lease exactly as Renew would: owner-checked,
+	// by that lease's own TTL, each key on its own (losing one never keeps
+	// or drops another). It returns one error per lease, in order: nil for
+	// a lease renewed, one wrapping ErrLeaseLost for a lease the store no
+	// longer holds, or the error that kept it from being renewed.
+	RenewBatch(ctx context.Context, leases []Lease) []error
+}
+
+// HeartbeatRequest is one heartbeat of a batch: instance ID is alive for Key,
+// under a record that expires after TTL.
+type HeartbeatRequest struct {
+	Key string
+	ID  string
+	TTL time.Duration
+}
+
+// BatchHeartbeater is an optional capability of a Backend: recording many
+// heartbeats in few requests, as BatchRenewer does for renewals.
+type BatchHeartbeater interface {
+	// HeartbeatBatch records each heartbeat exactly as Heartbeat would and
+	// returns one error per request, in order.
+	HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) []error
+}

@@ -1,0 +1,289 @@
+package redisbackend
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+var (
+	_ backend.BatchRenewer     = (*Backend)(nil)
+	_ backend.BatchHeartbeater = (*Backend)(nil)
+)
+
+// maxBatchKeys bounds the keys one batch script touches, so that a script
+// never blocks the server for long (about 3 µs a key).
+const maxBatchKeys = 256
+
+// renewManyScript renews many leases, each exactly as renewScript does
+// (owner check, PEXPIRE, HSET renewed_at and ttl; keep the two in step).
+// KEYS are lease keys of one hash slot; ARGV holds holder, token and ttl ms
+// for each key in turn. It returns one status per key: OK, LOST, or an
+// array of WRONGTYPE, the key and a description of the foreign data found.
+var renewManyScript = redis.NewScript(luaBase + `
+local out = {}
+local now
+for i, k in ipairs(KEYS) do
+  local a = (i - 1) * 3
+  local holder, token, ttl = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local f = redis.pcall('HMGET', k, 'holder', 'token', 'term')
+  if failed(f) then
+    out[i] = {'WRONGTYPE', k, 'a ' .. ktype(k)}
+  elseif f[1] and f[2] and tonumber(f[3] or '') then
+    if f[1] == holder and f[2] == token then
+      redis.call('PEXPIRE', k, ttl)
+      now = now or fmt(now_ms())
+      redis.call('HSET', k, 'renewed_at', now, 'ttl', ttl)
+      out[i] = 'OK'
+    else
+      out[i] = 'LOST'
+    end
+  elseif f[1] or f[2] or f[3] or redis.call('EXISTS', k) == 1 then
+    out[i] = {'WRONGTYPE', k, no_lease_fields}
+  else
+    out[i] = 'LOST'
+  end
+end
+return out
+`)
+
+// heartbeatManyScript records many heartbeats, each exactly as
+// heartbeatScript does (keep the two in step). KEYS are, for each
+// heartbeat in turn, its record and its members set, all of one hash slot;
+// ARGV holds id and ttl ms for each. It returns one status per heartbeat:
+// OK, or an array of WRONGTYPE, the key and a description.
+var heartbeatManyScript = redis.NewScript(luaBase + `
+local out = {}
+local now
+for i = 1, #KEYS / 2 do
+  local hk, mk = KEYS[2 * i - 1], KEYS[2 * i]
+  local id, ttl = ARGV[2 * i - 1], ARGV[2 * i]
+  local v = redis.pcall('HMGET', hk, 'at', 'ttl')
+  if failed(v) then
+    out[i] = {'WRONGTYPE', hk, 'a ' .. ktype(hk)}
+  elseif not (tonumber(v[1] or '') and tonumber(v[2] or '')) and
+      (v[1] or v[2] or redis.call('EXISTS', hk) == 1) then
+    out[i] = {'WRONGTYPE', hk, 'a hash without the fields at and ttl'}
+  elseif failed(redis.pcall('SADD', mk, id)) then
+    out[i] = {'WRONGTYPE', mk, 'a ' .. ktype(mk)}
+  else
+    now = now or fmt(now_ms())
+    redis.call('HSET', hk, 'at', now, 'ttl', ttl)
+    redis.call('PEXPIRE', hk, ttl)
+    if redis.call('PTTL', mk) < tonumber(ttl) then
+      redis.call('PEXPIRE', mk, ttl)
+    end
+    out[i] = 'OK'
+  end
+end
+return out
+`)
+
+// RenewBatch implements backend.BatchRenewer: one script per hash slot (one
+// for every key on a single server) of at most 256 keys, all sent in one
+// pipeline. Leases of Modes entries, and every lease when WaitReplicas is
+// set (a renewal then waits for replicas), are renewed one by one with
+// Renew.
+func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
+	errs := make([]error, len(leases))
+	if err := b.begin(ctx); err != nil {
+		fill(errs, err)
+		return errs
+	}
+	var calls []batchScriptCall
+	groups := map[string]int{} // hash tag → index in calls of its open group
+	for i, l := range leases {
+		if l.Entry != nil || b.waitN > 0 {
+			errs[i] = b.Renew(ctx, l)
+			continue
+		}
+		if err := b.validateLease(l); err != nil {
+			errs[i] = err
+			continue
+		}
+		lease, _, _ := b.leaseKeys(l.Key)
+		g := b.group(calls, groups, lease, 1)
+		if g < 0 {
+			g = len(calls)
+			calls = append(calls, batchScriptCall{})
+			groups[b.groupTag(lease)] = g
+		}
+		c := &calls[g]
+		c.keys = append(c.keys, lease)
+		c.args = append(c.args, l.HolderID, l.Token, ttlMillis(l.TTL))
+		c.items = append(c.items, i)
+	}
+	b.runBatch(ctx, renewManyScript, calls, func(i int, reply any, err error) {
+		l := leases[i]
+		if err != nil {
+			errs[i] = fmt.Errorf("redisbackend: renew %q: %w", l.Key, err)
+			return
+		}
+		switch status, err := itemStatus("renew", l.Key, reply); {
+		case err != nil:
+			errs[i] = err
+		case status == "OK":
+		case status == "LOST":
+			errs[i] = fmt.Errorf("redisbackend: renew %q (term %d): %w", l.Key, l.Term, backend.ErrLeaseLost)
+		default:
+			errs[i] = fmt.Errorf("redisbackend: renew %q: unexpected reply %q", l.Key, status)
+		}
+	})
+	return errs
+}
+
+// HeartbeatBatch implements backend.BatchHeartbeater like RenewBatch: one
+// script per hash slot of at most 256 heartbeats, all in one pipeline.
+func (b *Backend) HeartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRequest) []error {
+	errs := make([]error, len(reqs))
+	if err := b.begin(ctx); err != nil {
+		fill(errs, err)
+		return errs
+	}
+	var calls []batchScriptCall
+	groups := map[string]int{}
+	for i, r := range reqs {
+		if err := backend.ValidateHeartbeat(r.Key, r.ID, r.TTL); err != nil {
+			errs[i] = err
+			continue
+		}
+		if err := b.ValidateKey(r.Key); err != nil {
+			errs[i] = err
+			continue
+		}
+		_, _, hb := b.leaseKeys(r.Key)
+		g := b.group(calls, groups, hb+r.ID, 2)
+		if g < 0 {
+			g = len(calls)
+			calls = append(calls, batchScriptCall{})
+			groups[b.groupTag(hb+r.ID)] = g
+		}
+		c := &calls[g]
+		c.keys = append(c.keys, hb+r.ID, b.keyBase(r.Key)+":members")
+		c.args = append(c.args, r.ID, ttlMillis(r.TTL))
+		c.items = append(c.items, i)
+	}
+	b.runBatch(ctx, heartbeatManyScript, calls, func(i int, reply any, err error) {
+		r := reqs[i]
+		if err != nil {
+			errs[i] = fmt.Errorf("redisbackend: heartbeat %q for %q: %w", r.ID, r.Key, err)
+			return
+		}
+		switch status, err := itemStatus("heartbeat", r.Key, reply); {
+		case err != nil:
+			errs[i] = err
+		case status == "OK":
+		default:
+			errs[i] = fmt.Errorf("redisbackend: heartbeat %q for %q: unexpected reply %q", r.ID, r.Key, status)
+		}
+	})
+	return errs
+}
+
+// batchScriptCall is one script of a batch: the keys of one hash slot and
+// the batch items (indexes into the caller's slice) they serve, in order.
+type batchScriptCall struct {
+	keys  []string
+	args  []any
+	items []int
+}
+
+// groupTag is what decides a key's placement: its hash tag on a Cluster,
+// and nothing (one group) on a single server.
+func (b *Backend) groupTag(key string) string {
+	if b.cluster == nil {
+		return ""
+	}
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i+1 : i+1+j]
+		}
+	}
+	return key
+}
+
+// group returns the index in calls of the open group for key, or -1 when
+// there is none or it is full (keysPer keys per item).
+func (b *Backend) group(calls []batchScriptCall, groups map[string]int, key string, keysPer int) int {
+	g, ok := groups[b.groupTag(key)]
+	if !ok || len(calls[g].keys)+keysPer > maxBatchKeys*keysPer {
+		return -1
+	}
+	return g
+}
+
+// runBatch sends calls as one pipeline (EVALSHA, then EVAL for those the
+// server did not know the script of) and reports each item's status.
+func (b *Backend) runBatch(ctx context.Context, s *redis.Script, calls []batchScriptCall, report func(item int, reply any, err error)) {
+	if len(calls) == 0 {
+		return
+	}
+	replies := make([][]any, len(calls))
+	callErrs := make([]error, len(calls))
+	err := b.bounded(ctx, func(ctx context.Context) error {
+		cmds := make([]*redis.Cmd, len(calls))
+		p := b.client.Pipeline()
+		for i, c := range calls {
+			cmds[i] = s.EvalSha(ctx, p, c.keys, c.args...)
+		}
+		_, _ = p.Exec(ctx)
+		var retry []int
+		for i, cmd := range cmds {
+			if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+				retry = append(retry, i)
+			}
+		}
+		if len(retry) > 0 {
+			p := b.client.Pipeline()
+			for _, i := range retry {
+				cmds[i] = s.Eval(ctx, p, calls[i].keys, calls[i].args...)
+			}
+			_, _ = p.Exec(ctx)
+		}
+		for i, cmd := range cmds {
+			v, err := cmd.Result()
+			if err != nil {
+				callErrs[i] = err
+				continue
+			}
+			arr, ok := v.([]any)
+			if !ok || len(arr) != len(calls[i].items) {
+				callErrs[i] = fmt.Errorf("unexpected batch reply %#v", v)
+				continue
+			}
+			replies[i] = arr
+		}
+		return nil
+	})
+	for i, c := range calls {
+		for j, item := range c.items {
+			switch {
+			case err != nil:
+				report(item, nil, err)
+			case callErrs[i] != nil:
+				report(item, nil, callErrs[i])
+			default:
+				report(item, replies[i][j], nil)
+			}
+		}
+	}
+}
+
+// itemStatus reads one item's reply of a batch script: a status string, or
+// a WRONGTYPE array turned into the error checkStatus makes of it.
+func itemStatus(op, key string, reply any) (string, error) {
+	if arr, ok := reply.([]any); ok && len(arr) > 0 {
+		return checkStatus(op, key, arr)
+	}
+	return str(reply), nil
+}
+
+func fill(errs []error, err error) {
+	for i := range errs {
+		errs[i] = err
+	}
+}
