@@ -137,9 +137,7 @@ type Store struct {
 type keyState struct {
 	name    string
 	lease   *lease              // nil when the key is free
-	entries []*entry            // holders from AcquireMode, in term order
-	intents []*entry            // hierarchical locks below the key holding intent on it, in term order
-	waiters []*waiter           // registered waiters, in registration order
+	modes   *modeState          // nil while the key has no entry, intent or waiter
 	beats   map[string]*beat    // nil when there are none
 	watches map[*watch]struct{} // nil when there are none
 	timer   *time.Timer         // the expiry timer; nil until first armed
@@ -693,7 +691,7 @@ func (s *Store) expireLocked(ks *keyState, now time.Time) {
 		ks.lease = nil
 		s.notifyLocked(ks, backend.EventExpired)
 	}
-	if len(ks.entries) > 0 || len(ks.intents) > 0 || len(ks.waiters) > 0 {
+	if ks.modes != nil {
 		s.expireModesLocked(ks, now)
 	}
 	for id, hb := range ks.beats {
@@ -709,11 +707,14 @@ func (s *Store) expireLocked(ks *keyState, now time.Time) {
 // lease, the expiry of its last heartbeat record. A pending timer that fires
 // earlier than needed re-arms itself then. s.mu must be held.
 func (s *Store) settleLocked(ks *keyState, now time.Time) {
+	if m := ks.modes; m != nil && len(m.entries) == 0 && len(m.intents) == 0 && len(m.waiters) == 0 {
+		ks.modes = nil
+	}
 	var next time.Time
 	if ks.lease != nil {
 		next = ks.lease.expires
 	}
-	if len(ks.entries) > 0 || len(ks.waiters) > 0 {
+	if ks.modes != nil {
 		next = ks.nextModeExpiry(next)
 	}
 	if next.IsZero() {
@@ -725,7 +726,7 @@ func (s *Store) settleLocked(ks *keyState, now time.Time) {
 	}
 	if next.IsZero() {
 		ks.stopTimer()
-		if len(ks.watches) == 0 && len(ks.intents) == 0 && s.keys[ks.name] == ks {
+		if len(ks.watches) == 0 && len(ks.intents()) == 0 && s.keys[ks.name] == ks {
 			delete(s.keys, ks.name)
 		}
 		return
@@ -789,7 +790,7 @@ func (s *Store) acquire(req backend.AcquireRequest) (backend.Lease, error) {
 	if ks.lease != nil {
 		return backend.Lease{}, &backend.HeldError{Holder: s.recordLocked(ks, now)}
 	}
-	if len(ks.entries) > 0 || len(ks.intents) > 0 {
+	if ks.modes != nil && (len(ks.entries()) > 0 || len(ks.intents()) > 0) {
 		// Held by entries of AcquireMode: every holder and intent conflicts.
 		held := s.heldErrorLocked(ks.name, append(s.holdersLocked(ks, now), s.intentRecordsLocked(ks, now, false)...), 0)
 		s.flushLocked()
@@ -881,8 +882,8 @@ func (s *Store) get(key string) (backend.Record, error) {
 	defer s.unlock()
 	now := time.Now()
 	ks := s.lookupLocked(key, now)
-	if ks != nil && ks.lease == nil && len(ks.entries) > 0 {
-		return s.entryRecordLocked(ks.entries[0], now), nil // the oldest holder
+	if ks != nil && ks.lease == nil && len(ks.entries()) > 0 {
+		return s.entryRecordLocked(ks.entries()[0], now), nil // the oldest holder
 	}
 	if ks == nil || ks.lease == nil {
 		if ks != nil {
@@ -907,10 +908,10 @@ func (s *Store) list(prefix string) []backend.Record {
 		if ks.lease != nil {
 			recs = append(recs, s.recordLocked(ks, now))
 		}
-		for _, e := range ks.entries {
+		for _, e := range ks.entries() {
 			recs = append(recs, s.entryRecordLocked(e, now))
 		}
-		if ks.lease == nil && len(ks.entries) == 0 {
+		if ks.lease == nil && len(ks.entries()) == 0 {
 			s.settleLocked(ks, now) // deleting during the loop is safe
 		}
 	}

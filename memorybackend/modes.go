@@ -38,6 +38,46 @@ type entry struct {
 	metadata      map[string]string
 }
 
+// modeState is the state of a key under Modes.
+type modeState struct {
+	entries []*entry  // holders from AcquireMode, in term order
+	intents []*entry  // hierarchical locks below the key holding intent on it, in term order
+	waiters []*waiter // registered waiters, in registration order
+}
+
+// m returns the mode state of ks, creating it when there is none. Use it
+// to change the state; the readers below accept a key without one.
+func (ks *keyState) m() *modeState {
+	if ks.modes == nil {
+		ks.modes = &modeState{}
+	}
+	return ks.modes
+}
+
+// entries returns the holders of ks from AcquireMode, in term order.
+func (ks *keyState) entries() []*entry {
+	if ks.modes == nil {
+		return nil
+	}
+	return ks.modes.entries
+}
+
+// intents returns the entries of the locks below ks holding intent on it.
+func (ks *keyState) intents() []*entry {
+	if ks.modes == nil {
+		return nil
+	}
+	return ks.modes.intents
+}
+
+// waiters returns the registered waiters of ks, in registration order.
+func (ks *keyState) waiters() []*waiter {
+	if ks.modes == nil {
+		return nil
+	}
+	return ks.modes.waiters
+}
+
 // waiter is a registration of AcquireMode's ModeRequest.WaitID.
 type waiter struct {
 	id      string
@@ -128,16 +168,16 @@ func (e *entry) live(now time.Time) bool { return now.Before(e.expires) }
 // intents of its ancestors, each of which receives EventExpired. s.mu must
 // be held; the caller settles ks.
 func (s *Store) expireModesLocked(ks *keyState, now time.Time) {
-	for _, list := range [][]*entry{ks.entries, ks.intents} {
+	for _, list := range [][]*entry{ks.entries(), ks.intents()} {
 		for _, e := range slices.Clone(list) {
 			if !e.live(now) {
 				s.dropEntryLocked(e, backend.EventExpired)
 			}
 		}
 	}
-	n := len(ks.waiters)
-	ks.waiters = slices.DeleteFunc(ks.waiters, func(w *waiter) bool { return !now.Before(w.expires) })
-	if len(ks.waiters) < n {
+	n := len(ks.waiters())
+	ks.m().waiters = slices.DeleteFunc(ks.waiters(), func(w *waiter) bool { return !now.Before(w.expires) })
+	if len(ks.waiters()) < n {
 		s.notifyLocked(ks, backend.EventChanged) // the waiters behind it may go
 	}
 }
@@ -148,9 +188,9 @@ func (s *Store) expireModesLocked(ks *keyState, now time.Time) {
 // flushLocked settles. s.mu must be held.
 func (s *Store) dropEntryLocked(e *entry, t backend.EventType) {
 	ks := e.ks
-	n := len(ks.entries)
-	ks.entries = slices.DeleteFunc(ks.entries, func(x *entry) bool { return x == e })
-	if len(ks.entries) == n {
+	n := len(ks.entries())
+	ks.m().entries = slices.DeleteFunc(ks.entries(), func(x *entry) bool { return x == e })
+	if len(ks.entries()) == n {
 		return // already dropped
 	}
 	s.notifyLocked(ks, t)
@@ -160,7 +200,7 @@ func (s *Store) dropEntryLocked(e *entry, t backend.EventType) {
 		if as == nil {
 			continue
 		}
-		as.intents = slices.DeleteFunc(as.intents, func(x *entry) bool { return x == e })
+		as.m().intents = slices.DeleteFunc(as.intents(), func(x *entry) bool { return x == e })
 		s.notifyLocked(as, t)
 		s.dirty = append(s.dirty, as)
 	}
@@ -198,10 +238,10 @@ func (ks *keyState) nextModeExpiry(next time.Time) time.Time {
 			next = t
 		}
 	}
-	for _, e := range ks.entries {
+	for _, e := range ks.entries() {
 		earlier(e.expires)
 	}
-	for _, w := range ks.waiters {
+	for _, w := range ks.waiters() {
 		earlier(w.expires)
 	}
 	return next
@@ -236,7 +276,7 @@ func (s *Store) holdersLocked(ks *keyState, now time.Time) []backend.Record {
 	if ks.lease != nil {
 		recs = append(recs, s.recordLocked(ks, now))
 	}
-	for _, e := range ks.entries {
+	for _, e := range ks.entries() {
 		recs = append(recs, s.entryRecordLocked(e, now))
 	}
 	return recs
@@ -247,7 +287,7 @@ func (s *Store) holdersLocked(ks *keyState, now time.Time) []backend.Record {
 // held.
 func (s *Store) intentRecordsLocked(ks *keyState, now time.Time, exclusiveOnly bool) []backend.Record {
 	var recs []backend.Record
-	for _, e := range ks.intents {
+	for _, e := range ks.intents() {
 		if !exclusiveOnly || e.mode == backend.Exclusive {
 			recs = append(recs, s.entryRecordLocked(e, now))
 		}
@@ -263,7 +303,7 @@ func (s *Store) heldErrorLocked(key string, recs []backend.Record, waiting int) 
 	held := &backend.HeldError{Holders: recs, Waiting: waiting}
 	if len(recs) > 0 {
 		held.Holder = recs[0]
-	} else if ks := s.keys[key]; ks != nil && (ks.lease != nil || len(ks.entries) > 0) {
+	} else if ks := s.keys[key]; ks != nil && (ks.lease != nil || len(ks.entries()) > 0) {
 		held.Holder = s.holdersLocked(ks, time.Now())[0]
 	} else {
 		held.Holder = backend.Record{Key: key}
@@ -283,7 +323,7 @@ func (s *Store) conflictsLocked(ks *keyState, m backend.Mode, limit int, now tim
 		recs = append(recs, s.recordLocked(ks, now))
 	}
 	shared := 0
-	for _, e := range ks.entries {
+	for _, e := range ks.entries() {
 		if e.mode == backend.Exclusive {
 			recs = append(recs, s.entryRecordLocked(e, now))
 		} else {
@@ -292,7 +332,7 @@ func (s *Store) conflictsLocked(ks *keyState, m backend.Mode, limit int, now tim
 	}
 	recs = append(recs, s.intentRecordsLocked(ks, now, true)...)
 	if limit > 0 && shared >= limit {
-		for _, e := range ks.entries {
+		for _, e := range ks.entries() {
 			if e.mode == backend.Shared {
 				recs = append(recs, s.entryRecordLocked(e, now))
 			}
@@ -310,7 +350,7 @@ func (s *Store) ancestorConflictsLocked(as *keyState, m backend.Mode, now time.T
 	if as.lease != nil {
 		recs = append(recs, s.recordLocked(as, now))
 	}
-	for _, e := range as.entries {
+	for _, e := range as.entries() {
 		if e.mode == backend.Exclusive || m == backend.Exclusive {
 			recs = append(recs, s.entryRecordLocked(e, now))
 		}
@@ -335,7 +375,7 @@ func (s *Store) acquireMode(req backend.ModeRequest, writerFirst bool) (backend.
 	defer s.settleLocked(ks, now)
 
 	if req.Mode == backend.Shared {
-		for _, e := range ks.entries {
+		for _, e := range ks.entries() {
 			if e.mode == backend.Shared && e.limit != req.Limit {
 				return backend.Lease{}, fmt.Errorf("memorybackend: %q: limit %d, live shared holders agreed on %d: %w",
 					req.Key, req.Limit, e.limit, backend.ErrLimitMismatch)
@@ -353,17 +393,17 @@ func (s *Store) acquireMode(req backend.ModeRequest, writerFirst bool) (backend.
 	// Waiters this acquisition must yield to.
 	own := -1
 	if req.WaitID != "" {
-		own = slices.IndexFunc(ks.waiters, func(w *waiter) bool { return w.id == req.WaitID })
+		own = slices.IndexFunc(ks.waiters(), func(w *waiter) bool { return w.id == req.WaitID })
 	}
 	waiting := 0
 	switch {
 	case req.Fair:
-		waiting = len(ks.waiters)
+		waiting = len(ks.waiters())
 		if own >= 0 {
 			waiting = own
 		}
 	case req.Mode == backend.Shared && writerFirst:
-		for i, w := range ks.waiters {
+		for i, w := range ks.waiters() {
 			if w.mode == backend.Exclusive && i != own {
 				waiting++
 			}
@@ -373,17 +413,17 @@ func (s *Store) acquireMode(req backend.ModeRequest, writerFirst bool) (backend.
 	if len(conflicts) > 0 || waiting > 0 {
 		if req.WaitID != "" && (req.Mode == backend.Exclusive || req.Fair) {
 			if own >= 0 {
-				ks.waiters[own].expires = now.Add(req.TTL)
-				ks.waiters[own].mode = req.Mode
+				ks.m().waiters[own].expires = now.Add(req.TTL)
+				ks.m().waiters[own].mode = req.Mode
 			} else {
-				ks.waiters = append(ks.waiters, &waiter{id: req.WaitID, mode: req.Mode, expires: now.Add(req.TTL)})
+				ks.m().waiters = append(ks.waiters(), &waiter{id: req.WaitID, mode: req.Mode, expires: now.Add(req.TTL)})
 			}
 		}
 		return backend.Lease{}, s.heldErrorLocked(req.Key, conflicts, waiting)
 	}
 
 	if own >= 0 {
-		ks.waiters = slices.Delete(ks.waiters, own, own+1)
+		ks.m().waiters = slices.Delete(ks.waiters(), own, own+1)
 	}
 	s.term++
 	e := &entry{
@@ -399,10 +439,10 @@ func (s *Store) acquireMode(req backend.ModeRequest, writerFirst bool) (backend.
 		expires:    now.Add(req.TTL),
 		metadata:   maps.Clone(req.Metadata),
 	}
-	ks.entries = append(ks.entries, e)
+	ks.m().entries = append(ks.entries(), e)
 	for _, a := range e.ancestors {
 		as := s.keyLocked(a, now)
-		as.intents = append(as.intents, e)
+		as.m().intents = append(as.intents(), e)
 		s.dirty = append(s.dirty, as)
 	}
 	s.notifyLocked(ks, backend.EventChanged)
@@ -420,7 +460,7 @@ func (s *Store) acquireMode(req backend.ModeRequest, writerFirst bool) (backend.
 // ErrLeaseLost. s.mu must be held; the caller flushes.
 func (s *Store) ownedEntryLocked(l backend.Lease, now time.Time) (*entry, error) {
 	if ks := s.lookupLocked(l.Key, now); ks != nil {
-		for _, e := range ks.entries {
+		for _, e := range ks.entries() {
 			if e.holder == l.HolderID && e.token == l.Token {
 				return e, nil
 			}
@@ -493,9 +533,9 @@ func (s *Store) cancelWait(key, waitID string) {
 		return
 	}
 	s.dirty = append(s.dirty, ks)
-	n := len(ks.waiters)
-	ks.waiters = slices.DeleteFunc(ks.waiters, func(w *waiter) bool { return w.id == waitID })
-	if len(ks.waiters) < n {
+	n := len(ks.waiters())
+	ks.m().waiters = slices.DeleteFunc(ks.waiters(), func(w *waiter) bool { return w.id == waitID })
+	if len(ks.waiters()) < n {
 		s.notifyLocked(ks, backend.EventChanged)
 	}
 }
