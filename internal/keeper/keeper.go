@@ -14,6 +14,15 @@
 // when a renewal hangs, and Held checks the monotonic clock on every call, so
 // a paused process answers false as soon as it runs again.
 //
+// On a backend that renews in batches (backend.BatchRenewer), the periodic
+// renewals of every hold with the same RenewInterval are scheduled on one
+// grid of instants (multiples of the interval, never later than one
+// interval after the previous renewal) and sent together, one batch call
+// per instant (package internal/coalesce): an instance holding thousands of
+// leases sends one request per interval (per slot, on Redis Cluster). Each
+// lease is still checked on its own, and each hold's deadline counts from
+// its own call, made before the batch was sent.
+//
 // Ending a hold has two steps. Step-down (the deadline passes, the store says
 // the lease is lost, MaxHold passes, or the owner calls Stop or Release)
 // cancels the context at once; renewals go on, so the lease stays the
@@ -31,10 +40,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"sync"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/coalesce"
 )
 
 // Reason says why a hold stepped down.
@@ -111,6 +122,7 @@ type Config struct {
 // starts a goroutine, to retry it.
 type Hold struct {
 	cfg      Config
+	batch    backend.BatchRenewer // non-nil: periodic renewals go in batches, on the grid
 	lease    backend.Lease
 	acquired time.Time // when the acquisition was sent
 	parent   context.Context
@@ -156,13 +168,16 @@ func Start(parent context.Context, cfg Config, lease backend.Lease, sent time.Ti
 		relDone:  make(chan struct{}),
 		renewOn:  !cfg.NoRenew,
 	}
+	if br, ok := cfg.Backend.(backend.BatchRenewer); ok && reflect.TypeOf(cfg.Backend).Comparable() {
+		h.batch = br
+	}
 	h.deadline = h.deadlineFor(sent)
 	// The callbacks take h.mu first, so none of them runs before the timers
 	// are all set.
 	h.mu.Lock()
 	h.timer = time.AfterFunc(time.Until(h.deadline), func() { h.stepDown(Deadline, nil, nil) })
 	if !cfg.NoRenew {
-		h.renewT = time.AfterFunc(cfg.RenewInterval, h.tick)
+		h.renewT = time.AfterFunc(h.nextRenewal(), h.tick)
 	}
 	if cfg.MaxHold > 0 {
 		h.maxT = time.AfterFunc(time.Until(h.acquired.Add(cfg.MaxHold)), h.maxHold)
@@ -301,7 +316,7 @@ func (h *Hold) Extend(ctx context.Context) error {
 		_, cause := h.Reason()
 		return cause
 	}
-	err := h.renew(ctx)
+	err := h.renew(ctx, false)
 	if !h.Held() { // cut at the deadline, or landed after it: too late
 		_, cause := h.Reason()
 		return cause
@@ -471,7 +486,7 @@ func (h *Hold) maxHold() {
 func (h *Hold) renewLoop() {
 	for {
 		h.Held() // steps down first if the wall clock passed the deadline
-		err := h.renew(context.Background())
+		err := h.renew(context.Background(), true)
 		h.mu.Lock()
 		if h.kicked && h.renewOn && !h.lost {
 			h.kicked = false
@@ -482,7 +497,7 @@ func (h *Hold) renewLoop() {
 		if h.renewOn && !h.lost {
 			switch {
 			case err == nil:
-				h.renewT.Reset(h.cfg.RenewInterval)
+				h.renewT.Reset(h.nextRenewal())
 			case errors.Is(err, backend.ErrLeaseLost):
 				// Nothing left to renew.
 			default:
@@ -496,8 +511,27 @@ func (h *Hold) renewLoop() {
 	}
 }
 
-// renew sends one owner-checked renewal and updates the deadline.
-func (h *Hold) renew(ctx context.Context) error {
+// renewals batches the periodic renewals of every hold of a process on one
+// backend: holds that renew on the same grid (see nextRenewal) fall due
+// together and go out in one BatchRenewer call.
+var renewals coalesce.Registry[backend.Backend, backend.Lease]
+
+// nextRenewal returns how long until the next periodic renewal: one
+// RenewInterval, or, on a backend that renews in batches, until the next
+// instant on the grid of RenewInterval, which is never later, so that the
+// holds of one interval renew together.
+func (h *Hold) nextRenewal() time.Duration {
+	if h.batch == nil {
+		return h.cfg.RenewInterval
+	}
+	return coalesce.Grid(time.Now(), h.cfg.RenewInterval)
+}
+
+// renew sends one owner-checked renewal and updates the deadline. A
+// periodic renewal (batch) on a backend that renews in batches goes out
+// with the others due at the same time; the send time that counts is still
+// this call's, which is no later than the batch's.
+func (h *Hold) renew(ctx context.Context, batch bool) error {
 	s := time.Now()
 	dl := s.Add(h.cfg.RequestTimeout)
 	h.mu.Lock()
@@ -506,7 +540,12 @@ func (h *Hold) renew(ctx context.Context) error {
 	}
 	h.mu.Unlock()
 	cctx, cancel := context.WithDeadline(ctx, dl)
-	err := h.cfg.Backend.Renew(cctx, h.lease)
+	var err error
+	if batch && h.batch != nil {
+		err = renewals.Do(cctx, h.cfg.Backend, h.batch.RenewBatch, h.lease)
+	} else {
+		err = h.cfg.Backend.Renew(cctx, h.lease)
+	}
 	cancel()
 	switch {
 	case err == nil:
