@@ -73,6 +73,87 @@
 // heartbeat refresh 2 (a keep-alive and a read-only transaction checking the
 // record, in parallel, plus a write if the record has gone).
 //
+// # Shared locks, semaphores, hierarchies and fair queueing
+//
+// Backend implements backend.Modes in full. Next to a key's lease record
+// <prefix><key>, its entries live under <prefix><key>\x00 (NUL is forbidden
+// in keys, so this never collides with a user key, a descendant
+// "<key>/..." or a heartbeat record):
+//
+//	<prefix><key>\x00                     release marker (as for Acquire)
+//	<prefix><key>\x00hx/<token>           an Exclusive holder
+//	<prefix><key>\x00hs/<limit>/<token>   a Shared holder without a limit (limit 00000000)
+//	<prefix><key>\x00hs/<limit>/<slot>    a Shared holder of a semaphore: slot 0 to limit-1
+//	<prefix><key>\x00ix/<token>           intent of an Exclusive lock below
+//	<prefix><key>\x00is/<token>           intent of a Shared lock below
+//	<prefix><key>\x00wx/<wait ID>         a waiter in Exclusive mode
+//	<prefix><key>\x00ws/<wait ID>         a waiter in Shared mode (Fair only)
+//
+// (limits and slots in 8 hex digits). Each holder has its own etcd lease,
+// with the TTL asked for; its intents on its ancestors are attached to the
+// same lease, so they are renewed, revoked and expire with it. A holder's
+// record and its intents carry the token, holder ID, acquisition time,
+// metadata, mode and limit (an intent also the key of its lock), so a
+// conflict with an intent names the lock below. The term of an entry is its
+// holder key's create revision, from the cluster's one revision counter,
+// which plain Acquire shares: terms increase strictly across every mode.
+//
+// AcquireMode is one transaction whose comparisons are the conflicts of the
+// backend.Modes contract, each a range comparison "create revision = 0"
+// (etcd compares every key of a range, and an empty range as a key with
+// revision 0, so this holds exactly while the range is empty): no lease
+// record; no holder (Exclusive) or no Exclusive holder and no Shared holder
+// of another limit (Shared, a mismatch being told apart from the reads of
+// the failure branch, and writing nothing); no intent (Exclusive) or no
+// intent of an Exclusive lock (Shared); on each ancestor no lease record, no
+// Exclusive holder and, for an Exclusive lock, no Shared holder. Writer
+// preference: a Shared acquisition that is not Fair also needs the
+// Exclusive waiters' range empty. A Shared acquisition with a limit takes
+// the first free slot through a chain of nested transactions, one level per
+// slot, so the limit costs no extra request; nested levels count against
+// etcd's --max-txn-ops (128 by default), hence MaxLimit (64) and, with it,
+// at most 14 ancestors. Plain Acquire's transaction compares the holder and
+// intent ranges too, and its HeldError names the oldest entry; Get returns
+// the oldest holder, List one record per holder (never an intent, a waiter
+// or an entry's etcd key), Holders every holder in term order.
+//
+// Fair order is revision order. A waiter is registered, in the failure
+// branch of its acquisition's transaction, with the lease granted for the
+// attempt (so a failed attempt wastes no grant), and the Backend remembers
+// the registration's create revision and lease. A Fair retry then compares
+// that its own key still has that create revision and that every waiter's
+// create revision is at least it ("> rev-1": etcd has no ">="), so nobody
+// registered before it; with no registration, the waiters' range must be
+// empty. A retry refreshes the registration by a keep-alive of its lease
+// (no grant, no raft write), and a success takes that lease over for the
+// holder. A retry of a registration made by another Backend fails once,
+// learning its place from the failure branch's reads, and is tried again
+// at once with it: one more transaction, only then. A waiter's put and its
+// refreshes send no watch event (each would wake every waiter, whose retry
+// would wake them again); its deletion (success, CancelWait, expiry) sends
+// backend.EventChanged.
+//
+// Release of an entry deletes it and its intents, and writes the release
+// marker of its key and of each ancestor, in one owner-checked transaction,
+// so watchers of the key and of every ancestor see backend.EventReleased
+// (an expiry: backend.EventExpired); then it revokes the lease, which
+// holds only the markers. Nothing of an entry outlives its lease, and a
+// registration's lease is revoked when it is withdrawn or replaced, so the
+// store returns to its size before once every entry is released or has
+// expired.
+//
+// Requests (raft proposals) per operation, measured by TestModesRoundTrips:
+// AcquireMode of a free key in any mode, with or without a limit or
+// ancestors, 2 (2: grant, transaction); a retry by a registered waiter 2 (1:
+// keep-alive, transaction); a failed attempt registering a waiter 2 (2),
+// retried 2 (1), plus one lease look-up per conflicting holder (no
+// proposal); a failed attempt without registration 3 (3: the unused grant
+// is revoked) plus the look-ups. Renew 2 (0: a read-only transaction, a
+// keep-alive); Release 2 (2: transaction, revocation); SetMetadata 1 (1);
+// Holders 1 range read plus a look-up per holder (0); Get 1 plus 1 or 2
+// look-ups (0); CancelWait 1 (1: revoking the registration's lease) when
+// this Backend made the registration, else 2 (2).
+//
 // # Heartbeats
 //
 // Heartbeat records live under <prefix><key>/heartbeat/<id>, each attached to
@@ -99,11 +180,13 @@
 // # Watch
 //
 // Watch runs one etcd watch per call (etcd multiplexes them on the client's
-// gRPC stream) on the key and on a release marker next to it: Release deletes
-// the key and writes <prefix><key>\x00 in the same transaction, so a deletion
-// that comes with the marker is reported as backend.EventReleased, and one
-// without it (lease expiry, or a deletion by hand) as backend.EventExpired.
-// Every creation of the key is backend.EventChanged. The watch requires an
+// gRPC stream) on the key, a release marker next to it and its entries:
+// Release deletes the key (or an entry) and writes <prefix><key>\x00 in the
+// same transaction, so a deletion that comes with the marker is reported as
+// backend.EventReleased, and one without it (lease expiry, or a deletion by
+// hand) as backend.EventExpired. Every creation or rewrite of the key or of
+// a holder or intent entry is backend.EventChanged; waiters are reported
+// only when they go (see above). The watch requires an
 // etcd leader (clientv3.WithRequireLeader), so a member cut off from its
 // cluster does not keep a silent watch. When the watch is cancelled by the
 // server or the client (no leader, compaction, a broken connection the client
@@ -261,6 +344,7 @@ type Backend struct {
 	closed     bool                 // set by Close
 	hb         map[string]*hbEntry  // heartbeat leases by heartbeat key
 	held       map[string]time.Time // keys last seen held, and when (see seenHeld)
+	waits      map[string]waitState // registrations made here, by waitMapKey
 	lastSweep  time.Time            // when sweep last ran
 	monitoring bool                 // the connection monitor runs (see monitor)
 	reset      chan struct{}        // closed, and replaced, when the connection is back after a break
@@ -308,6 +392,7 @@ func New(client *clientv3.Client, opts *Options) (*Backend, error) {
 		stop:    stop,
 		hb:      make(map[string]*hbEntry),
 		held:    make(map[string]time.Time),
+		waits:   make(map[string]waitState),
 		reset:   make(chan struct{}),
 	}, nil
 }
@@ -370,6 +455,11 @@ func (b *Backend) sweepLocked(now time.Time) {
 	for k, at := range b.held {
 		if now.Sub(at) >= sweepInterval {
 			delete(b.held, k)
+		}
+	}
+	for k, w := range b.waits {
+		if now.After(w.expires) {
+			delete(b.waits, k)
 		}
 	}
 }

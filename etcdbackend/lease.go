@@ -1,6 +1,7 @@
 package etcdbackend
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +23,12 @@ import (
 type recordBody struct {
 	AcquiredAt time.Time         `json:"acquired_at"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
+	// Mode and Limit are those of an entry of backend.Modes (absent for a
+	// lease from Acquire: Exclusive, no limit).
+	Mode  backend.Mode `json:"mode,omitempty"`
+	Limit int          `json:"limit,omitempty"`
+	// Key is, in an intent, the key of the lock below that holds it.
+	Key string `json:"key,omitempty"`
 }
 
 // recordHeader is the first line of a lease record's value: the token and
@@ -95,7 +102,12 @@ func parseTokenTime(token string) (time.Time, bool) {
 // exactly lease l, whose etcd lease is id: the key was created at l.Term, is
 // attached to id, and its value starts with l's header (token and holder).
 func (b *Backend) ownerCheck(l backend.Lease, id clientv3.LeaseID) []clientv3.Cmp {
-	k := b.leaseKey(l.Key)
+	return ownerCmps(b.leaseKey(l.Key), l, id)
+}
+
+// ownerCmps returns the comparisons that hold only while etcd key k holds
+// exactly lease l (or entry l), whose etcd lease is id.
+func ownerCmps(k string, l backend.Lease, id clientv3.LeaseID) []clientv3.Cmp {
 	h := recordHeader(l.Token, l.HolderID)
 	// A value starts with h (which ends in '\n') exactly when it sorts
 	// strictly after h (the record body follows) and before h with its
@@ -136,9 +148,8 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		// seen it deleted since: most likely it is still held, and a
 		// read-only probe answers that without a grant and a revocation
 		// (two raft writes).
-		k := b.leaseKey(req.Key)
 		resp, err := b.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+			If(b.freeCheck(req.Key)...).
 			Else(b.holderReads(req.Key)...).
 			Commit()
 		if err != nil {
@@ -166,12 +177,26 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	return lease, err
 }
 
-// holderReads returns the reads of a key's record and heartbeats that the
-// else-branch of an acquisition makes.
+// freeCheck returns the comparisons that hold while key is free for
+// Acquire: no lease record, and no holder or intent entry of backend.Modes
+// (waiters do not count).
+func (b *Backend) freeCheck(key string) []clientv3.Cmp {
+	base := b.entryBase(key)
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(b.leaseKey(key)), "=", 0),
+		// Holders ("h...") and intents ("i...").
+		none(base+holdersPart, base+"j"),
+	}
+}
+
+// holderReads returns the reads of a key's record, heartbeats, and holder
+// and intent entries that the else-branch of an acquisition makes.
 func (b *Backend) holderReads(key string) []clientv3.Op {
+	base := b.entryBase(key)
 	return []clientv3.Op{
 		clientv3.OpGet(b.leaseKey(key)),
 		clientv3.OpGet(b.heartbeatPrefix(key), clientv3.WithPrefix()),
+		clientv3.OpGet(base+holdersPart, clientv3.WithRange(base+"j")),
 	}
 }
 
@@ -208,7 +233,7 @@ func (b *Backend) acquireWith(ctx context.Context, req backend.AcquireRequest, g
 		return backend.Lease{}, false, fmt.Errorf("etcdbackend: acquire %q: encode record: %w", req.Key, err)
 	}
 	resp, err := b.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		If(b.freeCheck(req.Key)...).
 		Then(clientv3.OpPut(k, value, clientv3.WithLease(grant.ID))).
 		Else(reads...).
 		Commit()
@@ -232,6 +257,28 @@ func (b *Backend) acquireWith(ctx context.Context, req backend.AcquireRequest, g
 // *backend.HeldError, looking up the holder's remaining TTL and heartbeat age
 // while it revokes the unused grant (if any).
 func (b *Backend) heldError(ctx context.Context, key string, resp *clientv3.TxnResponse, grant clientv3.LeaseID) error {
+	op := fmt.Sprintf("acquire %q", key)
+	if recKVs := resp.Responses[0].GetResponseRange().Kvs; len(recKVs) == 0 {
+		// Held by entries of backend.Modes: holders and intents.
+		entries := resp.Responses[2].GetResponseRange().Kvs
+		owners := make([]string, len(entries))
+		for i := range owners {
+			owners[i] = key
+		}
+		var revoke []clientv3.LeaseID
+		if grant != 0 {
+			revoke = append(revoke, grant)
+		}
+		recs, err := b.entryRecords(ctx, owners, entries, revoke)
+		if err != nil {
+			return fail(ctx, op, err)
+		}
+		if len(recs) == 0 {
+			return fail(ctx, op, errors.New("held, but nothing read"))
+		}
+		b.setSeenHeld(key, true)
+		return &backend.HeldError{Holder: recs[0], Holders: recs}
+	}
 	var revokeErr error
 	var wg sync.WaitGroup
 	if grant != 0 {
@@ -240,7 +287,6 @@ func (b *Backend) heldError(ctx context.Context, key string, resp *clientv3.TxnR
 	rec, err := b.record(ctx, key, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs)
 	wg.Wait()
 	_ = revokeErr // an unrevoked grant holds nothing and expires on its own
-	op := fmt.Sprintf("acquire %q", key)
 	switch {
 	case errors.Is(err, errLeaseGone):
 		// The holder released or expired just after the transaction saw
@@ -274,6 +320,9 @@ func (b *Backend) Renew(ctx context.Context, l backend.Lease) error {
 	id, ok := parseToken(l.Token)
 	if !ok {
 		return fmt.Errorf("etcdbackend: renew %q: foreign token: %w", l.Key, backend.ErrLeaseLost)
+	}
+	if l.Entry != nil {
+		return b.renewEntry(ctx, l, id)
 	}
 	resp, err := b.cli.Txn(ctx).If(b.ownerCheck(l, id)...).Commit()
 	if err != nil {
@@ -310,6 +359,9 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	if !ok {
 		return fmt.Errorf("etcdbackend: release %q: foreign token: %w", l.Key, backend.ErrLeaseLost)
 	}
+	if l.Entry != nil {
+		return b.releaseEntry(ctx, l, id)
+	}
 	resp, err := b.cli.Txn(ctx).
 		If(b.ownerCheck(l, id)...).
 		Then(
@@ -344,14 +396,34 @@ func (b *Backend) Get(ctx context.Context, key string) (backend.Record, error) {
 		return backend.Record{}, err
 	}
 	defer cancel()
+	base := b.entryBase(key)
 	resp, err := b.cli.Txn(ctx).Then(
 		clientv3.OpGet(b.leaseKey(key)),
 		clientv3.OpGet(b.heartbeatPrefix(key), clientv3.WithPrefix()),
+		clientv3.OpGet(base+holdersPart, clientv3.WithRange(base+intentsPart)),
 	).Commit()
 	if err != nil {
 		return backend.Record{}, fail(ctx, fmt.Sprintf("get %q", key), err)
 	}
-	rec, err := b.record(ctx, key, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs)
+	recKVs := resp.Responses[0].GetResponseRange().Kvs
+	hbKVs := resp.Responses[1].GetResponseRange().Kvs
+	if len(recKVs) == 0 {
+		// The oldest holder entry of backend.Modes, if any: the first
+		// one whose lease is still there.
+		entries := slices.Clone(resp.Responses[2].GetResponseRange().Kvs)
+		slices.SortFunc(entries, func(x, y *mvccpb.KeyValue) int { return cmp.Compare(x.CreateRevision, y.CreateRevision) })
+		for _, kv := range entries {
+			rec, err := b.record(ctx, key, []*mvccpb.KeyValue{kv}, hbKVs)
+			if errors.Is(err, errLeaseGone) {
+				continue
+			}
+			if err != nil {
+				return backend.Record{}, fail(ctx, fmt.Sprintf("get %q", key), err)
+			}
+			return rec, nil
+		}
+	}
+	rec, err := b.record(ctx, key, recKVs, hbKVs)
 	if errors.Is(err, backend.ErrNotHeld) || errors.Is(err, errLeaseGone) {
 		return backend.Record{}, fmt.Errorf("etcdbackend: get %q: %w", key, backend.ErrNotHeld)
 	}
@@ -370,7 +442,7 @@ func (b *Backend) record(ctx context.Context, key string, recKVs, hbKVs []*mvccp
 	if len(recKVs) == 0 {
 		return backend.Record{}, backend.ErrNotHeld
 	}
-	rec, lease, err := parseRecord(key, recKVs[0])
+	rec, lease, err := parseEntry(key, recKVs[0])
 	if err != nil {
 		return backend.Record{}, err
 	}
@@ -459,6 +531,9 @@ func (b *Backend) SetMetadata(ctx context.Context, l backend.Lease, md map[strin
 	if !ok || !okAt {
 		return fmt.Errorf("etcdbackend: set metadata of %q: foreign token: %w", l.Key, backend.ErrLeaseLost)
 	}
+	if l.Entry != nil {
+		return b.setEntryMetadata(ctx, l, id, at, md)
+	}
 	value, err := encodeRecord(l.Token, l.HolderID, recordBody{AcquiredAt: at, Metadata: md})
 	if err != nil {
 		return fmt.Errorf("etcdbackend: set metadata of %q: encode record: %w", l.Key, err)
@@ -501,10 +576,18 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, er
 	var ids []clientv3.LeaseID // the lease of each record
 	for _, kv := range resp.Kvs {
 		key := string(kv.Key)[len(b.prefix):]
+		if k, rest, ok := strings.Cut(key, "\x00"); ok {
+			// An entry of backend.Modes: only holders are listed, under
+			// their key.
+			if !strings.HasPrefix(rest, exclusiveHolders) && !strings.HasPrefix(rest, sharedHolders) {
+				continue
+			}
+			key = k
+		}
 		if checkKey(key) != nil || kv.Lease == 0 {
 			continue // a heartbeat record, a release marker, or not ours
 		}
-		rec, lease, err := parseRecord(key, kv)
+		rec, lease, err := parseEntry(key, kv)
 		if err != nil {
 			continue // not a lease record of this package
 		}
@@ -524,7 +607,12 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, er
 		}
 		out = append(out, rec)
 	}
-	slices.SortFunc(out, func(a, b backend.Record) int { return strings.Compare(a.Key, b.Key) })
+	slices.SortFunc(out, func(a, b backend.Record) int {
+		if c := strings.Compare(a.Key, b.Key); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Term, b.Term)
+	})
 	return out, nil
 }
 

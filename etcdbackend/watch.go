@@ -159,8 +159,9 @@ func (w *watch) establish(startCtx context.Context, from int64) (stream, error) 
 	b := w.b
 	sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(w.ctx))
 	opts := []clientv3.OpOption{
-		// The range holds exactly the key and its marker, key+"\x00".
-		clientv3.WithRange(b.leaseKey(w.key) + "\x00\x00"),
+		// The range holds the key, its marker key+"\x00" and the
+		// entries of backend.Modes, key+"\x00...", and nothing else.
+		clientv3.WithRange(b.stateEnd(w.key)),
 		clientv3.WithCreatedNotify(),
 	}
 	if from > 0 {
@@ -317,8 +318,22 @@ func (w *watch) drain(s stream, reset *<-chan struct{}, out chan<- backend.Event
 		}
 		for _, ev := range resp.Events {
 			w.rev = max(w.rev, ev.Kv.ModRevision)
-			if string(ev.Kv.Key) != key {
-				continue // the marker only explains a deletion
+			k := string(ev.Kv.Key)
+			if k != key {
+				if len(k) <= len(marker) {
+					continue // the marker only explains a deletion
+				}
+				if k[len(marker)] == waitersPart[0] {
+					// A waiter: its registration and its refreshes
+					// change nothing for anyone (and reporting them
+					// would wake every waiter at each retry); its
+					// withdrawal or expiry may let those behind it
+					// go.
+					if ev.Type == mvccpb.DELETE {
+						w.send(out, backend.EventChanged)
+					}
+					continue
+				}
 			}
 			switch ev.Type {
 			case mvccpb.PUT:

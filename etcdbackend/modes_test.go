@@ -1,0 +1,414 @@
+package etcdbackend_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/etcdbackend"
+)
+
+// raftCounter counts the requests of a client that etcd turns into raft
+// proposals (log entries every member writes): lease grants and
+// revocations, puts, deletes, and transactions with a write in any branch
+// (etcd proposes those even when their comparisons fail). Reads, read-only
+// transactions, keep-alives and lease look-ups are served without one.
+type raftCounter struct {
+	mu      sync.Mutex // guards writes, methods
+	writes  int
+	methods map[string]int
+}
+
+// configure adds the counting interceptor to cfg.
+func (c *raftCounter) configure(cfg *clientv3.Config) {
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(
+		func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			write := false
+			switch r := req.(type) {
+			case *etcdserverpb.LeaseGrantRequest, *etcdserverpb.LeaseRevokeRequest,
+				*etcdserverpb.PutRequest, *etcdserverpb.DeleteRangeRequest:
+				write = true
+			case *etcdserverpb.TxnRequest:
+				write = !readOnly(r)
+			}
+			if write {
+				c.mu.Lock()
+				c.writes++
+				if c.methods == nil {
+					c.methods = make(map[string]int)
+				}
+				c.methods[method]++
+				c.mu.Unlock()
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}))
+}
+
+// readOnly reports whether etcd serves t without a raft proposal: only
+// ranges in both branches (etcd's txn.IsTxnReadonly).
+func readOnly(t *etcdserverpb.TxnRequest) bool {
+	for _, ops := range [][]*etcdserverpb.RequestOp{t.Success, t.Failure} {
+		for _, op := range ops {
+			if op.GetRequestRange() == nil {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// take returns the writes since the last take, and resets the count.
+func (c *raftCounter) take() (int, map[string]int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, m := c.writes, maps.Clone(c.methods)
+	c.writes, c.methods = 0, nil
+	return n, m
+}
+
+// modesPair returns a Backend whose requests are counted, and another on
+// the same prefix.
+func modesPair(t *testing.T, n *counter, r *raftCounter) (counted, other *etcdbackend.Backend) {
+	t.Helper()
+	opts := &etcdbackend.Options{Prefix: newPrefix()}
+	cli := newClient(t, nil, func(cfg *clientv3.Config) {
+		if n != nil {
+			n.configure(cfg)
+		}
+		if r != nil {
+			r.configure(cfg)
+		}
+	})
+	return newBackend(t, cli, opts), newBackend(t, newClient(t, nil, nil), opts)
+}
+
+func modeRequest(key, holder string, m backend.Mode) backend.ModeRequest {
+	return backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: key, HolderID: holder, TTL: time.Minute}, Mode: m}
+}
+
+// TestModesRoundTrips counts the requests, and the raft proposals among
+// them, of each operation of backend.Modes; the test's log is the table
+// the package doc gives.
+func TestModesRoundTrips(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	var r raftCounter
+	b, other := modesPair(t, &n, &r)
+
+	held, err := other.AcquireMode(ctx, modeRequest("held", "other", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sharedOther, err := other.AcquireMode(ctx, modeRequest("shared", "other", backend.Shared))
+	if err != nil {
+		t.Fatal(err)
+	}
+	isHeld := func(err error) error {
+		if errors.Is(err, backend.ErrHeld) {
+			return nil
+		}
+		return fmt.Errorf("got %v, want ErrHeld", err)
+	}
+	var x, s, lim, tree backend.Lease
+	waiter := modeRequest("held", "waiter", backend.Exclusive)
+	waiter.WaitID = "w1"
+	fair := modeRequest("held", "fair", backend.Exclusive)
+	fair.Fair, fair.WaitID = true, "f1"
+	steps := []struct {
+		name        string
+		do          func() error
+		want, raftW int
+	}{
+		{"Exclusive of a free key (grant, txn)", func() (err error) {
+			x, err = b.AcquireMode(ctx, modeRequest("x", "a", backend.Exclusive))
+			return err
+		}, 2, 2},
+		{"Shared of a key with a Shared holder (grant, txn)", func() (err error) {
+			s, err = b.AcquireMode(ctx, modeRequest("shared", "a", backend.Shared))
+			return err
+		}, 2, 2},
+		{"Shared with limit 3, slot 0 taken (grant, txn)", func() (err error) {
+			req := modeRequest("sem", "a", backend.Shared)
+			req.Limit = 3
+			if _, err := other.AcquireMode(ctx, req); err != nil {
+				return err
+			}
+			lim, err = b.AcquireMode(ctx, req)
+			return err
+		}, 2, 2},
+		{"Exclusive with 2 ancestors (grant, txn)", func() (err error) {
+			req := modeRequest("t/a/b", "a", backend.Exclusive)
+			req.Ancestors = []string{"t", "t/a"}
+			tree, err = b.AcquireMode(ctx, req)
+			return err
+		}, 2, 2},
+		{"Renew of an entry (read-only txn, keep-alive)", func() error { return b.Renew(ctx, tree) }, 2, 0},
+		{"SetMetadata of an entry with 2 ancestors (txn)", func() error {
+			return b.SetMetadata(ctx, tree, map[string]string{"k": "v"})
+		}, 1, 1},
+		{"Shared of a held key, no WaitID (grant, txn, revoke, 1 lease look-up)", func() error {
+			_, err := b.AcquireMode(ctx, modeRequest("held", "a", backend.Shared))
+			return isHeld(err)
+		}, 4, 3},
+		{"Exclusive with WaitID of a held key, first try (grant, txn registering, 1 lease look-up)", func() error {
+			_, err := b.AcquireMode(ctx, waiter)
+			return isHeld(err)
+		}, 3, 2},
+		{"the same, retried (keep-alive of the registration, txn, 1 lease look-up)", func() error {
+			_, err := b.AcquireMode(ctx, waiter)
+			return isHeld(err)
+		}, 3, 1},
+		{"Fair with WaitID of a held key, first try (grant, txn registering, 1 lease look-up)", func() error {
+			_, err := b.AcquireMode(ctx, fair)
+			return isHeld(err)
+		}, 3, 2},
+		{"Holders of a key with 2 Shared holders (range, 2 lease look-ups)", func() error {
+			recs, err := b.Holders(ctx, "shared")
+			if err == nil && len(recs) != 2 {
+				err = fmt.Errorf("got %d holders, want 2", len(recs))
+			}
+			return err
+		}, 3, 0},
+		{"Get of a key with Shared holders (txn, 1 lease look-up)", func() error {
+			_, err := b.Get(ctx, "shared")
+			return err
+		}, 2, 0},
+		{"CancelWait of a registration made here (revoke)", func() error { return b.CancelWait(ctx, "held", fair.WaitID) }, 1, 1},
+		{"Release of an entry with 2 ancestors (txn, revoke)", func() error { return b.Release(ctx, tree) }, 2, 2},
+		{"Release of a Shared entry (txn, revoke)", func() error { return b.Release(ctx, s) }, 2, 2},
+		{"Release of a limited Shared entry (txn, revoke)", func() error { return b.Release(ctx, lim) }, 2, 2},
+		{"CancelWait of a registration made elsewhere (txn, revoke)", func() error {
+			w := modeRequest("x", "elsewhere", backend.Exclusive)
+			w.WaitID = "w2"
+			if err := isHeld(func() error { _, err := other.AcquireMode(ctx, w); return err }()); err != nil {
+				return err
+			}
+			n.reset()
+			r.take()
+			return b.CancelWait(ctx, "x", w.WaitID)
+		}, 2, 2},
+		{"Release of an Exclusive entry (txn, revoke)", func() error { return b.Release(ctx, x) }, 2, 2},
+	}
+	for _, st := range steps {
+		n.reset()
+		r.take()
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		got, byMethod := n.total(), n.byMethod()
+		raftW, raftBy := r.take()
+		t.Logf("%-95s %d requests %v, %d raft writes %v", st.name, got, byMethod, raftW, raftBy)
+		if got != int64(st.want) || raftW != st.raftW {
+			t.Errorf("%s: got %d requests %v and %d raft writes %v, want %d and %d", st.name, got, byMethod, raftW, raftBy, st.want, st.raftW)
+		}
+	}
+	for _, l := range []backend.Lease{held, sharedOther} {
+		if err := other.Release(ctx, l); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestModesRegisteredWaiterReusesItsLease checks the count of the step
+// above that the table cannot measure: a registered waiter's successful
+// acquisition refreshes its registration's lease and takes it over,
+// with no grant.
+func TestModesRegisteredWaiterReusesItsLease(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	var r raftCounter
+	b, other := modesPair(t, &n, &r)
+	held, err := other.AcquireMode(ctx, modeRequest("k", "other", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := modeRequest("k", "waiter", backend.Exclusive)
+	w.WaitID = "w"
+	if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	if err := other.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	n.reset()
+	r.take()
+	l, err := b.AcquireMode(ctx, w)
+	if err != nil {
+		t.Fatalf("AcquireMode of the released key: %v", err)
+	}
+	got, byMethod := n.total(), n.byMethod()
+	raftW, _ := r.take()
+	if got != 2 || raftW != 1 || byMethod["LeaseGrant"] != 0 {
+		t.Errorf("registered waiter's acquisition: got %d requests %v, %d raft writes; want 2 (keep-alive, txn), 1", got, byMethod, raftW)
+	}
+	if err := b.Renew(ctx, l); err != nil {
+		t.Errorf("Renew of the lease taken over from the registration: %v", err)
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
+
+// TestModesSlots: a limited Shared key is a set of slots; a released slot
+// is taken again, the limit holds with every slot taken, and the largest
+// limit (with its nested transaction) is accepted by etcd.
+func TestModesSlots(t *testing.T) {
+	ctx := testCtx(t)
+	b, _ := modesPair(t, nil, nil)
+	sem := func(key string, limit int, ancestors ...string) backend.ModeRequest {
+		req := modeRequest(key, "h", backend.Shared)
+		req.Limit, req.Ancestors = limit, ancestors
+		return req
+	}
+	var ls []backend.Lease
+	for range 3 {
+		l, err := b.AcquireMode(ctx, sem("s", 3))
+		if err != nil {
+			t.Fatalf("AcquireMode: %v", err)
+		}
+		ls = append(ls, l)
+	}
+	if err := b.Release(ctx, ls[1]); err != nil {
+		t.Fatal(err)
+	}
+	l, err := b.AcquireMode(ctx, sem("s", 3))
+	if err != nil {
+		t.Fatalf("AcquireMode after the release of the middle slot: %v", err)
+	}
+	var held *backend.HeldError
+	if _, err := b.AcquireMode(ctx, sem("s", 3)); !errors.As(err, &held) || len(held.Holders) != 3 {
+		t.Fatalf("AcquireMode with 3 slots taken: got %v, want a HeldError with 3 holders", err)
+	}
+	for _, l := range []backend.Lease{ls[0], l, ls[2]} {
+		if err := b.Release(ctx, l); err != nil {
+			t.Errorf("Release: %v", err)
+		}
+	}
+
+	// The largest limit, with as many ancestors as the transaction allows.
+	key := "m"
+	var ancestors []string
+	refused := false
+	for i := 0; i < 30 && !refused; i++ {
+		a := key
+		key += fmt.Sprintf("/%d", i)
+		next := append(ancestors, a)
+		if _, err := b.AcquireMode(ctx, sem(key, etcdbackend.MaxLimit+1, next...)); !errors.Is(err, backend.ErrUnsupported) {
+			t.Fatalf("AcquireMode with limit %d: got %v, want ErrUnsupported", etcdbackend.MaxLimit+1, err)
+		}
+		l, err := b.AcquireMode(ctx, sem(key, etcdbackend.MaxLimit, next...))
+		if errors.Is(err, backend.ErrUnsupported) {
+			if i < 3 {
+				t.Fatalf("limit %d refused with only %d ancestors: %v", etcdbackend.MaxLimit, i+1, err)
+			}
+			t.Logf("limit %d: accepted with up to %d ancestors", etcdbackend.MaxLimit, i)
+			refused = true
+			continue
+		}
+		if err != nil {
+			t.Fatalf("limit %d with %d ancestors: %v (the transaction's size was misjudged)", etcdbackend.MaxLimit, i+1, err)
+		}
+		if err := b.Release(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		ancestors = next
+	}
+	if !refused {
+		t.Fatalf("limit %d accepted with %d ancestors, more than etcd's --max-txn-ops allows", etcdbackend.MaxLimit, len(ancestors))
+	}
+	// Every slot of the largest limit.
+	ls = ls[:0]
+	for i := range etcdbackend.MaxLimit {
+		l, err := b.AcquireMode(ctx, sem("big", etcdbackend.MaxLimit))
+		if err != nil {
+			t.Fatalf("AcquireMode %d of %d: %v", i+1, etcdbackend.MaxLimit, err)
+		}
+		ls = append(ls, l)
+	}
+	if _, err := b.AcquireMode(ctx, sem("big", etcdbackend.MaxLimit)); !errors.As(err, &held) || len(held.Holders) != etcdbackend.MaxLimit {
+		t.Fatalf("AcquireMode with every slot taken: got %v, want a HeldError with %d holders", err, etcdbackend.MaxLimit)
+	}
+	for _, l := range ls {
+		if err := b.Release(ctx, l); err != nil {
+			t.Errorf("Release: %v", err)
+		}
+	}
+}
+
+// TestModesWaiterRefreshIsSilent: a waiter's registration and its
+// refreshes send no event (each would wake every waiter, whose retries
+// would wake them again); its withdrawal sends EventChanged.
+func TestModesWaiterRefreshIsSilent(t *testing.T) {
+	ctx := testCtx(t)
+	b, other := modesPair(t, nil, nil)
+	held, err := other.AcquireMode(ctx, modeRequest("k", "other", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := b.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	w := modeRequest("k", "waiter", backend.Exclusive)
+	w.WaitID = "w"
+	for range 3 {
+		if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+			t.Fatalf("AcquireMode: got %v, want ErrHeld", err)
+		}
+	}
+	if err := other.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if e := nextEvent(t, events, "release", 10*time.Second); e.Type != backend.EventReleased {
+		t.Fatalf("first event after 3 registrations and a release: got %v, want %v", e.Type, backend.EventReleased)
+	}
+	if err := b.CancelWait(ctx, "k", w.WaitID); err != nil {
+		t.Fatal(err)
+	}
+	if e := nextEvent(t, events, "cancel wait", 10*time.Second); e.Type != backend.EventChanged {
+		t.Fatalf("after CancelWait: got %v, want %v", e.Type, backend.EventChanged)
+	}
+}
+
+// TestModesListShowsNoEntryKeys: List returns one record per holder under
+// the holder's key, never the etcd keys of entries, intents or waiters.
+func TestModesListShowsNoEntryKeys(t *testing.T) {
+	ctx := testCtx(t)
+	b, _ := modesPair(t, nil, nil)
+	req := modeRequest("a/b", "h", backend.Shared)
+	req.Ancestors = []string{"a"}
+	for range 2 {
+		if _, err := b.AcquireMode(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := modeRequest("a", "w", backend.Exclusive)
+	w.WaitID = "w"
+	if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode of an ancestor with locks below: got %v, want ErrHeld", err)
+	}
+	recs, err := b.List(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 {
+		t.Fatalf("List: got %d records %v, want 2", len(recs), recs)
+	}
+	for _, r := range recs {
+		if r.Key != "a/b" || r.Mode != backend.Shared {
+			t.Errorf("List: got a record of %q (%v), want %q (shared)", r.Key, r.Mode, "a/b")
+		}
+	}
+	if recs[0].Term >= recs[1].Term {
+		t.Errorf("List: terms %d, %d not in increasing order", recs[0].Term, recs[1].Term)
+	}
+}
