@@ -759,12 +759,17 @@ func testModesWriterPreference(t *testing.T, h *harness) {
 	h.release(b, x)
 	h.release(m, h.acquireMode(m, shared(modeKey, "reader-3", 0)))
 
-	// It expires on its own TTL.
+	// Retries refresh it beyond its TTL; then it expires on its own TTL.
 	r4 := h.acquireMode(m, shared(modeKey, "reader-4", 0))
 	writer.WaitID = "writer-wait-3"
 	writer.TTL = h.env.ShortTTL
 	h.heldBy(b, writer, r4)
 	blocked("registered with a short TTL")
+	for i := range 5 { // 1⅔ TTLs
+		h.elapse(writer.TTL / 3)
+		h.heldBy(b, writer, r4)
+		blocked(fmt.Sprintf("refreshed by retry %d", i+1))
+	}
 	h.eventually("expiry of the writer's registration", writer.TTL, func() (bool, string) {
 		l, err := m.AcquireMode(h.ctx, shared(modeKey, "reader-5", 0))
 		if err == nil {

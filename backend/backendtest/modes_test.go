@@ -37,6 +37,7 @@ var modeMutations = map[string][]string{
 	"mode-ignores-cancel":            {"ModesCancelledAndClosed"},
 	"keeps-wait-ids":                 {"ModesBoundedState"},
 	"restart-keeps-entries":          {"ModesRestartLosingData"},
+	"waiter-not-refreshed":           {"ModesWriterPreference"},
 }
 
 func init() {
@@ -89,8 +90,18 @@ func (b *brokenModes) AcquireMode(ctx context.Context, req backend.ModeRequest) 
 	}
 	if req.WaitID != "" {
 		b.sh.mu.Lock()
+		again := b.sh.waitIDs[req.Key+"/"+req.WaitID]
 		b.sh.waitIDs[req.Key+"/"+req.WaitID] = true
 		b.sh.mu.Unlock()
+		if again && b.name == "waiter-not-refreshed" {
+			// Registered once, never refreshed; a success still removes
+			// the registration.
+			l, err := b.Backend.AcquireMode(ctx, backend.ModeRequest{AcquireRequest: req.AcquireRequest, Mode: req.Mode, Limit: req.Limit, Ancestors: req.Ancestors, Fair: req.Fair})
+			if err == nil {
+				_ = b.Backend.CancelWait(ctx, req.Key, req.WaitID)
+			}
+			return l, err
+		}
 	}
 	b.sh.mu.Lock()
 	for _, a := range req.Ancestors {
