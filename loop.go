@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/coalesce"
 )
 
 // expiryMargin is added to a holder's remaining TTL when scheduling the next
@@ -206,7 +208,12 @@ func (e *Elector) heartbeat(ctx context.Context, ls *loopState, deadline time.Ti
 		dl = minTime(dl, deadline)
 	}
 	cctx, cancel := context.WithDeadline(ctx, dl)
-	err := e.b.Heartbeat(cctx, e.name, e.id, o.HeartbeatTTL)
+	var err error
+	if hb := e.batchHeartbeater(); hb != nil {
+		err = heartbeats.Do(cctx, e.b, hb.HeartbeatBatch, backend.HeartbeatRequest{Key: e.name, ID: e.id, TTL: o.HeartbeatTTL})
+	} else {
+		err = e.b.Heartbeat(cctx, e.name, e.id, o.HeartbeatTTL)
+	}
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -218,8 +225,29 @@ func (e *Elector) heartbeat(ctx context.Context, ls *loopState, deadline time.Ti
 	}
 	ls.hbFailures = 0
 	e.backendOK()
-	ls.nextHB = s.Add(o.HeartbeatInterval)
+	if e.batchHeartbeater() != nil {
+		ls.nextHB = time.Now().Add(coalesce.Grid(time.Now(), o.HeartbeatInterval))
+	} else {
+		ls.nextHB = s.Add(o.HeartbeatInterval)
+	}
 	return nil
+}
+
+// heartbeats batches the heartbeats of every elector of a process on one
+// backend that records them in batches: they are due on one grid of
+// instants (multiples of HeartbeatInterval), so an instance running
+// thousands of elections sends one request per interval (per slot, on
+// Redis Cluster).
+var heartbeats coalesce.Registry[backend.Backend, backend.HeartbeatRequest]
+
+// batchHeartbeater returns the backend as a BatchHeartbeater, or nil when
+// it records heartbeats one by one (or its value cannot key a batch).
+func (e *Elector) batchHeartbeater() backend.BatchHeartbeater {
+	hb, ok := e.b.(backend.BatchHeartbeater)
+	if !ok || !reflect.TypeOf(e.b).Comparable() {
+		return nil
+	}
+	return hb
 }
 
 // release releases lease with a fresh bounded context and reports whether the
