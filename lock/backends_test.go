@@ -26,6 +26,18 @@ func TestBackends(t *testing.T) {
 		store := memorybackend.NewStore()
 		locktest.Run(t, func(t *testing.T) backend.Backend { return client(t, store) }, 2*time.Second)
 	})
+	t.Run("memory without Modes", func(t *testing.T) { // the mode cases skip
+		store := memorybackend.NewStore()
+		locktest.Run(t, func(t *testing.T) backend.Backend { return hidden{client(t, store)} }, 2*time.Second)
+	})
+	t.Run("memory with Shared only", func(t *testing.T) {
+		store := memorybackend.NewStore()
+		locktest.Run(t, func(t *testing.T) backend.Backend {
+			c := client(t, store)
+			c.SetModeSupport(backend.ModeSupport{Shared: true})
+			return c
+		}, 2*time.Second)
+	})
 	t.Run("miniredis", func(t *testing.T) {
 		mr := miniredis.RunT(t)
 		locktest.Run(t, func(t *testing.T) backend.Backend {

@@ -27,8 +27,17 @@ var quiet = slog.New(slog.DiscardHandler)
 // Locker; open registers the backend's clean-up with t) and locks of the
 // given TTL. Each case uses keys of its own.
 func Run(t *testing.T, open func(t *testing.T) backend.Backend, ttl time.Duration) {
-	for _, tc := range lockCases {
+	for _, tc := range slices.Concat(lockCases, modeCases) {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.needs != nil {
+				m, ok := open(t).(backend.Modes)
+				if !ok {
+					t.Skip("the backend does not implement backend.Modes")
+				}
+				if missing := tc.needs(m.ModeSupport()); missing != "" {
+					t.Skipf("the backend's ModeSupport lacks %s", missing)
+				}
+			}
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 			defer cancel()
 			newL := func(id string) *lock.Locker {
@@ -44,12 +53,17 @@ func Run(t *testing.T, open func(t *testing.T) backend.Backend, ttl time.Duratio
 	}
 }
 
-var lockCases = []struct {
+type lockCase struct {
 	name string
+	// needs, when set, returns what the case needs that s lacks ("" when
+	// nothing); the case is skipped then.
+	needs func(s backend.ModeSupport) string
 	// run gets a fresh Locker for each id, and a key prefix of its own.
 	run func(ctx context.Context, t *testing.T, newL func(id string) *lock.Locker, key string)
-}{
-	{"try-acquire, held error, release", func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
+}
+
+var lockCases = []lockCase{
+	{"try-acquire, held error, release", nil, func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
 		a, b := newL("alice@host"), newL("bob@host")
 		k := key + "/job:1"
 		la, err := a.TryAcquire(ctx, k, &lock.AcquireOptions{Metadata: map[string]string{"req": "r1"}})
@@ -85,7 +99,7 @@ var lockCases = []struct {
 		}
 		lb.Release(ctx)
 	}},
-	{"acquire woken by release", func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
+	{"acquire woken by release", nil, func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
 		a, b := newL("alice"), newL("bob")
 		la, err := a.TryAcquire(ctx, key, nil)
 		if err != nil {
@@ -109,7 +123,7 @@ var lockCases = []struct {
 			t.Errorf("bob Acquire: %v", err)
 		}
 	}},
-	{"do", func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
+	{"do", nil, func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
 		a, b := newL("alice"), newL("bob")
 		ran := false
 		err := a.Do(ctx, key, nil, func(ctx context.Context, l *lock.Lock) error {
@@ -132,7 +146,7 @@ var lockCases = []struct {
 			t.Errorf("Holders after Do: got %v, %v; want none (released)", hs, err)
 		}
 	}},
-	{"wait free", func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
+	{"wait free", nil, func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
 		a, b := newL("alice"), newL("bob")
 		la, err := a.TryAcquire(ctx, key, nil)
 		if err != nil {
@@ -148,7 +162,7 @@ var lockCases = []struct {
 			t.Errorf("WaitFree: %v", err)
 		}
 	}},
-	{"list and metadata", func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
+	{"list and metadata", nil, func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
 		a := newL("alice")
 		var held []*lock.Lock
 		for _, k := range []string{key + "/a", key + "/b", key + "x/c"} {
