@@ -102,3 +102,93 @@ func ExampleHeldError() {
 	// held: true
 	// already in progress, started by alice@host-a (request req-7, term 1)
 }
+
+// Readers share a schema lock; a writer waits until they have all left,
+// and gets a higher fencing term than any of them.
+func ExampleLocker_TryAcquire_shared() {
+	store := memorybackend.NewStore()
+	r1, _ := lock.New(store.Client(), "reader-1", nil)
+	r2, _ := lock.New(store.Client(), "reader-2", nil)
+	w, _ := lock.New(store.Client(), "migrator", nil)
+	defer r1.Close()
+	defer r2.Close()
+	defer w.Close()
+	ctx := context.Background()
+
+	read := &lock.AcquireOptions{Mode: lock.Shared}
+	l1, err := r1.TryAcquire(ctx, "schema/orders", read)
+	if err != nil {
+		panic(err)
+	}
+	l2, err := r2.TryAcquire(ctx, "schema/orders", read)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("both readers hold it:", l1.Held(), l2.Held())
+
+	_, err = w.TryAcquire(ctx, "schema/orders", nil) // Exclusive
+	var held *lock.HeldError
+	if errors.As(err, &held) {
+		fmt.Printf("the migrator waits for %d readers: %s and %s\n",
+			len(held.Holders), held.Holders[0].HolderID, held.Holders[1].HolderID)
+	}
+	l1.Release(ctx)
+	l2.Release(ctx)
+	lw, err := w.TryAcquire(ctx, "schema/orders", nil)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("then it migrates (term %d, after the readers' %d and %d)\n", lw.Term(), l1.Term(), l2.Term())
+	lw.Release(ctx)
+	// Output:
+	// both readers hold it: true true
+	// the migrator waits for 2 readers: reader-1 and reader-2
+	// then it migrates (term 3, after the readers' 1 and 2)
+}
+
+// A semaphore: at most 3 extractions per tenant at once. Each permit holder
+// has its own lease, so a crashed one frees its permit after its TTL.
+func ExampleLocker_TryDo_semaphore() {
+	store := memorybackend.NewStore()
+	worker, _ := lock.New(store.Client(), "worker-a", nil)
+	other, _ := lock.New(store.Client(), "worker-b", nil)
+	defer worker.Close()
+	defer other.Close()
+	ctx := context.Background()
+
+	permit := &lock.AcquireOptions{Mode: lock.Shared, Limit: 3}
+	key := lock.Key("extraction", "tenant-1")
+	var held []*lock.Lock
+	for range 3 {
+		l, err := worker.TryAcquire(ctx, key, permit)
+		if err != nil {
+			panic(err)
+		}
+		held = append(held, l)
+	}
+	fmt.Println("worker-a runs 3 extractions")
+
+	err := other.TryDo(ctx, key, permit, func(context.Context, *lock.Lock) error {
+		fmt.Println("worker-b extracts") // not reached: no permit left
+		return nil
+	})
+	var full *lock.HeldError
+	if errors.As(err, &full) {
+		fmt.Printf("worker-b: no permit (%d of %d in use)\n", len(full.Holders), full.Holder.Limit)
+	}
+
+	held[0].Release(ctx) // one extraction is done
+	err = other.TryDo(ctx, key, permit, func(context.Context, *lock.Lock) error {
+		fmt.Println("worker-b extracts")
+		return nil
+	})
+	fmt.Println("worker-b's TryDo returned", err)
+	for _, l := range held[1:] {
+		l.Release(ctx)
+	}
+	// Output:
+	// worker-a runs 3 extractions
+	// worker-b: no permit (3 of 3 in use)
+	// worker-b extracts
+	// worker-b's TryDo returned <nil>
+}
