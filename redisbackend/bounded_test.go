@@ -2,6 +2,7 @@ package redisbackend_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -72,7 +73,11 @@ func boundedKeys(t *testing.T) int {
 
 // TestKeyspaceBounded: on a real server, many distinct keys are acquired,
 // heartbeated and released; once the heartbeats and term counters have
-// expired, DBSIZE is back to what it was before.
+// expired, DBSIZE is back to what it was before. One key in four is a
+// page of a lock tree held through backend.Modes instead: two Shared
+// holders with a limit and their intents on the tree's root, a writer
+// registered as waiting, a fair reader queued behind it; one holder is
+// released, the other and both waiters are left to expire on their own.
 func TestKeyspaceBounded(t *testing.T) {
 	srv := testredis.StartConfig(t, testredis.Config{Args: []string{"--hz", "100"}})
 	c := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true, PoolSize: 32})
@@ -100,6 +105,13 @@ func TestKeyspaceBounded(t *testing.T) {
 			defer wg.Done()
 			for i := w; i < n; i += workers {
 				key := fmt.Sprintf("lock/job-%d", i)
+				if i%4 == 0 {
+					if err := modesRound(ctx, b, fmt.Sprintf("lock/tree-%d", i), ttl); err != nil {
+						errs <- fmt.Errorf("tree %d: %w", i, err)
+						return
+					}
+					continue
+				}
 				l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "h", TTL: ttl})
 				if err == nil {
 					err = b.Heartbeat(ctx, key, "h", retention)
@@ -138,4 +150,43 @@ func TestKeyspaceBounded(t *testing.T) {
 	if got := admin.Get(ctx, "user:data").Val(); got != "x" {
 		t.Fatalf("user data: got %q, want it untouched", got)
 	}
+}
+
+// modesRound leaves entries, intents and waiters of backend.Modes on the
+// page root+"/page", all of which end by themselves within ttl: a Shared
+// holder released, another left to expire, an Exclusive writer and a fair
+// reader registered as waiters and never withdrawn. (Should a machine under
+// load let the readers expire before the writer comes, the writer and the
+// reader get in instead and their entries expire the same way.)
+func modesRound(ctx context.Context, b *redisbackend.Backend, root string, ttl time.Duration) error {
+	page := root + "/page"
+	req := func(id string, m backend.Mode) backend.ModeRequest {
+		r := backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: page, HolderID: id, TTL: ttl},
+			Mode: m, Ancestors: []string{root}}
+		if m == backend.Shared {
+			r.Limit = 2
+		}
+		return r
+	}
+	r1, err := b.AcquireMode(ctx, req("r1", backend.Shared))
+	if err != nil {
+		return err
+	}
+	if _, err := b.AcquireMode(ctx, req("r2", backend.Shared)); err != nil {
+		return err
+	}
+	w := req("w", backend.Exclusive)
+	w.WaitID = "wait-w"
+	if _, err := b.AcquireMode(ctx, w); err != nil && !errors.Is(err, backend.ErrHeld) {
+		return fmt.Errorf("writer: %w", err)
+	}
+	f := req("f", backend.Shared)
+	f.Fair, f.WaitID = true, "wait-f"
+	if _, err := b.AcquireMode(ctx, f); err != nil && !errors.Is(err, backend.ErrHeld) {
+		return fmt.Errorf("fair reader: %w", err)
+	}
+	if err := b.Release(ctx, r1); err != nil && !errors.Is(err, backend.ErrLeaseLost) {
+		return err
+	}
+	return nil
 }

@@ -41,6 +41,10 @@ func newBackend(t testing.TB, client redisbackend.Client, opts *redisbackend.Opt
 func TestConformanceMiniredis(t *testing.T) {
 	backendtest.Run(t, func(t *testing.T) backendtest.Env {
 		mr := miniredis.RunT(t)
+		// Entries of backend.Modes expire by the server's clock (TIME), which
+		// FastForward does not move: Advance moves both.
+		now := time.Now()
+		mr.SetTime(now)
 		return backendtest.Env{
 			Open: func() backend.Backend {
 				c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -51,11 +55,19 @@ func TestConformanceMiniredis(t *testing.T) {
 				}
 				return b
 			},
-			Advance:   mr.FastForward,
+			Advance: func(d time.Duration) {
+				now = now.Add(d)
+				mr.SetTime(now)
+				mr.FastForward(d)
+			},
 			Size:      func() int { return len(mr.Keys()) },
 			Retention: time.Minute, // the default TermRetention
 			Restart: func(loseData bool) {
 				mr.Close() // closes every connection, as a server restart does
+				// The restart takes a moment on the server's clock.
+				now = now.Add(time.Millisecond)
+				mr.SetTime(now)
+				mr.FastForward(time.Millisecond)
 				if loseData {
 					mr.FlushAll()
 				}

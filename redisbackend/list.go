@@ -42,7 +42,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, er
 	var recs []backend.Record
 	err := b.bounded(ctx, func(ctx context.Context) error {
 		l := &lister{b: b, prefix: prefix, seen: make(map[string]bool)}
-		l.pattern = globEscape(b.prefix) + "{" + globEscape(prefix) + "*}"
+		l.pattern = b.listPattern(prefix)
 		var err error
 		switch c := b.client.(type) {
 		case *redis.ClusterClient:
@@ -109,16 +109,14 @@ func (l *lister) scan(ctx context.Context, c scanner) error {
 	}
 }
 
-// read runs the Get script on every name in one pipeline (a second one for
-// the replies that were NOSCRIPT) and keeps the records of held leases.
+// read runs the holders script on every name in one pipeline (a second
+// one for the replies that were NOSCRIPT) and keeps the records of every
+// live holder: one per plain lease, one per entry of AcquireMode.
 func (l *lister) read(ctx context.Context, c scanner, names, keys []string) error {
 	cmds := make([]*redis.Cmd, len(names))
-	evalSha := func(i int, p redis.Pipeliner) {
-		cmds[i] = getScript.EvalSha(ctx, p, []string{names[i], names[i] + ":heartbeat:"})
-	}
 	p := c.Pipeline()
 	for i := range names {
-		evalSha(i, p)
+		cmds[i] = holdersScript.EvalSha(ctx, p, []string{names[i]}, "1")
 	}
 	_, _ = p.Exec(ctx) // errors are read per command
 	var missing []int
@@ -130,7 +128,7 @@ func (l *lister) read(ctx context.Context, c scanner, names, keys []string) erro
 	if len(missing) > 0 {
 		p := c.Pipeline()
 		for _, i := range missing {
-			cmds[i] = getScript.Eval(ctx, p, []string{names[i], names[i] + ":heartbeat:"})
+			cmds[i] = holdersScript.Eval(ctx, p, []string{names[i]}, "1")
 		}
 		_, _ = p.Exec(ctx)
 	}
@@ -144,14 +142,14 @@ func (l *lister) read(ctx context.Context, c scanner, names, keys []string) erro
 		if !ok || len(reply) == 0 {
 			return fmt.Errorf("reading %q: unexpected script reply %#v", names[i], v)
 		}
-		if str(reply[0]) != "OK" { // NONE: gone since SCAN; WRONGTYPE: not ours
+		if str(reply[0]) != "OK" { // WRONGTYPE: not ours
 			continue
 		}
-		rec, err := parseRecord(keys[i], reply)
+		rs, err := parseRecords(keys[i], reply[1:]) // none: gone since SCAN, or intents only
 		if err != nil {
 			return fmt.Errorf("reading %q: %w", names[i], err)
 		}
-		recs = append(recs, rec)
+		recs = append(recs, rs...)
 	}
 	l.mu.Lock()
 	l.recs = append(l.recs, recs...)
@@ -159,19 +157,57 @@ func (l *lister) read(ctx context.Context, c scanner, names, keys []string) erro
 	return nil
 }
 
-// leaseKeyOf returns the key whose lease hash is named name, and false when
-// name is not a lease hash's name ("<prefix>{<key>}", key without braces):
-// a term counter, a heartbeat record, a members set, or another's data.
+// leaseKeyOf returns the key whose lease hash is named name (see keyBase),
+// and false when name is not a lease hash's name: a term counter, a
+// heartbeat record, a members set, a waiters hash, or another's data.
 func (b *Backend) leaseKeyOf(name string) (string, bool) {
 	rest, ok := strings.CutPrefix(name, b.prefix+"{")
 	if !ok {
 		return "", false
 	}
-	key, ok := strings.CutSuffix(rest, "}")
-	if !ok || b.ValidateKey(key) != nil {
+	tag, rest, ok := strings.Cut(rest, "}")
+	if !ok {
+		return "", false
+	}
+	var key string
+	if rest == "" { // an election: <prefix>{<key>}
+		if strings.HasPrefix(tag, backend.LockKeyPrefix) {
+			return "", false
+		}
+		key = tag
+	} else { // a lock: <prefix>{lock/<root>}{<rest>}
+		below, ok := strings.CutPrefix(rest, "{")
+		if !ok {
+			return "", false
+		}
+		if below, ok = strings.CutSuffix(below, "}"); !ok {
+			return "", false
+		}
+		root, ok := strings.CutPrefix(tag, backend.LockKeyPrefix)
+		if !ok || strings.Contains(root, "/") || (below != "" && below[0] != '/') {
+			return "", false
+		}
+		key = tag + below
+	}
+	if b.ValidateKey(key) != nil || b.keyBase(key) != name {
 		return "", false
 	}
 	return key, true
+}
+
+// listPattern is the SCAN MATCH pattern of List(prefix): the names of the
+// lease hashes of keys beginning with prefix, and others that leaseKeyOf
+// and the prefix check then drop. A lock prefix that reaches below its
+// root's segment ("lock/a/b") matches inside the tree's names; any other
+// prefix is matched against the first tag, whose '*' also spans the second
+// of lock names.
+func (b *Backend) listPattern(prefix string) string {
+	if rest, ok := strings.CutPrefix(prefix, backend.LockKeyPrefix); ok {
+		if i := strings.IndexByte(rest, '/'); i >= 0 {
+			return globEscape(b.prefix) + "{" + globEscape(backend.LockKeyPrefix+rest[:i]) + "}{" + globEscape(rest[i:]) + "*}"
+		}
+	}
+	return globEscape(b.prefix) + "{" + globEscape(prefix) + "*}"
 }
 
 // globEscape escapes the characters SCAN's MATCH pattern treats specially,

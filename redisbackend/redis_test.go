@@ -102,7 +102,10 @@ func TestKeyLayout(t *testing.T) {
 	}{
 		{"default prefix", "", "billing", "sovereign:{billing}"},
 		{"own prefix", "app:", "billing", "app:{billing}"},
-		{"lock key with / and :", "esc:", "lock/a:b%c", "esc:{lock/a:b%c}"},
+		{"lock key with : and %", "esc:", "lock/a:b%c", "esc:{lock/a:b%c}{}"},
+		{"lock key below its root", "esc:", "lock/a:b/c/d:e", "esc:{lock/a:b}{/c/d:e}"},
+		{"lock key with an empty root", "esc:", "lock//x", "esc:{lock/}{/x}"},
+		{"election key with /", "esc:", "jobs/a/b", "esc:{jobs/a/b}"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -5,7 +5,8 @@
 // # Operations
 //
 // Every operation (Acquire, Renew, Release, SetMetadata, Get, Heartbeat,
-// Members, RemoveMember) is one Lua script, sent with EVALSHA (EVAL once
+// Members, RemoveMember, and those of backend.Modes: AcquireMode, Holders,
+// CancelWait) is one Lua script, sent with EVALSHA (EVAL once
 // after a NOSCRIPT reply): one round trip, atomic, owner-checked where the
 // contract says so. Timestamps and ages come from the Redis server's clock
 // (TIME), so the clocks of the candidates never matter. Only a lease's own
@@ -13,14 +14,15 @@
 // another holder, whatever the heartbeat records say.
 //
 // List scans (SCAN, never KEYS) every primary for lease hashes whose name
-// matches the prefix, then reads each one with the Get script, pipelined:
-// each record is consistent in itself, and records may be read at slightly
-// different instants.
+// matches the prefix, then reads each one with the Holders script,
+// pipelined: each record is consistent in itself, and records may be read
+// at slightly different instants.
 //
 // # Key layout
 //
 // With the default prefix "sovereign:" and the key "billing", the keys are,
-// all sharing the hash tag {billing} so that every script works on Cluster:
+// all sharing the hash tag {billing} so that every script works on Cluster
+// (lock keys differ: see Lock trees and Cluster below):
 //
 //	sovereign:{billing}                  hash: the lease, with the fields holder, token,
 //	                                     term, acquired_at and renewed_at (unix ms), ttl (ms)
@@ -38,6 +40,32 @@
 //	                                     PEXPIRE: until its last heartbeat record expires.
 //	sovereign:{billing}:events           pub/sub channel (not a key): "acquired:<term>"
 //	                                     and "released:<term>".
+//	sovereign:{billing}:waiters          hash (backend.Modes): the registered waiters,
+//	                                     w:<wait ID> = "<seq> <expiry> <x|s>", and the
+//	                                     ticket counter seq; PEXPIREAT: its latest
+//	                                     waiter's expiry. Absent without waiters.
+//
+// A key held through backend.Modes keeps its holders (Shared or Exclusive
+// entries) and the intents of the locks below it as fields of the lease
+// hash, which then has the field modes=1 instead of holder, token and
+// term: h:<token> and i:<token>, each with its own expiry by the server's
+// clock (see modes.go); the hash expires with its latest entry.
+//
+// # Lock trees and Cluster
+//
+// A lock key "lock/<root><rest>" (backend.LockKeyPrefix, a first segment
+// root up to the next '/', and rest, empty or beginning with '/') is
+// stored as "<prefix>{lock/<root>}{<rest>}", so every key of a tree (lock/a,
+// lock/a/b, lock/a/b/c) shares the hash tag {lock/a}: one script takes a
+// lock and its intents on every ancestor atomically, on Cluster too. The
+// consequence: a tree lives on one Cluster shard (one slot), however many
+// locks it holds; spread load over many roots, not many levels. The other
+// names of a lock key follow its lease hash as above
+// ("sovereign:{lock/a}{/b}:term"). Election keys (which never begin with
+// "lock/") keep the plain layout. Versions before this layout stored lock
+// keys as "<prefix>{lock/a/b}": a lock held by such a version is not seen
+// by this one, so upgrade every process using a lock key at once, or let
+// their locks end first.
 //
 // Inspect them with redis-cli: HGETALL 'sovereign:{billing}', PTTL
 // 'sovereign:{billing}', GET 'sovereign:{billing}:term'. A key is written
@@ -45,8 +73,10 @@
 // tag (ValidateKey and every method refuse such keys with an error wrapping
 // backend.ErrInvalid); '/' and ':' are fine.
 //
-// Per-key state is bounded in time: the lease hash expires with its TTL (or
-// goes at Release), each heartbeat record with its own TTL, the members set
+// Per-key state is bounded in time: the lease hash expires with its TTL
+// (with its latest entry's, for backend.Modes), or goes at Release (of its
+// last entry), the waiters hash with its latest waiter, each heartbeat
+// record with its own TTL, the members set
 // when its last heartbeat record does (each Heartbeat extends its expiry to
 // cover the record it writes; RemoveMember and Members drop IDs whose record
 // is gone, RemoveMember recomputes the expiry from the records left, and
@@ -67,7 +97,9 @@
 // SSUBSCRIBE and SPUBLISH, is used by default), opened by the first Watch;
 // watching more keys adds channels, not connections. Acquire and Release
 // publish on the key's channel, so waiting candidates learn of a release
-// within milliseconds. The expiry of a crashed holder's lease is not
+// within milliseconds; the release of an entry of backend.Modes is
+// published on its key's channel and on each of its ancestors', and
+// CancelWait publishes a change on the key's channel. The expiry of a crashed holder's lease is not
 // published (keyspace notifications are not used; the backend never runs
 // CONFIG SET): the elector schedules its next attempt from the TTL the
 // record reports. An idle pub/sub connection is pinged every
@@ -84,6 +116,8 @@
 // Redis 5.0 or later (or a compatible server): the scripts read TIME before
 // writing, which needs script effects replication, the default since 5.0;
 // they also use HSET with several fields (4.0), SET with PX, SCAN and WAIT.
+// Entries of backend.Modes expire by TIME: with miniredis, move its clock
+// (SetTime) along with FastForward, or they outlive the fast-forward.
 // On Cluster the default sharded pub/sub (SPUBLISH, SSUBSCRIBE) needs Redis
 // 7.0; with an older Cluster set Options.PubSub to PubSubClassic. The tests
 // run against Redis 7.0 and miniredis.
@@ -379,10 +413,39 @@ func New(client Client, opts *Options) (*Backend, error) {
 	return b, nil
 }
 
-// keyBase returns "<prefix>{<key>}", the lease hash's name and the start
-// of every other name of key. key has passed ValidateKey.
+// keyBase returns the lease hash's name of key, which begins every other
+// name of key: "<prefix>{<key>}" for an election (any key not beginning
+// with backend.LockKeyPrefix), and "<prefix>{lock/<root>}{<rest>}" for a
+// lock key "lock/<root><rest>", where root is the first segment after the
+// prefix (up to the next '/') and rest is empty or begins with '/'. Every
+// key of a lock tree so shares the hash tag {lock/<root>}. Keys contain no
+// braces, so the names are unambiguous: an election's name ends at its
+// first '}', a lock's at its second, and leaseKeyOf inverts both. key has
+// passed ValidateKey.
 func (b *Backend) keyBase(key string) string {
-	return b.prefix + "{" + key + "}"
+	rest, ok := strings.CutPrefix(key, backend.LockKeyPrefix)
+	if !ok {
+		return b.prefix + "{" + key + "}"
+	}
+	i := strings.IndexByte(rest, '/')
+	if i < 0 {
+		i = len(rest)
+	}
+	return b.prefix + "{" + backend.LockKeyPrefix + rest[:i] + "}{" + rest[i:] + "}"
+}
+
+// hashTag returns the hash tag of name: what lies between its first '{'
+// and the first '}' after it, as Redis Cluster reads it.
+func hashTag(name string) string {
+	i := strings.IndexByte(name, '{')
+	if i < 0 {
+		return name
+	}
+	j := strings.IndexByte(name[i+1:], '}')
+	if j <= 0 {
+		return name
+	}
+	return name[i+1 : i+1+j]
 }
 
 func (b *Backend) leaseKeys(key string) (lease, term, hbBase string) {
@@ -565,6 +628,12 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 			return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
 		}
 		return backend.Lease{}, &backend.HeldError{Holder: rec}
+	case "HELDM": // held by entries of AcquireMode
+		herr, err := parseHeld(req.Key, reply)
+		if err != nil {
+			return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
+		}
+		return backend.Lease{}, herr
 	}
 	return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: unexpected reply %#v", req.Key, reply)
 }
@@ -589,6 +658,9 @@ func (b *Backend) Renew(ctx context.Context, l backend.Lease) error {
 	}
 	if err := b.validateLease(l); err != nil {
 		return err
+	}
+	if l.Entry != nil {
+		return b.renewEntry(ctx, l)
 	}
 	lease, _, _ := b.leaseKeys(l.Key)
 	reply, waitErr, err := b.run(ctx, renewScript, b.waitN > 0, []string{lease}, l.HolderID, l.Token, ttlMillis(l.TTL))
@@ -620,6 +692,9 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	if err := b.validateLease(l); err != nil {
 		return err
 	}
+	if l.Entry != nil {
+		return b.releaseEntry(ctx, l)
+	}
 	lease, _, _ := b.leaseKeys(l.Key)
 	reply, _, err := b.run(ctx, releaseScript, false, []string{lease}, l.HolderID, l.Token, b.publishCmd, b.channel(l.Key))
 	if err != nil {
@@ -646,7 +721,9 @@ func (b *Backend) validateLease(l backend.Lease) error {
 	return b.ValidateKey(l.Key)
 }
 
-// Get implements backend.Backend.
+// Get implements backend.Backend: one script returns the oldest live
+// holder of key (the plain lease, or the entry of AcquireMode with the
+// lowest term); intents and waiters are not holders.
 func (b *Backend) Get(ctx context.Context, key string) (backend.Record, error) {
 	if err := b.begin(ctx); err != nil {
 		return backend.Record{}, err
@@ -654,26 +731,14 @@ func (b *Backend) Get(ctx context.Context, key string) (backend.Record, error) {
 	if err := b.ValidateKey(key); err != nil {
 		return backend.Record{}, err
 	}
-	lease, _, hb := b.leaseKeys(key)
-	reply, _, err := b.run(ctx, getScript, false, []string{lease, hb})
-	if err != nil {
-		return backend.Record{}, fmt.Errorf("redisbackend: get %q: %w", key, err)
-	}
-	status, err := checkStatus("get", key, reply)
+	recs, err := b.holders(ctx, "get", key, false)
 	if err != nil {
 		return backend.Record{}, err
 	}
-	switch status {
-	case "OK":
-		rec, err := parseRecord(key, reply)
-		if err != nil {
-			return backend.Record{}, fmt.Errorf("redisbackend: get %q: %w", key, err)
-		}
-		return rec, nil
-	case "NONE":
+	if len(recs) == 0 {
 		return backend.Record{}, fmt.Errorf("redisbackend: get %q: %w", key, backend.ErrNotHeld)
 	}
-	return backend.Record{}, fmt.Errorf("redisbackend: get %q: unexpected reply %#v", key, reply)
+	return recs[0], nil
 }
 
 // Heartbeat implements backend.Backend. The TTL is rounded up to whole
@@ -881,6 +946,12 @@ func (b *Backend) SetMetadata(ctx context.Context, l backend.Lease, md map[strin
 	}
 	if err := b.validateLease(l); err != nil {
 		return err
+	}
+	if l.Entry != nil {
+		if err := b.validateEntry(l); err != nil {
+			return err
+		}
+		return b.setEntryMetadata(ctx, l, md)
 	}
 	lease, _, _ := b.leaseKeys(l.Key)
 	args := make([]any, 0, 2+2*len(md))

@@ -8,7 +8,9 @@ import "github.com/redis/go-redis/v9"
 //
 //	OK        success; the rest depends on the script
 //	HELD      Acquire only: the key is held; the rest is the record
-//	NONE      Get only: the key is free
+//	HELDM     Acquire and AcquireMode: the key is held by entries of
+//	          backend.Modes; the rest is described in modes_scripts.go
+//	MISMATCH  AcquireMode only: the limits of Shared holders differ
 //	LOST      Renew, Release and SetMetadata: the lease is not the one stored
 //	WRONGTYPE a key at our path holds foreign data; the rest is the key name
 //	          and what was found there. Nothing was written.
@@ -61,8 +63,10 @@ end
 	luaReadLease = `
 -- read_lease reads the lease hash at k with one HGETALL. It returns the
 -- fields by name and the HGETALL reply; nil fields when k does not exist
--- (Redis keeps no empty hash); or nil, nil and the WRONGTYPE reply when k
--- holds foreign data.
+-- (Redis keeps no empty hash) and, fourth, true when k holds entries of
+-- backend.Modes (the marker field modes; see modes_scripts.go) instead of a
+-- plain lease; or nil, nil and the WRONGTYPE reply when k holds foreign
+-- data.
 local function read_lease(k)
   local h = redis.pcall('HGETALL', k)
   if failed(h) then return nil, nil, foreign(k) end
@@ -70,24 +74,28 @@ local function read_lease(k)
   local f = {}
   for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
   if not f['holder'] or not f['token'] or not tonumber(f['term'] or '') then
+    if f['modes'] == '1' then return nil, h, nil, true end
     return nil, nil, {'WRONGTYPE', k, no_lease_fields}
   end
   return f, h, nil
 end
 `
 	luaCheckOwner = `
--- check_owner is the owner check of Renew, Release and SetMetadata: one
--- HMGET of the lease at k. It returns nil and the lease's term when the
--- lease is holder ARGV[1]'s with token ARGV[2]; otherwise the reply: LOST,
--- or WRONGTYPE when k holds foreign data (EXISTS runs only when none of
--- the fields is there, to tell a missing key from a foreign hash).
+-- check_owner is the owner check of Renew, Release and SetMetadata of a
+-- plain lease: one HMGET of the lease at k. It returns nil and the lease's
+-- term when the lease is holder ARGV[1]'s with token ARGV[2]; otherwise
+-- the reply: LOST (also when k holds entries of backend.Modes: the marker
+-- field modes), or WRONGTYPE when k holds foreign data (EXISTS runs only
+-- when none of the fields is there, to tell a missing key from a foreign
+-- hash).
 local function check_owner(k)
-  local f = redis.pcall('HMGET', k, 'holder', 'token', 'term')
+  local f = redis.pcall('HMGET', k, 'holder', 'token', 'term', 'modes')
   if failed(f) then return foreign(k) end
   if f[1] and f[2] and tonumber(f[3] or '') then
     if f[1] == ARGV[1] and f[2] == ARGV[2] then return nil, f[3] end
     return {'LOST'}
   end
+  if f[4] == '1' then return {'LOST'} end
   if f[1] or f[2] or f[3] or redis.call('EXISTS', k) == 1 then
     return {'WRONGTYPE', k, no_lease_fields}
   end
@@ -153,11 +161,23 @@ const luaPrelude = luaBase + luaChunked + luaReadLease + luaCheckOwner + luaHear
 // On a free key it makes seven calls: HGETALL (the key is free), GET (the
 // counter), TIME, SET PX (the counter), HSET (every field at once), PEXPIRE
 // and PUBLISH (the watch contract promises an event for every acquisition;
-// without subscribers it costs a dictionary lookup).
+// without subscribers it costs a dictionary lookup). A key held by entries
+// of backend.Modes (holders, or intents of locks below) returns HELDM with
+// the record of each; the helpers that read entries are defined inside
+// that branch, so the way to success costs what it did.
 var acquireScript = redis.NewScript(luaBase + luaChunked + luaReadLease + luaRecord + `
-local f, h, bad = read_lease(KEYS[1])
+local f, h, bad, modes = read_lease(KEYS[1])
 if bad then return bad end
 if f then return record('HELD', KEYS[1], KEYS[3], f, h) end
+if modes then
+` + modesLua + `
+  local now = now_ms()
+  local st, sbad = load(KEYS[1], now, h)
+  if sbad then return sbad end
+  if #st.holders > 0 or #st.intents > 0 then return held_reply(KEYS[1], st, now) end
+  -- Every entry expired this very millisecond, before the hash did.
+  redis.call('DEL', KEYS[1])
+end
 local cur = redis.pcall('GET', KEYS[2])
 if failed(cur) then return foreign(KEYS[2]) end
 local n = 0
@@ -209,14 +229,6 @@ if bad then return bad end
 redis.call('DEL', KEYS[1])
 if ARGV[3] ~= '' then redis.call(ARGV[3], ARGV[4], 'released:' .. term) end
 return {'OK'}
-`)
-
-// getScript: KEYS lease, heartbeat base.
-var getScript = redis.NewScript(luaPrelude + `
-local f, h, bad = read_lease(KEYS[1])
-if bad then return bad end
-if not f then return {'NONE'} end
-return record('OK', KEYS[1], KEYS[2], f, h)
 `)
 
 // setMetadataScript: KEYS lease; ARGV holder, token, then metadata

@@ -1,0 +1,446 @@
+package redisbackend
+
+import "github.com/redis/go-redis/v9"
+
+// The scripts of backend.Modes (see modes.go for the layout they share).
+//
+// A key with entries ("a modes hash") keeps them as fields of its lease
+// hash, next to the marker field modes=1:
+//
+//	h:<token>  a holder: holder ID, term, mode (x or s), limit, acquired_at,
+//	           renewed_at (unix ms), ttl (ms), expiry (unix ms, server
+//	           clock), then metadata name/value pairs
+//	i:<token>  an intent of the lock <token> below: expiry (unix ms), 1 when
+//	           that lock is Exclusive (0: Shared), its term, holder ID, key
+//	           and lease hash name
+//
+// each value a list of strings, each written as <length>:<bytes> (binary
+// safe, no JSON). The hash's own expiry (PEXPIREAT) is the latest expiry of
+// its entries, so the hash exists while at least one entry may live, and an
+// entry past its expiry is dead wherever it is read (it is deleted when a
+// script next writes the hash). Waiters live in a second hash of the key,
+// <name>:waiters: field w:<wait ID> = "<seq> <expiry> <x|s>" and the ticket
+// counter seq; its expiry is its latest waiter's.
+//
+// Replies carry records as nested arrays: key ("" for the script's own
+// key), holder, token, term, acquired_at, renewed_at, TTL (ms), mode,
+// limit, heartbeat at, granted TTL and PTTL (-1 when none), then metadata
+// name/value pairs.
+
+// modesLua holds the helpers of the entry scripts; it follows luaBase and
+// luaChunked, and is also valid inside a block (acquireScript defines it
+// only on its way to HELDM).
+const modesLua = `
+-- enc writes a list of strings as <length>:<bytes>...; dec reads it back
+-- (nil when malformed).
+local function enc(list)
+  local out = {}
+  for i, s in ipairs(list) do out[i] = #s .. ':' .. s end
+  return table.concat(out)
+end
+local function dec(v)
+  local out, i = {}, 1
+  while i <= #v do
+    local j = string.find(v, ':', i, true)
+    if not j then return nil end
+    local n = tonumber(string.sub(v, i, j - 1))
+    if not n or j + n > #v then return nil end
+    out[#out + 1] = string.sub(v, j + 1, j + n)
+    i = j + n + 1
+  end
+  return out
+end
+local function holder_of(tok, v)
+  local l = dec(v)
+  if not l or #l < 8 or not tonumber(l[8]) then return nil end
+  local e = {tok = tok, id = l[1], t = l[2], m = l[3], l = l[4], a = l[5], r = l[6], d = l[7],
+    e = tonumber(l[8]), md = {}}
+  for i = 9, #l do e.md[#e.md + 1] = l[i] end
+  return e
+end
+local function holder_enc(e)
+  local l = {e.id, e.t, e.m, e.l, e.a, e.r, e.d, fmt(e.e)}
+  for _, s in ipairs(e.md) do l[#l + 1] = s end
+  return enc(l)
+end
+local function intent_of(tok, v)
+  local l = dec(v)
+  if not l or #l < 6 or not tonumber(l[1]) then return nil end
+  return {tok = tok, e = tonumber(l[1]), x = l[2], t = l[3], id = l[4], k = l[5], n = l[6]}
+end
+local function intent_enc(ie)
+  return enc({fmt(ie.e), ie.x, ie.t, ie.id, ie.k, ie.n})
+end
+local function by_term(a, b) return tonumber(a.t) < tonumber(b.t) end
+-- by_term_key orders records {t = term, r = record} by term, then key
+-- (terms of different keys come from different counters and may tie).
+local function by_term_key(a, b)
+  local x, y = tonumber(a.t), tonumber(b.t)
+  if x ~= y then return x < y end
+  return a.r[1] < b.r[1]
+end
+local malformed = 'a hash with a malformed entry'
+-- load reads the lease hash at k with one HGETALL (or takes its reply h,
+-- when the caller has it already). It returns nil and the
+-- WRONGTYPE reply when k holds foreign data, otherwise the key's state:
+-- holders (live, in term order; a plain lease is one Exclusive holder and
+-- sets plain), intents (live), dead (names of expired entry fields), maxe
+-- (the latest live expiry, 0 when none) and modes (k is a modes hash).
+local function load(k, now, h)
+  h = h or redis.pcall('HGETALL', k)
+  if failed(h) then return nil, foreign(k) end
+  local st = {holders = {}, intents = {}, dead = {}, maxe = 0}
+  if #h == 0 then return st end
+  local f = {}
+  for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+  if f['holder'] and f['token'] and tonumber(f['term'] or '') then
+    local p = redis.call('PTTL', k)
+    if p < 0 then p = 1099511627776 end
+    local e = {tok = f['token'], id = f['holder'], t = f['term'], m = 'x', l = '0',
+      a = f['acquired_at'] or '0', r = f['renewed_at'] or '0', d = f['ttl'] or '0', e = now + p, md = {}}
+    for i = 1, #h, 2 do
+      if string.sub(h[i], 1, 5) == 'meta:' then
+        e.md[#e.md + 1] = string.sub(h[i], 6)
+        e.md[#e.md + 1] = h[i + 1]
+      end
+    end
+    st.plain, st.holders[1], st.maxe = true, e, e.e
+    return st
+  end
+  if f['modes'] ~= '1' then return nil, {'WRONGTYPE', k, no_lease_fields} end
+  st.modes = true
+  for i = 1, #h, 2 do
+    local kind, tok = string.sub(h[i], 1, 2), string.sub(h[i], 3)
+    local e, list = nil, nil
+    if kind == 'h:' then
+      e, list = holder_of(tok, h[i + 1]), st.holders
+    elseif kind == 'i:' then
+      e, list = intent_of(tok, h[i + 1]), st.intents
+    end
+    if list then
+      if not e then return nil, {'WRONGTYPE', k, malformed} end
+      if e.e <= now then
+        st.dead[#st.dead + 1] = h[i]
+      else
+        list[#list + 1] = e
+        if e.e > st.maxe then st.maxe = e.e end
+      end
+    end
+  end
+  table.sort(st.holders, by_term)
+  return st
+end
+-- settle deletes the dead entries of the modes hash k (state st) and sets
+-- its expiry to its latest live entry's, or deletes it when none is left.
+local function settle(k, st)
+  if #st.holders == 0 and #st.intents == 0 then
+    redis.call('DEL', k)
+    return
+  end
+  if #st.dead > 0 then call_chunked('HDEL', k, st.dead) end
+  redis.call('PEXPIREAT', k, fmt(st.maxe))
+end
+-- rec is the record reply of holder e of the key named name (key: the
+-- key's name for the caller, '' for the script's own key).
+local function rec(key, name, e, now)
+  local out = {key, e.id, e.tok, e.t, e.a, e.r, math.max(0, e.e - now), e.m, e.l, -1, -1, -1}
+  local hbk = name .. ':heartbeat:' .. e.id
+  local v = redis.pcall('HMGET', hbk, 'at', 'ttl')
+  if not failed(v) and tonumber(v[1] or '') and tonumber(v[2] or '') then
+    out[10], out[11], out[12] = v[1], v[2], redis.call('PTTL', hbk)
+  end
+  for _, s in ipairs(e.md) do out[#out + 1] = s end
+  return out
+end
+-- intent_rec is the record of the lock below that holds intent ie: read
+-- from that lock's own entry, or made of the intent when it is gone.
+local function intent_rec(ie, now)
+  local v = redis.pcall('HGET', ie.n, 'h:' .. ie.tok)
+  local e = nil
+  if type(v) == 'string' then e = holder_of(ie.tok, v) end
+  if not e then
+    local m = 's'
+    if ie.x == '1' then m = 'x' end
+    e = {tok = ie.tok, id = ie.id, t = ie.t, m = m, l = '0', a = '0', r = '0', e = ie.e, md = {}}
+  end
+  return rec(ie.k, ie.n, e, now)
+end
+-- held_reply lists every live holder and intent of the modes hash k, the
+-- reply of a plain Acquire that finds the key held by entries.
+local function held_reply(k, st, now)
+  local all = {}
+  for _, e in ipairs(st.holders) do all[#all + 1] = {t = e.t, r = rec('', k, e, now)} end
+  for _, ie in ipairs(st.intents) do all[#all + 1] = {t = ie.t, r = intent_rec(ie, now)} end
+  table.sort(all, by_term_key)
+  local out = {'HELDM', 0, #all}
+  for _, x in ipairs(all) do out[#out + 1] = x.r end
+  return out
+end
+-- load_waiters reads the waiters hash k: nil and the WRONGTYPE reply for
+-- foreign data, otherwise the live waiters (id, seq, e, m), the names of
+-- the dead ones' fields and the latest live expiry.
+local function load_waiters(k, now)
+  local h = redis.pcall('HGETALL', k)
+  if failed(h) then return nil, foreign(k) end
+  local ws, dead, maxe = {}, {}, 0
+  for i = 1, #h, 2 do
+    if string.sub(h[i], 1, 2) == 'w:' then
+      local seq, e, m = string.match(h[i + 1], '^(%d+) (%d+) ([xs])$')
+      if not seq then return nil, {'WRONGTYPE', k, 'a hash with a malformed waiter'} end
+      e = tonumber(e)
+      if e <= now then
+        dead[#dead + 1] = h[i]
+      else
+        ws[#ws + 1] = {id = string.sub(h[i], 3), seq = tonumber(seq), e = e, m = m}
+        if e > maxe then maxe = e end
+      end
+    elseif h[i] ~= 'seq' then
+      return nil, {'WRONGTYPE', k, 'a hash with a field that is not a waiter'}
+    end
+  end
+  return {ws = ws, dead = dead, maxe = maxe, n = #h}
+end
+-- drop_waiter removes waiter id (and the dead ones) from the waiters hash
+-- k with state w; the hash goes with its last live waiter. It returns
+-- whether id was a live waiter.
+local function drop_waiter(k, w, id)
+  local found, maxe, left = false, 0, 0
+  for _, x in ipairs(w.ws) do
+    if x.id == id then
+      found = true
+    else
+      left = left + 1
+      if x.e > maxe then maxe = x.e end
+    end
+  end
+  if left == 0 then
+    if w.n > 0 then redis.call('DEL', k) end
+    return found
+  end
+  local del = {}
+  for _, f in ipairs(w.dead) do del[#del + 1] = f end
+  if found then del[#del + 1] = 'w:' .. id end
+  if #del > 0 then
+    call_chunked('HDEL', k, del)
+    redis.call('PEXPIREAT', k, fmt(maxe))
+  end
+  return found
+end
+-- check_entry is the owner check of an entry: the holder entry of token
+-- ARGV[2] in the modes hash k, if it is holder ARGV[1]'s and live; else nil
+-- and the reply (LOST or WRONGTYPE).
+local function check_entry(k, now)
+  local v = redis.pcall('HGET', k, 'h:' .. ARGV[2])
+  if failed(v) then return nil, foreign(k) end
+  if not v then return nil, {'LOST'} end
+  local e = holder_of(ARGV[2], v)
+  if not e then return nil, {'WRONGTYPE', k, malformed} end
+  if e.id ~= ARGV[1] or e.e <= now then return nil, {'LOST'} end
+  return e
+end
+`
+
+// acquireModeScript: KEYS lease hash, term counter, waiters, then each
+// ancestor's lease hash; ARGV holder, token, ttl ms, TermRetention ms, mode
+// (x or s), limit, fair (1 or 0), wait ID (empty: none), publish command
+// (empty: none), channel, the key, the number of ancestors, the ancestors'
+// keys, then metadata name/value pairs. Returns OK and the term; HELD, the
+// number of waiters yielded to, the number of conflicting records, those
+// records in term order, then the key's oldest holder's record when no
+// record conflicts; or MISMATCH and the live holders' limit.
+var acquireModeScript = redis.NewScript(luaBase + luaChunked + modesLua + `
+local max_term = 9007199254740991
+local t = redis.call('TIME')
+local sec, usec = tonumber(t[1]), tonumber(t[2])
+local now = sec * 1000 + math.floor(usec / 1000)
+local mode, limit, fair, wid = ARGV[5], ARGV[6], ARGV[7] == '1', ARGV[8]
+local na = tonumber(ARGV[12])
+local st, bad = load(KEYS[1], now)
+if bad then return bad end
+if mode == 's' then
+  for _, e in ipairs(st.holders) do
+    if e.m == 's' and e.l ~= limit then return {'MISMATCH', e.l} end
+  end
+end
+local conflicts = {}
+local function add(t, r) conflicts[#conflicts + 1] = {t = t, r = r} end
+local nshared = 0
+for _, e in ipairs(st.holders) do
+  if e.m == 's' then nshared = nshared + 1 end
+  if mode == 'x' or e.m == 'x' then add(e.t, rec('', KEYS[1], e, now)) end
+end
+if mode == 's' and tonumber(limit) > 0 and nshared >= tonumber(limit) then
+  for _, e in ipairs(st.holders) do
+    if e.m == 's' then add(e.t, rec('', KEYS[1], e, now)) end
+  end
+end
+for _, ie in ipairs(st.intents) do
+  if mode == 'x' or ie.x == '1' then add(ie.t, intent_rec(ie, now)) end
+end
+local anc = {}
+for i = 1, na do
+  local ast, abad = load(KEYS[3 + i], now)
+  if abad then return abad end
+  anc[i] = ast
+  for _, e in ipairs(ast.holders) do
+    if mode == 'x' or e.m == 'x' then add(e.t, rec(ARGV[12 + i], KEYS[3 + i], e, now)) end
+  end
+end
+local w, wbad = load_waiters(KEYS[3], now)
+if wbad then return wbad end
+local mine = nil
+for _, x in ipairs(w.ws) do
+  if x.id == wid then mine = x end
+end
+local waiting = 0
+for _, x in ipairs(w.ws) do
+  if x.id ~= wid then
+    if fair then
+      if mine == nil or x.seq < mine.seq then waiting = waiting + 1 end
+    elseif mode == 's' and x.m == 'x' then
+      waiting = waiting + 1
+    end
+  end
+end
+if #conflicts > 0 or waiting > 0 then
+  if wid ~= '' and (fair or mode == 'x') then
+    local exp = now + tonumber(ARGV[3])
+    local seq
+    if mine then seq = mine.seq else seq = redis.call('HINCRBY', KEYS[3], 'seq', 1) end
+    if #w.dead > 0 then call_chunked('HDEL', KEYS[3], w.dead) end
+    redis.call('HSET', KEYS[3], 'w:' .. wid, fmt(seq) .. ' ' .. fmt(exp) .. ' ' .. mode)
+    redis.call('PEXPIREAT', KEYS[3], fmt(math.max(w.maxe, exp)))
+  end
+  table.sort(conflicts, by_term_key)
+  local out = {'HELD', waiting, #conflicts}
+  for _, x in ipairs(conflicts) do out[#out + 1] = x.r end
+  if #conflicts == 0 and #st.holders > 0 then out[#out + 1] = rec('', KEYS[1], st.holders[1], now) end
+  return out
+end
+local cur = redis.pcall('GET', KEYS[2])
+if failed(cur) then return foreign(KEYS[2]) end
+local n = 0
+if cur then
+  if cur ~= '0' and not string.match(cur, '^[1-9]%d*$') then
+    return {'WRONGTYPE', KEYS[2], 'a string that is not a non-negative integer'}
+  end
+  n = tonumber(cur)
+  if n >= max_term then return {'WRONGTYPE', KEYS[2], 'an integer at or above 2^53-1'} end
+end
+-- The term as in a plain Acquire: the counter plus one, at least the
+-- server's clock in microseconds.
+local term = fmt(math.max(n + 1, sec * 1000000 + usec))
+redis.call('SET', KEYS[2], term, 'PX', ARGV[4])
+local exp = now + tonumber(ARGV[3])
+local e = {tok = ARGV[2], id = ARGV[1], t = term, m = mode, l = limit, a = fmt(now), r = fmt(now),
+  d = ARGV[3], e = exp, md = {}}
+for i = 13 + na, #ARGV do e.md[#e.md + 1] = ARGV[i] end
+if #st.dead > 0 then call_chunked('HDEL', KEYS[1], st.dead) end
+redis.call('HSET', KEYS[1], 'modes', '1', 'h:' .. ARGV[2], holder_enc(e))
+redis.call('PEXPIREAT', KEYS[1], fmt(math.max(st.maxe, exp)))
+local x = '0'
+if mode == 'x' then x = '1' end
+for i = 1, na do
+  local ast = anc[i]
+  if #ast.dead > 0 then call_chunked('HDEL', KEYS[3 + i], ast.dead) end
+  redis.call('HSET', KEYS[3 + i], 'modes', '1', 'i:' .. ARGV[2],
+    intent_enc({e = exp, x = x, t = term, id = ARGV[1], k = ARGV[11], n = KEYS[1]}))
+  redis.call('PEXPIREAT', KEYS[3 + i], fmt(math.max(ast.maxe, exp)))
+end
+if w.n > 0 then drop_waiter(KEYS[3], w, wid) end
+if ARGV[9] ~= '' then redis.call(ARGV[9], ARGV[10], 'acquired:' .. term) end
+return {'OK', term}
+`)
+
+// renewEntryScript: KEYS lease hash, then each ancestor's lease hash; ARGV
+// holder, token, ttl ms. It extends the entry and its intents to now + ttl;
+// an intent that is gone makes the entry LOST (nothing is written).
+var renewEntryScript = redis.NewScript(luaBase + luaChunked + modesLua + `
+local now = now_ms()
+local e, bad = check_entry(KEYS[1], now)
+if bad then return bad end
+local ints = {}
+for i = 2, #KEYS do
+  local v = redis.pcall('HGET', KEYS[i], 'i:' .. ARGV[2])
+  if failed(v) then return foreign(KEYS[i]) end
+  local ie = nil
+  if v then ie = intent_of(ARGV[2], v) end
+  if not ie or ie.e <= now then return {'LOST'} end
+  ints[i] = ie
+end
+local exp = now + tonumber(ARGV[3])
+-- extend sets k's expiry to exp unless it is later already.
+local function extend(k)
+  if now + redis.call('PTTL', k) < exp then redis.call('PEXPIREAT', k, fmt(exp)) end
+end
+e.e, e.r, e.d = exp, fmt(now), ARGV[3]
+redis.call('HSET', KEYS[1], 'h:' .. ARGV[2], holder_enc(e))
+extend(KEYS[1])
+for i = 2, #KEYS do
+  ints[i].e = exp
+  redis.call('HSET', KEYS[i], 'i:' .. ARGV[2], intent_enc(ints[i]))
+  extend(KEYS[i])
+end
+return {'OK'}
+`)
+
+// releaseEntryScript: KEYS lease hash, then each ancestor's lease hash;
+// ARGV holder, token, publish command (empty: none), then the channel of
+// the key and of each ancestor. It deletes the entry and its intents, and
+// publishes the release on every channel.
+var releaseEntryScript = redis.NewScript(luaBase + luaChunked + modesLua + `
+local now = now_ms()
+local e, bad = check_entry(KEYS[1], now)
+if bad then return bad end
+for i = 1, #KEYS do
+  local f = 'h:'
+  if i > 1 then f = 'i:' end
+  if redis.pcall('HDEL', KEYS[i], f .. ARGV[2]) == 1 then
+    local st = load(KEYS[i], now)
+    if st and st.modes then settle(KEYS[i], st) end
+  end
+end
+if ARGV[3] ~= '' then
+  for i = 4, #ARGV do redis.call(ARGV[3], ARGV[i], 'released:' .. e.t) end
+end
+return {'OK'}
+`)
+
+// setEntryMetadataScript: KEYS lease hash; ARGV holder, token, then
+// metadata name/value pairs, which replace the entry's.
+var setEntryMetadataScript = redis.NewScript(luaBase + luaChunked + modesLua + `
+local e, bad = check_entry(KEYS[1], now_ms())
+if bad then return bad end
+e.md = {}
+for i = 3, #ARGV do e.md[#e.md + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], 'h:' .. ARGV[2], holder_enc(e))
+return {'OK'}
+`)
+
+// holdersScript: KEYS lease hash; ARGV all (1: every live holder; 0: the
+// oldest only). Returns OK and the records of the key's live holders (a
+// plain lease or entries; never intents), in term order.
+var holdersScript = redis.NewScript(luaBase + luaChunked + modesLua + `
+local now = now_ms()
+local st, bad = load(KEYS[1], now)
+if bad then return bad end
+local out = {'OK'}
+for _, e in ipairs(st.holders) do
+  out[#out + 1] = rec('', KEYS[1], e, now)
+  if ARGV[1] ~= '1' then break end
+end
+return out
+`)
+
+// cancelWaitScript: KEYS waiters; ARGV wait ID, publish command (empty:
+// none), channel. It withdraws the registration and, when it was live,
+// publishes a change so the next waiter in line looks again.
+var cancelWaitScript = redis.NewScript(luaBase + luaChunked + modesLua + `
+local w, bad = load_waiters(KEYS[1], now_ms())
+if bad then return bad end
+if w.n == 0 then return {'OK'} end
+if drop_waiter(KEYS[1], w, ARGV[1]) and ARGV[2] ~= '' then
+  redis.call(ARGV[2], ARGV[3], 'waiter:cancelled')
+end
+return {'OK'}
+`)

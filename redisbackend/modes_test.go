@@ -1,0 +1,310 @@
+package redisbackend_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/testredis"
+	"github.com/sovereign-go/sovereign/redisbackend"
+)
+
+// TestModesLayout: a hierarchical lock keeps its entry in its own lease
+// hash and an intent in each ancestor's, all under the tree's hash tag;
+// a waiter is a ticket in the key's waiters hash; once the lock is released
+// and the wait cancelled, only the term counter is left.
+func TestModesLayout(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "ml:"})
+	const (
+		root = "ml:{lock/t}{}"
+		mid  = "ml:{lock/t}{/a}"
+		leaf = "ml:{lock/t}{/a/b}"
+	)
+	l, err := b.AcquireMode(ctx, backend.ModeRequest{
+		AcquireRequest: backend.AcquireRequest{Key: "lock/t/a/b", HolderID: "w", TTL: 30 * time.Second,
+			Metadata: map[string]string{"m": "v"}},
+		Ancestors: []string{"lock/t", "lock/t/a"},
+	})
+	if err != nil {
+		t.Fatalf("AcquireMode: %v", err)
+	}
+	if l.Entry == nil || l.Entry.Mode != backend.Exclusive || !slices.Equal(l.Entry.Ancestors, []string{"lock/t", "lock/t/a"}) {
+		t.Fatalf("lease Entry: got %+v, want Exclusive with both ancestors", l.Entry)
+	}
+	fields := func(name string) []string {
+		h, err := c.HGetAll(ctx, name).Result()
+		if err != nil {
+			t.Fatalf("HGETALL %s: %v", name, err)
+		}
+		var fs []string
+		for f := range h {
+			fs = append(fs, f)
+		}
+		sort.Strings(fs)
+		return fs
+	}
+	for name, want := range map[string][]string{
+		leaf: {"h:" + l.Token, "modes"},
+		mid:  {"i:" + l.Token, "modes"},
+		root: {"i:" + l.Token, "modes"},
+	} {
+		if got := fields(name); !slices.Equal(got, want) {
+			t.Errorf("fields of %s: got %q, want %q", name, got, want)
+		}
+		if pttl := c.PTTL(ctx, name).Val(); pttl <= 29*time.Second || pttl > 30*time.Second {
+			t.Errorf("PTTL %s: got %v, want about 30s (the entry's TTL)", name, pttl)
+		}
+	}
+	if got := c.Get(ctx, leaf+":term").Val(); got != strconv.FormatUint(l.Term, 10) {
+		t.Errorf("GET %s:term: got %q, want %d", leaf, got, l.Term)
+	}
+	// A reader that waits fairly is a ticket of the key's waiters hash.
+	_, err = b.AcquireMode(ctx, backend.ModeRequest{
+		AcquireRequest: backend.AcquireRequest{Key: "lock/t/a/b", HolderID: "r", TTL: 20 * time.Second},
+		Mode:           backend.Shared, Fair: true, WaitID: "wait-1", Ancestors: []string{"lock/t", "lock/t/a"},
+	})
+	if !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	w := c.HGetAll(ctx, leaf+":waiters").Val()
+	if w["seq"] != "1" || !strings.HasPrefix(w["w:wait-1"], "1 ") || !strings.HasSuffix(w["w:wait-1"], " s") {
+		t.Errorf("HGETALL %s:waiters: got %v, want seq=1 and w:wait-1=\"1 <expiry> s\"", leaf, w)
+	}
+	if pttl := c.PTTL(ctx, leaf+":waiters").Val(); pttl <= 19*time.Second || pttl > 20*time.Second {
+		t.Errorf("PTTL %s:waiters: got %v, want about 20s (the waiter's TTL)", leaf, pttl)
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := b.CancelWait(ctx, "lock/t/a/b", "wait-1"); err != nil {
+		t.Fatalf("CancelWait: %v", err)
+	}
+	keys := c.Keys(ctx, "ml:*").Val() // test code on a test server
+	if want := []string{leaf + ":term"}; !slices.Equal(keys, want) {
+		t.Errorf("keys after Release and CancelWait: got %q, want %q (the term counter only)", keys, want)
+	}
+}
+
+// TestModesTreeOneSlot: on Cluster, every name of a lock tree hashes to
+// its root's slot, so one script reaches a lock and its ancestors (the
+// conformance run of TestCluster takes hierarchical locks through a
+// ClusterClient); an ancestor in another slot is refused up front.
+func TestModesTreeOneSlot(t *testing.T) {
+	srv := testredis.StartConfig(t, testredis.Config{Cluster: true})
+	admin := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	slot := func(name string) int64 {
+		n, err := admin.ClusterKeySlot(ctx, name).Result()
+		if err != nil {
+			t.Fatalf("CLUSTER KEYSLOT %s: %v", name, err)
+		}
+		return n
+	}
+	want := slot("p:{lock/root}{}")
+	for _, name := range []string{"p:{lock/root}{/a}", "p:{lock/root}{/a/b:c}:term", "p:{lock/root}{/a/b}:waiters",
+		"p:{lock/root}{/a/b}:heartbeat:x}", "p:{lock/root}{/a/b}:events"} {
+		if got := slot(name); got != want {
+			t.Errorf("slot of %s: got %d, want %d (its root's)", name, got, want)
+		}
+	}
+	b := newBackend(t, srv.NewClusterClient(t, nil), &redisbackend.Options{Prefix: "p:"})
+	_, err := b.AcquireMode(ctx, backend.ModeRequest{
+		AcquireRequest: backend.AcquireRequest{Key: "lock/abc", HolderID: "x", TTL: time.Minute},
+		Ancestors:      []string{"lock/ab"},
+	})
+	if !errors.Is(err, backend.ErrInvalid) || !strings.Contains(err.Error(), "hash slot") {
+		t.Fatalf("AcquireMode with an ancestor of another root on Cluster: got %v, want ErrInvalid naming the hash slot", err)
+	}
+	l, err := b.AcquireMode(ctx, backend.ModeRequest{
+		AcquireRequest: backend.AcquireRequest{Key: "lock/root/a/b", HolderID: "x", TTL: time.Minute},
+		Ancestors:      []string{"lock/root", "lock/root/a"},
+	})
+	if err != nil {
+		t.Fatalf("AcquireMode of a tree on Cluster: %v", err)
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestModesRoundTrips: every operation of backend.Modes, and Renew,
+// Release, SetMetadata and Get of an entry, is one round trip (once the
+// script is loaded); the commands each runs on the server are logged (go
+// test -v -run TestModesRoundTrips ./redisbackend/).
+func TestModesRoundTrips(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	hook := &countHook{}
+	c.AddHook(hook)
+	admin := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "mrt:"})
+	req := func(key, id string, m backend.Mode, limit int, anc ...string) backend.ModeRequest {
+		return backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: key, HolderID: id, TTL: time.Minute,
+			Metadata: map[string]string{"a": "1"}}, Mode: m, Limit: limit, Ancestors: anc}
+	}
+	var s1, s2, x, page backend.Lease
+	held := func(err error) error {
+		if errors.Is(err, backend.ErrHeld) {
+			return nil
+		}
+		return fmt.Errorf("got %v, want ErrHeld", err)
+	}
+	ops := []struct {
+		name string
+		call func() error
+	}{
+		{"AcquireMode Shared (free key)", func() (err error) { s1, err = b.AcquireMode(ctx, req("lock/s", "a", backend.Shared, 3)); return err }},
+		{"AcquireMode Shared (1 holder)", func() (err error) { s2, err = b.AcquireMode(ctx, req("lock/s", "b", backend.Shared, 3)); return err }},
+		{"AcquireMode Exclusive, fails, registers waiter", func() error {
+			r := req("lock/s", "w", backend.Exclusive, 0)
+			r.WaitID = "w1"
+			_, err := b.AcquireMode(ctx, r)
+			return held(err)
+		}},
+		{"AcquireMode Shared, fails (writer waiting)", func() error {
+			_, err := b.AcquireMode(ctx, req("lock/s", "c", backend.Shared, 3))
+			return held(err)
+		}},
+		{"CancelWait", func() error { return b.CancelWait(ctx, "lock/s", "w1") }},
+		{"Renew entry", func() error { return b.Renew(ctx, s1) }},
+		{"SetMetadata entry", func() error { return b.SetMetadata(ctx, s1, map[string]string{"b": "2"}) }},
+		{"Holders (2)", func() error { _, err := b.Holders(ctx, "lock/s"); return err }},
+		{"Get (entries)", func() error { _, err := b.Get(ctx, "lock/s"); return err }},
+		{"plain Acquire, fails on entries", func() error {
+			_, err := b.Acquire(ctx, backend.AcquireRequest{Key: "lock/s", HolderID: "p", TTL: time.Minute})
+			return held(err)
+		}},
+		{"Release entry (1 left)", func() error { return b.Release(ctx, s2) }},
+		{"Release entry (last)", func() error { return b.Release(ctx, s1) }},
+		{"AcquireMode Exclusive (free key)", func() (err error) { x, err = b.AcquireMode(ctx, req("lock/x", "a", backend.Exclusive, 0)); return err }},
+		{"Release Exclusive entry", func() error { return b.Release(ctx, x) }},
+		{"AcquireMode Exclusive, 2 ancestors", func() (err error) {
+			page, err = b.AcquireMode(ctx, req("lock/f/set/p1", "a", backend.Exclusive, 0, "lock/f", "lock/f/set"))
+			return err
+		}},
+		{"Renew entry, 2 ancestors", func() error { return b.Renew(ctx, page) }},
+		{"AcquireMode Exclusive ancestor, fails on intent", func() error {
+			_, err := b.AcquireMode(ctx, req("lock/f/set", "b", backend.Exclusive, 0, "lock/f"))
+			return held(err)
+		}},
+		{"Release entry, 2 ancestors", func() error { return b.Release(ctx, page) }},
+		{"AcquireMode Shared Fair (free key), then Release", func() error {
+			r := req("lock/q", "a", backend.Shared, 0)
+			r.Fair, r.WaitID = true, "q1"
+			l, err := b.AcquireMode(ctx, r)
+			if err == nil {
+				err = b.Release(ctx, l)
+			}
+			return err
+		}},
+	}
+	calls := func() map[string]int {
+		info := admin.Info(ctx, "commandstats").Val()
+		m := map[string]int{}
+		for _, line := range strings.Split(info, "\n") {
+			name, rest, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "cmdstat_"), ":calls=")
+			if !ok || strings.HasPrefix(line, "#") {
+				continue
+			}
+			n, _ := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
+			m[name] = n
+		}
+		return m
+	}
+	for round := range 2 { // round 0 loads the scripts (NOSCRIPT, then EVAL)
+		if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range ops {
+			before := calls()
+			hook.n.Store(0)
+			if err := op.call(); err != nil {
+				t.Fatalf("round %d, %s: %v", round, op.name, err)
+			}
+			if round == 0 {
+				continue
+			}
+			want := int64(1)
+			if strings.HasSuffix(op.name, "then Release") {
+				want = 2
+			}
+			if got := hook.n.Load(); got != want {
+				t.Errorf("%s: got %d round trips, want %d", op.name, got, want)
+			}
+			after := calls()
+			var used []string
+			total := 0
+			for name, n := range after {
+				if d := n - before[name]; d > 0 && name != "evalsha" && name != "info" {
+					used = append(used, fmt.Sprintf("%s %d", strings.ToUpper(name), d))
+					total += d
+				}
+			}
+			sort.Strings(used)
+			t.Logf("%-50s %2d commands: %s", op.name, total, strings.Join(used, ", "))
+		}
+	}
+}
+
+// TestModesWaiterExpires: a fair waiter that dies (never retries, never
+// cancels) blocks the waiters behind it only until its own TTL ends, by
+// the server's clock; then the queue is pruned and, once empty, its hash is
+// gone.
+func TestModesWaiterExpires(t *testing.T) {
+	mr := miniredis.RunT(t)
+	now := time.Now()
+	mr.SetTime(now)
+	advance := func(d time.Duration) {
+		now = now.Add(d)
+		mr.SetTime(now)
+		mr.FastForward(d)
+	}
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "we:"})
+	ctx := ctxBound(t)
+	fair := func(id string, ttl time.Duration) backend.ModeRequest {
+		return backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: "lock/q", HolderID: id, TTL: ttl},
+			Fair: true, WaitID: "wait-" + id}
+	}
+	holder, err := b.AcquireMode(ctx, fair("holder", time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []backend.ModeRequest{fair("dies", time.Second), fair("lives", time.Minute)} {
+		if _, err := b.AcquireMode(ctx, r); !errors.Is(err, backend.ErrHeld) {
+			t.Fatalf("AcquireMode by %s: got %v, want ErrHeld", r.HolderID, err)
+		}
+	}
+	if err := b.Release(ctx, holder); err != nil {
+		t.Fatal(err)
+	}
+	var held *backend.HeldError
+	if _, err := b.AcquireMode(ctx, fair("lives", time.Minute)); !errors.As(err, &held) || held.Waiting != 1 {
+		t.Fatalf("AcquireMode behind a live waiter: got %v, want ErrHeld with Waiting 1", err)
+	}
+	advance(time.Second)
+	l, err := b.AcquireMode(ctx, fair("lives", time.Minute))
+	if err != nil {
+		t.Fatalf("AcquireMode after the waiter ahead expired: got %v, want nil", err)
+	}
+	if mr.Exists("we:{lock/q}{}:waiters") {
+		t.Errorf("waiters hash after the last waiter got in: got %v, want it gone", mr.Keys())
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+}
