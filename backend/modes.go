@@ -48,7 +48,13 @@ import (
 //     an Exclusive lock, a live Shared holder.
 //
 // For a conflict with an intent, Holders carries the record of the lock
-// below (its Key is that lock's key). A Shared acquisition whose Limit
+// below (its Key is that lock's key). When only waiters stand in the way,
+// Holders is empty, Waiting counts them, and Holder is the key's oldest
+// holder (or a record with just Key when it has none). ErrLimitMismatch
+// takes precedence over ErrHeld. A non-fair Exclusive acquisition does not
+// yield to fair waiters (it may jump the line); an Exclusive waiter on an
+// ancestor does not stop new locks below it (a stream of locks below can
+// delay an Exclusive lock above). A Shared acquisition whose Limit
 // differs from the limit of the key's live Shared holders fails with an
 // error wrapping ErrLimitMismatch and writes nothing.
 //
@@ -59,8 +65,9 @@ import (
 // # Leases
 //
 // AcquireMode returns a Lease whose Entry is set. Renew, Release and
-// SetMetadata (the Backend methods) act on that entry alone, owner-checked by
-// token: renewing extends the entry and its intents, releasing deletes them
+// SetMetadata (the Backend methods) go by Entry: a lease without it never
+// matches an entry, nor one with it a plain lease (ErrLeaseLost). They act
+// on that entry alone, owner-checked by token: renewing extends the entry and its intents, releasing deletes them
 // (and publishes the release to watchers of the key and of its ancestors).
 // Get returns one record of a key's live holders (the oldest) and List one
 // record per live holder, in key order and, within a key, term order.
@@ -165,8 +172,10 @@ type Modes interface {
 	// key is free. Records carry Mode and Limit.
 	Holders(ctx context.Context, key string) ([]Record, error)
 
-	// CancelWait withdraws the waiter registration waitID of key. It is
-	// not an error when there is none.
+	// CancelWait withdraws the waiter registration waitID of key (an empty
+	// waitID is ErrInvalid). It is not an error when there is none.
+	// Watchers of the key see an EventChanged when a registration is
+	// withdrawn or expires, so the waiters behind it look again.
 	CancelWait(ctx context.Context, key, waitID string) error
 }
 
