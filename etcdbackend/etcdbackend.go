@@ -144,11 +144,16 @@
 //
 // Requests (raft proposals) per operation, measured by TestModesRoundTrips:
 // AcquireMode of a free key in any mode, with or without a limit or
-// ancestors, 2 (2: grant, transaction); a retry by a registered waiter 2 (1:
-// keep-alive, transaction); a failed attempt registering a waiter 2 (2),
-// retried 2 (1), plus one lease look-up per conflicting holder (no
-// proposal); a failed attempt without registration 3 (3: the unused grant
-// is revoked) plus the look-ups. Renew 2 (0: a read-only transaction, a
+// ancestors, 2 (2: grant, transaction); by a registered waiter 2 (1:
+// keep-alive of its registration, transaction). A failed first attempt that
+// registers a waiter 2 (2); one without registration 3 (3: the unused grant
+// is revoked). Once an attempt has found the key held (and no watch of this
+// Backend has seen a holder go since), a retry first probes with a
+// read-only transaction of the same comparisons: a failed retry costs 1 (0)
+// without registration, 2 (0: keep-alive, probe) for a registered waiter,
+// and a retry that finds the key free one request (no proposal) more than
+// above. Every failure adds one lease look-up per conflicting holder (no
+// proposal), in parallel. Renew 2 (0: a read-only transaction, a
 // keep-alive); Release 2 (2: transaction, revocation); SetMetadata 1 (1);
 // Holders 1 range read plus a look-up per holder (0); Get 1 plus 1 or 2
 // look-ups (0); CancelWait 1 (1: revoking the registration's lease) when

@@ -152,21 +152,25 @@ type waitState struct {
 	expires time.Time        // when it ends unless refreshed, by the local clock
 }
 
-// waitID returns the map key of waiter waitID of key.
+// waitMapKey returns the key of waiter waitID of key in Backend.waits.
 func waitMapKey(key, waitID string) string { return key + "\x00" + waitID }
 
+// waitStateOf returns the registration waitID of key as this Backend
+// remembers it (the zero waitState if it does not).
 func (b *Backend) waitStateOf(key, waitID string) waitState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.waits[waitMapKey(key, waitID)]
 }
 
+// setWaitState remembers registration waitID of key as w.
 func (b *Backend) setWaitState(key, waitID string, w waitState) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.waits[waitMapKey(key, waitID)] = w
 }
 
+// forgetWait forgets registration waitID of key.
 func (b *Backend) forgetWait(key, waitID string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -244,6 +248,25 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 			return backend.Lease{}, fail(ctx, op+": keep-alive", err)
 		}
 	}
+	register := req.WaitID != "" && (req.Mode == backend.Exclusive || req.Fair)
+	if id != 0 {
+		b.setWaitState(req.Key, req.WaitID, w)
+	}
+	if b.seenHeld(req.Key) && (!register || id != 0) {
+		// The last attempt here found the key held, and no watch here has
+		// seen a holder go since: a read-only probe with the same
+		// comparisons answers without a grant, a revocation or a write
+		// (no raft proposal), as long as there is nothing to register
+		// (none asked, or the registration, just refreshed, is there).
+		cmps, _ := b.conflictCmps(req, w)
+		resp, err := b.cli.Txn(ctx).If(cmps...).Else(b.stateReads(req)...).Commit()
+		if err != nil {
+			return backend.Lease{}, fail(ctx, op+": probe", err)
+		}
+		if !resp.Succeeded && (!register || b.stillRegistered(req, id, resp.Responses[0].GetResponseRange().Kvs)) {
+			return backend.Lease{}, b.modeConflict(ctx, op, req, false, id, granted, false, w, resp.Responses, resp.Header.Revision)
+		}
+	}
 	if id == 0 {
 		grant, err := b.cli.Grant(ctx, secs)
 		if err != nil {
@@ -253,7 +276,7 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 	}
 
 	for attempt := 0; ; attempt++ {
-		lease, err := b.acquireOnce(ctx, op, req, id, granted, fresh, w)
+		lease, err := b.acquireOnce(ctx, op, req, register, id, granted, fresh, w)
 		var pos *staleWait
 		if attempt > 0 || !errors.As(err, &pos) {
 			return lease, err
@@ -266,6 +289,18 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 	}
 }
 
+// stillRegistered reports whether kvs, a read of req.Key's state, hold
+// req's registration attached to etcd lease id.
+func (b *Backend) stillRegistered(req backend.ModeRequest, id clientv3.LeaseID, kvs []*mvccpb.KeyValue) bool {
+	wkey := b.waiterKey(req.Key, req.Mode, req.WaitID)
+	for _, kv := range kvs {
+		if string(kv.Key) == wkey {
+			return clientv3.LeaseID(kv.Lease) == id
+		}
+	}
+	return false
+}
+
 // staleWait is the error of an acquisition that failed only because the
 // Backend did not know its registration's place in line; w is the
 // registration now.
@@ -276,9 +311,8 @@ func (e *staleWait) Error() string { return "etcdbackend: registration not known
 // acquireOnce runs the transaction of AcquireMode with etcd lease id
 // (fresh: granted for this call), and w, the registration as this Backend
 // knows it.
-func (b *Backend) acquireOnce(ctx context.Context, op string, req backend.ModeRequest, id clientv3.LeaseID, granted int64,
-	fresh bool, w waitState) (backend.Lease, error) {
-	register := req.WaitID != "" && (req.Mode == backend.Exclusive || req.Fair)
+func (b *Backend) acquireOnce(ctx context.Context, op string, req backend.ModeRequest, register bool, id clientv3.LeaseID,
+	granted int64, fresh bool, w waitState) (backend.Lease, error) {
 	t, err := b.buildAcquire(req, id, w)
 	if err != nil {
 		if fresh {
@@ -364,61 +398,15 @@ type acquireTxn struct {
 func (b *Backend) buildAcquire(req backend.ModeRequest, id clientv3.LeaseID, w waitState) (acquireTxn, error) {
 	var t acquireTxn
 	key := req.Key
-	base := b.entryBase(key)
 	exclusive := req.Mode == backend.Exclusive
 	register := req.WaitID != "" && (exclusive || req.Fair)
-	var mismatch []clientv3.Cmp // no Shared holder with another limit
-
-	// The conflicts on the key itself.
-	t.cmps = append(t.cmps, clientv3.Compare(clientv3.CreateRevision(b.leaseKey(key)), "=", 0))
-	if exclusive {
-		t.cmps = append(t.cmps,
-			noneWithPrefix(base+holdersPart),
-			noneWithPrefix(base+intentsPart))
-	} else {
-		lp := base + sharedHolders + limitPart(req.Limit) + "/"
-		mismatch = []clientv3.Cmp{
-			none(base+sharedHolders, lp),
-			none(clientv3.GetPrefixRangeEnd(lp), clientv3.GetPrefixRangeEnd(base+sharedHolders)),
-		}
-		t.cmps = append(t.cmps,
-			noneWithPrefix(base+exclusiveHolders),
-			noneWithPrefix(base+exclusiveIntents))
-		t.cmps = append(t.cmps, mismatch...)
-	}
-	// Waiters: fair order, or writer preference.
 	wkey := ""
 	if req.WaitID != "" {
 		wkey = b.waiterKey(key, req.Mode, req.WaitID)
 	}
-	switch {
-	case req.Fair && w.rev > 0:
-		// Still registered at w.rev, and nobody registered before.
-		t.cmps = append(t.cmps,
-			clientv3.Compare(clientv3.CreateRevision(wkey), "=", w.rev),
-			clientv3.Compare(clientv3.CreateRevision(base+waitersPart), ">", w.rev-1).WithPrefix())
-	case req.Fair:
-		t.cmps = append(t.cmps, noneWithPrefix(base+waitersPart))
-	case !exclusive:
-		t.cmps = append(t.cmps, noneWithPrefix(base+exclusiveWaiters))
-	}
-	// The ancestors: no Exclusive holder, and for an Exclusive lock no
-	// Shared one either.
-	for _, a := range req.Ancestors {
-		ab := b.entryBase(a)
-		t.cmps = append(t.cmps,
-			clientv3.Compare(clientv3.CreateRevision(b.leaseKey(a)), "=", 0),
-			noneWithPrefix(ab+exclusiveHolders))
-		if exclusive {
-			t.cmps = append(t.cmps, noneWithPrefix(ab+sharedHolders))
-		}
-	}
-
-	// What a failed acquisition reads and registers.
-	t.fail = append(t.fail, clientv3.OpGet(b.leaseKey(key), clientv3.WithRange(b.stateEnd(key))))
-	for _, a := range req.Ancestors {
-		t.fail = append(t.fail, clientv3.OpGet(b.leaseKey(a), clientv3.WithRange(b.entryBase(a)+intentsPart)))
-	}
+	var mismatch []clientv3.Cmp
+	t.cmps, mismatch = b.conflictCmps(req, w)
+	t.fail = b.stateReads(req)
 	if register {
 		wv := strconv.Quote(req.HolderID)
 		put := clientv3.OpPut(wkey, wv, clientv3.WithLease(id))
@@ -429,8 +417,77 @@ func (b *Backend) buildAcquire(req backend.ModeRequest, id clientv3.LeaseID, w w
 			t.fail = append(t.fail, clientv3.OpTxn(mismatch, []clientv3.Op{put}, nil))
 		}
 	}
+	return b.buildSuccess(t, req, id, wkey)
+}
 
-	// What a successful acquisition writes.
+// stateReads returns the reads of the failure branch of req's transaction:
+// the key's whole state, and each ancestor's lease record and holders.
+func (b *Backend) stateReads(req backend.ModeRequest) []clientv3.Op {
+	ops := []clientv3.Op{clientv3.OpGet(b.leaseKey(req.Key), clientv3.WithRange(b.stateEnd(req.Key)))}
+	for _, a := range req.Ancestors {
+		ops = append(ops, clientv3.OpGet(b.leaseKey(a), clientv3.WithRange(b.entryBase(a)+intentsPart)))
+	}
+	return ops
+}
+
+// conflictCmps returns the comparisons under which req succeeds, w being
+// its registration as this Backend knows it, and among them (for Shared)
+// those that no Shared holder has another limit.
+func (b *Backend) conflictCmps(req backend.ModeRequest, w waitState) (cmps, mismatch []clientv3.Cmp) {
+	key := req.Key
+	base := b.entryBase(key)
+	exclusive := req.Mode == backend.Exclusive
+
+	// The conflicts on the key itself.
+	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(b.leaseKey(key)), "=", 0))
+	if exclusive {
+		cmps = append(cmps,
+			noneWithPrefix(base+holdersPart),
+			noneWithPrefix(base+intentsPart))
+	} else {
+		lp := base + sharedHolders + limitPart(req.Limit) + "/"
+		mismatch = []clientv3.Cmp{
+			none(base+sharedHolders, lp),
+			none(clientv3.GetPrefixRangeEnd(lp), clientv3.GetPrefixRangeEnd(base+sharedHolders)),
+		}
+		cmps = append(cmps,
+			noneWithPrefix(base+exclusiveHolders),
+			noneWithPrefix(base+exclusiveIntents))
+		cmps = append(cmps, mismatch...)
+	}
+	// Waiters: fair order, or writer preference.
+	switch {
+	case req.Fair && w.rev > 0:
+		wkey := b.waiterKey(key, req.Mode, req.WaitID)
+		// Still registered at w.rev, and nobody registered before.
+		cmps = append(cmps,
+			clientv3.Compare(clientv3.CreateRevision(wkey), "=", w.rev),
+			clientv3.Compare(clientv3.CreateRevision(base+waitersPart), ">", w.rev-1).WithPrefix())
+	case req.Fair:
+		cmps = append(cmps, noneWithPrefix(base+waitersPart))
+	case !exclusive:
+		cmps = append(cmps, noneWithPrefix(base+exclusiveWaiters))
+	}
+	// The ancestors: no Exclusive holder, and for an Exclusive lock no
+	// Shared one either.
+	for _, a := range req.Ancestors {
+		ab := b.entryBase(a)
+		cmps = append(cmps,
+			clientv3.Compare(clientv3.CreateRevision(b.leaseKey(a)), "=", 0),
+			noneWithPrefix(ab+exclusiveHolders))
+		if exclusive {
+			cmps = append(cmps, noneWithPrefix(ab+sharedHolders))
+		}
+	}
+
+	return cmps, mismatch
+}
+
+// buildSuccess adds to t what a successful acquisition of req with etcd
+// lease id writes (deleting the registration wkey, if any).
+func (b *Backend) buildSuccess(t acquireTxn, req backend.ModeRequest, id clientv3.LeaseID, wkey string) (acquireTxn, error) {
+	key := req.Key
+	exclusive := req.Mode == backend.Exclusive
 	now := time.Now()
 	success := func(hk, token string) ([]clientv3.Op, error) {
 		body := recordBody{AcquiredAt: now, Metadata: req.Metadata, Mode: req.Mode, Limit: req.Limit}
@@ -614,6 +671,9 @@ func (b *Backend) modeConflict(ctx context.Context, op string, req backend.ModeR
 	case fresh:
 		revoke = append(revoke, id) // holds nothing
 	}
+	if myRev == 0 && before != nil {
+		myRev = before.CreateRevision // registered before this attempt
+	}
 
 	// A Shared holder with another limit: nothing was written.
 	if !exclusive {
@@ -700,6 +760,7 @@ func (b *Backend) modeConflict(ctx context.Context, op string, req backend.ModeR
 	if err != nil {
 		return fail(ctx, op, err)
 	}
+	b.setSeenHeld(req.Key, true)
 	held := &backend.HeldError{Holders: recs, Waiting: waiting}
 	switch {
 	case len(recs) > 0:
