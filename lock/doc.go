@@ -28,6 +28,31 @@
 // otherwise. Records returned by this package show lock keys, without the
 // prefix.
 //
+// # Shared locks, semaphores, hierarchies and fair queueing
+//
+// On a backend that implements backend.Modes (memory, Redis and etcd do),
+// AcquireOptions also asks for:
+//
+//   - Mode Shared: many holders at once (readers), excluding Exclusive
+//     holders; with Limit, at most Limit of them (a semaphore). Each holder
+//     has its own token, term, TTL and metadata, so a crashed reader or
+//     permit holder frees its place after its own TTL; Holders and List
+//     return one record per holder, and a *HeldError lists every
+//     conflicting holder in Holders. An Exclusive Acquire that waits for
+//     Shared holders registers, and new Shared holders are refused until it
+//     is served (writer preference).
+//   - Hierarchical: "/" in the key are levels. A lock on "a/b/c" takes
+//     intent on "a" and "a/b" atomically with itself, so it conflicts with
+//     an Exclusive lock on "a" or "a/b", and an Exclusive lock on "a" waits
+//     for every hierarchical lock below it.
+//   - Fair: waiters are served first come, first served, across processes.
+//
+// A backend without the capability an option needs makes the acquisition
+// fail with ErrUnsupported before any store call; the Locker never falls
+// back to an exclusive lock. Options.Policy refuses acquisitions that break
+// a team's rules before they reach the store (ErrPolicy), and Stats counts
+// held locks per subject for dashboards.
+//
 // # What is guaranteed
 //
 // A held lock is renewed every RenewInterval. The holder counts its lock from
@@ -42,9 +67,7 @@
 // Renewals and releases are owner-checked by a random per-acquisition token:
 // a lock is owned by its *Lock, not by a goroutine, and any goroutine may
 // release it; a second acquisition of a key by the same Locker is refused
-// like anyone else's (locks are not reentrant). After each acquisition the
-// record is read back and checked (holder, token, term) before the lock is
-// handed out.
+// like anyone else's (locks are not reentrant).
 //
 // Do and TryDo release the lock only after the function has returned, and
 // keep renewing it while the function winds down after its context was
