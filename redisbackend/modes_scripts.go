@@ -395,10 +395,9 @@ if bad then return bad end
 for i = 1, #KEYS do
   local f = 'h:'
   if i > 1 then f = 'i:' end
-  if redis.pcall('HDEL', KEYS[i], f .. ARGV[2]) == 1 then
-    local st = load(KEYS[i], now)
-    if st and st.modes then settle(KEYS[i], st) end
-  end
+  redis.pcall('HDEL', KEYS[i], f .. ARGV[2])
+  local st = load(KEYS[i], now)
+  if st and st.modes then settle(KEYS[i], st) end
 end
 if ARGV[3] ~= '' then
   for i = 4, #ARGV do redis.call(ARGV[3], ARGV[i], 'released:' .. e.t) end

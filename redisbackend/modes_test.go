@@ -308,3 +308,173 @@ func TestModesWaiterExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestModesDeadEntries: an entry is dead at its own expiry by the server's
+// clock even while its hash still exists (the hash expires at its latest
+// entry's expiry, and Redis may notice that a moment later): a plain
+// Acquire and AcquireMode then take the key, Get and Holders report it
+// free, and Renew and Release report the lease lost.
+func TestModesDeadEntries(t *testing.T) {
+	mr := miniredis.RunT(t)
+	now := time.Now()
+	mr.SetTime(now)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "de:"})
+	ctx := ctxBound(t)
+	for _, plain := range []bool{true, false} {
+		t.Run(fmt.Sprintf("plain=%v", plain), func(t *testing.T) {
+			key := fmt.Sprintf("lock/dead-%v", plain)
+			l, err := b.AcquireMode(ctx, backend.ModeRequest{
+				AcquireRequest: backend.AcquireRequest{Key: key, HolderID: "a", TTL: time.Second}, Mode: backend.Shared})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The server's clock passes the entry's expiry; its hash stays.
+			now = now.Add(time.Second)
+			mr.SetTime(now)
+			name := "de:{" + key + "}{}"
+			if !mr.Exists(name) {
+				t.Fatalf("%s gone; the test needs it to outlive the entry", name)
+			}
+			if _, err := b.Get(ctx, key); !errors.Is(err, backend.ErrNotHeld) {
+				t.Errorf("Get: got %v, want ErrNotHeld", err)
+			}
+			if recs, err := b.Holders(ctx, key); err != nil || len(recs) != 0 {
+				t.Errorf("Holders: got %v, %v; want none", recs, err)
+			}
+			if err := b.Renew(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+				t.Errorf("Renew: got %v, want ErrLeaseLost", err)
+			}
+			if err := b.Release(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+				t.Errorf("Release: got %v, want ErrLeaseLost", err)
+			}
+			var l2 backend.Lease
+			if plain {
+				l2, err = b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "b", TTL: time.Minute})
+			} else {
+				l2, err = b.AcquireMode(ctx, backend.ModeRequest{
+					AcquireRequest: backend.AcquireRequest{Key: key, HolderID: "b", TTL: time.Minute}})
+			}
+			if err != nil {
+				t.Fatalf("acquisition of a key whose only entry is dead: got %v, want nil", err)
+			}
+			if l2.Term <= l.Term {
+				t.Errorf("term: got %d, want > %d", l2.Term, l.Term)
+			}
+			if f, _ := mr.HKeys(name); slices.Contains(f, "h:"+l.Token) {
+				t.Errorf("fields of %s: got %q, want the dead entry gone", name, f)
+			}
+			if err := b.Release(ctx, l2); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestModesIntentGone: an entry whose intent on an ancestor is gone (the
+// data was tampered with) is lost: Renew reports ErrLeaseLost and extends
+// nothing, since the lock no longer keeps an Exclusive lock above out.
+func TestModesIntentGone(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "ig:"})
+	l, err := b.AcquireMode(ctx, backend.ModeRequest{
+		AcquireRequest: backend.AcquireRequest{Key: "lock/r/a/b", HolderID: "a", TTL: 10 * time.Second},
+		Ancestors:      []string{"lock/r", "lock/r/a"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.HDel(ctx, "ig:{lock/r}{/a}", "i:"+l.Token).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := c.PTTL(ctx, "ig:{lock/r}{/a/b}").Val()
+	l.TTL = time.Minute
+	if err := b.Renew(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Fatalf("Renew without an intent: got %v, want ErrLeaseLost", err)
+	}
+	if after := c.PTTL(ctx, "ig:{lock/r}{/a/b}").Val(); after > before {
+		t.Errorf("PTTL of the lock after the failed Renew: got %v, want at most %v (not extended)", after, before)
+	}
+	// Release still cleans up what is left, the root's intent included.
+	if err := b.Release(ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if keys := c.Keys(ctx, "ig:*").Val(); !slices.Equal(keys, []string{"ig:{lock/r}{/a/b}:term"}) {
+		t.Errorf("keys after Release: got %q, want the term counter only", keys)
+	}
+}
+
+// TestModesWrongType: foreign data at a path of backend.Modes (a waiters
+// hash, an ancestor's lease hash, a malformed entry) fails the operations
+// that touch it with ErrWrongType and is left as it was.
+func TestModesWrongType(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "mw:"})
+	req := backend.ModeRequest{
+		AcquireRequest: backend.AcquireRequest{Key: "lock/w/x", HolderID: "a", TTL: time.Minute},
+		Ancestors:      []string{"lock/w"}, WaitID: "wid",
+	}
+	tests := []struct {
+		name, path string
+		put        func(k string) error
+		call       func() error
+	}{
+		{"string at the waiters hash", "mw:{lock/w}{/x}:waiters",
+			func(k string) error { return c.Set(ctx, k, "user", 0).Err() },
+			func() error { _, err := b.AcquireMode(ctx, req); return err }},
+		{"string at the waiters hash, CancelWait", "mw:{lock/w}{/x}:waiters",
+			func(k string) error { return c.Set(ctx, k, "user", 0).Err() },
+			func() error { return b.CancelWait(ctx, "lock/w/x", "wid") }},
+		{"list at an ancestor", "mw:{lock/w}{}",
+			func(k string) error { return c.RPush(ctx, k, "user").Err() },
+			func() error { _, err := b.AcquireMode(ctx, req); return err }},
+		{"malformed entry", "mw:{lock/w}{/x}",
+			func(k string) error { return c.HSet(ctx, k, "modes", "1", "h:tok", "garbage").Err() },
+			func() error { _, err := b.Holders(ctx, "lock/w/x"); return err }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := c.FlushDB(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := tt.put(tt.path); err != nil {
+				t.Fatal(err)
+			}
+			dump := c.Dump(ctx, tt.path).Val()
+			err := tt.call()
+			if !errors.Is(err, redisbackend.ErrWrongType) || !strings.Contains(err.Error(), tt.path) {
+				t.Fatalf("got %v, want ErrWrongType naming %s", err, tt.path)
+			}
+			if got := c.Dump(ctx, tt.path).Val(); got != dump {
+				t.Errorf("%s changed", tt.path)
+			}
+			if n := c.DBSize(ctx).Val(); n != 1 {
+				t.Errorf("DBSIZE: got %d, want 1 (nothing written)", n)
+			}
+		})
+	}
+}
+
+// TestModesWaitReplicas: AcquireMode with WaitReplicas and no replica
+// fails with ErrNotReplicated and releases the entry and its intents.
+func TestModesWaitReplicas(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "mwr:", WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond})
+	_, err := b.AcquireMode(ctx, backend.ModeRequest{
+		AcquireRequest: backend.AcquireRequest{Key: "lock/r/a", HolderID: "a", TTL: time.Minute},
+		Mode:           backend.Shared, Ancestors: []string{"lock/r"},
+	})
+	if !errors.Is(err, redisbackend.ErrNotReplicated) || !strings.Contains(err.Error(), "released") {
+		t.Fatalf("AcquireMode: got %v, want ErrNotReplicated, released", err)
+	}
+	if keys := c.Keys(ctx, "mwr:*").Val(); !slices.Equal(keys, []string{"mwr:{lock/r}{/a}:term"}) {
+		t.Errorf("keys after the failed AcquireMode: got %q, want the term counter only", keys)
+	}
+}
