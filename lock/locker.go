@@ -182,7 +182,9 @@ type AcquireOptions struct {
 
 	// Fair makes Acquire and Do wait their turn: among the waiters of the
 	// key, across processes, the first to wait is the first served. A Fair
-	// TryAcquire succeeds only when nobody waits. It needs a backend whose
+	// TryAcquire succeeds only when nobody waits. The order binds Fair
+	// acquisitions only (a non-Fair Exclusive one may jump the line), so
+	// give Fair to every acquirer of a key. It needs a backend whose
 	// ModeSupport has Fair, else ErrUnsupported.
 	Fair bool
 }
