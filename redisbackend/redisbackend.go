@@ -910,9 +910,10 @@ func num(v any) int64 {
 }
 
 // ValidateKey implements backend.Backend. A key must not be empty and must
-// not contain '{' or '}': every name of a key is "<prefix>{<key>}..." so
-// that the hash tag {<key>} keeps all of them in one Cluster slot, and a
-// brace in the key would end or change that tag.
+// not contain '{' or '}': every name of a key is "<prefix>{<key>}..." (of
+// a lock key, "<prefix>{lock/<root>}{<rest>}...") so that the hash tag
+// keeps all of them in one Cluster slot, and a brace in the key would end
+// or change that tag.
 func (b *Backend) ValidateKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("redisbackend: %w: empty key", backend.ErrInvalid)
