@@ -147,8 +147,9 @@ func noneWithPrefix(p string) clientv3.Cmp {
 // keep-alive of its etcd lease instead of a new grant.
 type waitState struct {
 	rev     int64            // create revision of the waiter key
+	mode    backend.Mode     // the mode of the waiter key
 	lease   clientv3.LeaseID // the etcd lease the waiter key is attached to
-	secs    int64            // its granted TTL
+	secs    int64            // the TTL it was asked for, in whole seconds
 	expires time.Time        // when it ends unless refreshed, by the local clock
 }
 
@@ -225,6 +226,11 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 	var w waitState
 	if req.WaitID != "" {
 		w = b.waitStateOf(req.Key, req.WaitID)
+		if w.lease != 0 && w.mode != req.Mode {
+			// A registration in the other mode: not this request's
+			// place, and not reused; it is revoked once replaced.
+			w.rev, w.secs = 0, 0
+		}
 	}
 
 	// The etcd lease of the entry: the registration's, refreshed, or a
@@ -662,10 +668,12 @@ func (b *Backend) modeConflict(ctx context.Context, op string, req backend.ModeR
 		if w.lease != 0 && w.lease != id && !slices.Contains(revoke, w.lease) {
 			revoke = append(revoke, w.lease)
 		}
+		secs, _ := ttlSeconds(req.TTL)
 		b.setWaitState(req.Key, req.WaitID, waitState{
 			rev:     myRev,
+			mode:    req.Mode,
 			lease:   id,
-			secs:    granted,
+			secs:    secs,
 			expires: time.Now().Add(time.Duration(granted) * time.Second),
 		})
 	case fresh:
@@ -738,7 +746,10 @@ func (b *Backend) modeConflict(ctx context.Context, op string, req backend.ModeR
 	switch {
 	case req.Fair:
 		for _, kv := range st.waiters {
-			if string(kv.Key) != wkey && (myRev == 0 || kv.CreateRevision < myRev) {
+			// Not counting this request's own registration, nor one it
+			// replaced (in the other mode), being revoked.
+			if string(kv.Key) != wkey && (myRev == 0 || kv.CreateRevision < myRev) &&
+				!slices.Contains(revoke, clientv3.LeaseID(kv.Lease)) {
 				waiting++
 			}
 		}

@@ -427,3 +427,47 @@ func TestModesListShowsNoEntryKeys(t *testing.T) {
 		t.Errorf("List: terms %d, %d not in increasing order", recs[0].Term, recs[1].Term)
 	}
 }
+
+// TestModesWaitIDChangingMode: a WaitID registered in one mode and used in
+// the other leaves no registration of the first mode behind (it would
+// block readers by writer preference for as long as the lock lives).
+func TestModesWaitIDChangingMode(t *testing.T) {
+	ctx := testCtx(t)
+	b, other := modesPair(t, nil, nil)
+	held, err := other.AcquireMode(ctx, modeRequest("k", "other", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := modeRequest("k", "w", backend.Exclusive)
+	w.WaitID = "w"
+	if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode: got %v, want ErrHeld", err)
+	}
+	if err := other.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	r := modeRequest("k", "w", backend.Shared)
+	r.WaitID, r.Fair = "w", true
+	var l backend.Lease
+	for i := 0; ; i++ {
+		if l, err = b.AcquireMode(ctx, r); err == nil {
+			break
+		}
+		if i == 2 {
+			t.Fatalf("Shared, Fair, with the WaitID of an Exclusive registration, on a free key: %v", err)
+		}
+	}
+	// A reader that is not Fair yields to Exclusive waiters only.
+	l2, err := other.AcquireMode(ctx, modeRequest("k", "reader", backend.Shared))
+	if err != nil {
+		t.Fatalf("Shared reader after the WaitID changed mode: got %v, want nil (no Exclusive waiter left)", err)
+	}
+	for _, x := range []struct {
+		b *etcdbackend.Backend
+		l backend.Lease
+	}{{b, l}, {other, l2}} {
+		if err := x.b.Release(ctx, x.l); err != nil {
+			t.Error(err)
+		}
+	}
+}
