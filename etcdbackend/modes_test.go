@@ -471,3 +471,80 @@ func TestModesWaitIDChangingMode(t *testing.T) {
 		}
 	}
 }
+
+// TestModesConcurrentSemaphore: goroutines on several Backends acquire a
+// key as a semaphore of 2 or exclusively, concurrently; at no time do more
+// than 2 hold it, nor anyone alongside an Exclusive holder. Each counts
+// itself in after its acquisition returned and out before it releases, so
+// the counts never exceed what the store holds.
+func TestModesConcurrentSemaphore(t *testing.T) {
+	ctx := testCtx(t)
+	opts := &etcdbackend.Options{Prefix: newPrefix()}
+	const workers, attempts, limit = 6, 25, 2
+	var (
+		mu                sync.Mutex // guards the counts
+		shared, exclusive int
+		wins              [2]int // by mode
+		violations        []string
+	)
+	var wg sync.WaitGroup
+	for i := range workers {
+		b := newBackend(t, newClient(t, nil, nil), opts)
+		wg.Go(func() {
+			for j := range attempts {
+				req := modeRequest("sem", fmt.Sprintf("w%d", i), backend.Shared)
+				req.Limit = limit
+				if (i+j)%4 == 0 {
+					req = modeRequest("sem", fmt.Sprintf("w%d", i), backend.Exclusive)
+				}
+				l, err := b.AcquireMode(ctx, req)
+				if errors.Is(err, backend.ErrHeld) {
+					continue
+				}
+				if err != nil {
+					t.Errorf("AcquireMode: %v", err)
+					return
+				}
+				mu.Lock()
+				if req.Mode == backend.Exclusive {
+					exclusive++
+				} else {
+					shared++
+				}
+				wins[req.Mode]++
+				if shared > limit || exclusive > 1 || (exclusive > 0 && shared > 0) {
+					violations = append(violations, fmt.Sprintf("%d shared and %d exclusive holders", shared, exclusive))
+				}
+				mu.Unlock()
+				// Hold it for a read of the holders, which must agree.
+				recs, err := b.Holders(ctx, "sem")
+				if err != nil {
+					t.Errorf("Holders: %v", err)
+				}
+				mu.Lock()
+				if n := len(recs); n == 0 || n > limit || (req.Mode == backend.Exclusive && n != 1) {
+					violations = append(violations, fmt.Sprintf("Holders of a %v holder: %d records", req.Mode, n))
+				}
+				if req.Mode == backend.Exclusive {
+					exclusive--
+				} else {
+					shared--
+				}
+				mu.Unlock()
+				if err := b.Release(ctx, l); err != nil {
+					t.Errorf("Release: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(violations) > 0 {
+		t.Fatalf("the store let in too many holders: %v", violations)
+	}
+	if wins[backend.Shared]+wins[backend.Exclusive] == 0 {
+		// The first transaction on the free key cannot fail.
+		t.Errorf("no acquisition succeeded")
+	}
+	t.Logf("%d shared and %d exclusive acquisitions of %d attempts", wins[backend.Shared], wins[backend.Exclusive], workers*attempts)
+}
