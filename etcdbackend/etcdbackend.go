@@ -110,9 +110,16 @@
 // preference: a Shared acquisition that is not Fair also needs the
 // Exclusive waiters' range empty. A Shared acquisition with a limit takes
 // the first free slot through a chain of nested transactions, one level per
-// slot, so the limit costs no extra request; nested levels count against
-// etcd's --max-txn-ops (128 by default), hence MaxLimit (64) and, with it,
-// at most 14 ancestors. Plain Acquire's transaction compares the holder and
+// slot, so the limit costs no extra request. etcd counts the operations of
+// a transaction along its deepest nesting against --max-txn-ops (128 by
+// default), hence MaxLimit (64), and a bound on ancestors that shrinks as
+// the limit grows (41 for an Exclusive lock, 59 for a Shared one, 28 for a
+// semaphore of 3 and 13 for one of 64, Fair with a WaitID); a larger
+// request fails with backend.ErrUnsupported before any request is made.
+// A semaphore's transaction carries the holder's record (metadata
+// included) once per slot and ancestor, and etcd refuses a request above
+// --max-request-bytes (1.5 MiB by default): keep a semaphore's metadata
+// small. Plain Acquire's transaction compares the holder and
 // intent ranges too, and its HeldError names the oldest entry; Get returns
 // the oldest holder, List one record per holder (never an intent, a waiter
 // or an entry's etcd key), Holders every holder in term order.

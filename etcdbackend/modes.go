@@ -200,7 +200,51 @@ func (b *Backend) checkModeRequest(req backend.ModeRequest) (int64, error) {
 	if strings.ContainsRune(req.WaitID, 0) {
 		return 0, fmt.Errorf("%w: wait ID %q contains a NUL byte", backend.ErrInvalid, req.WaitID)
 	}
+	if n := txnOps(req); n > maxTxnOps {
+		return 0, fmt.Errorf("%w: %d ancestors with limit %d need %d operations in one transaction, above etcd's default --max-txn-ops of %d",
+			backend.ErrUnsupported, len(req.Ancestors), req.Limit, n, maxTxnOps)
+	}
 	return ttlSeconds(req.TTL)
+}
+
+// txnOps returns how many operations etcd counts in the transaction of
+// req (see buildAcquire): the largest list (comparisons, success or
+// failure operations) of each transaction, summed along the deepest path
+// of nested ones, as etcd's checkTxnRequest does.
+func txnOps(req backend.ModeRequest) int {
+	anc := len(req.Ancestors)
+	exclusive := req.Mode == backend.Exclusive
+	register := req.WaitID != "" && (exclusive || req.Fair)
+	cmps := 1 + 2*anc // lease records of the key and the ancestors, their Exclusive holders
+	if exclusive {
+		cmps += 2 + anc // holders, intents; the ancestors' Shared holders
+	} else {
+		cmps += 4 // Exclusive holders, Exclusive intents, 2 for the limit
+	}
+	switch {
+	case req.Fair:
+		cmps += 2
+	case !exclusive:
+		cmps++
+	}
+	fail := 1 + anc // reads
+	regNeed := 0    // the nested transaction registering a Shared waiter
+	if register {
+		fail++
+		if !exclusive {
+			regNeed = 2
+		}
+	}
+	ops := 1 + anc // the holder and its intents
+	if req.WaitID != "" {
+		ops++
+	}
+	if exclusive || req.Limit == 0 {
+		return max(cmps, ops, fail) + regNeed
+	}
+	// The slot chain: its last level, then one per level above it.
+	need := max(1, fail) + max(ops, regNeed) + req.Limit - 1
+	return max(cmps, fail) + max(need, regNeed)
 }
 
 // AcquireMode acquires req.Key in req.Mode, with intents on req.Ancestors,
@@ -521,13 +565,8 @@ func (b *Backend) buildSuccess(t acquireTxn, req backend.ModeRequest, id clientv
 		if err != nil {
 			return t, err
 		}
-		if t.then, err = success(hk, t.token); err != nil {
-			return t, err
-		}
-		if need := max(len(t.cmps), len(t.then), len(t.fail)); need > maxTxnOps {
-			return t, fmt.Errorf("%w: %d operations in one transaction, above etcd's default limit of %d", backend.ErrUnsupported, need, maxTxnOps)
-		}
-		return t, nil
+		t.then, err = success(hk, t.token)
+		return t, err
 	}
 
 	// A limited Shared acquisition takes the first free slot: a chain of
@@ -536,20 +575,11 @@ func (b *Backend) buildSuccess(t acquireTxn, req backend.ModeRequest, id clientv
 	t.slots = req.Limit
 	t.slotTokens = make([]string, req.Limit)
 	next := t.fail
-	// need is the operations etcd counts along the chain's deepest path
-	// (see checkTxnRequest in etcd's server): each transaction's largest
-	// list, plus its deepest child's.
-	need := 0
 	for i := req.Limit - 1; i >= 0; i-- {
 		t.slotTokens[i] = entryToken(id, now, i)
 		ops, err := success(b.slotKey(key, req.Limit, i), t.slotTokens[i])
 		if err != nil {
 			return t, err
-		}
-		if i == req.Limit-1 {
-			need = max(1, len(next)) + max(len(ops), 2)
-		} else {
-			need = 1 + max(len(ops), need)
 		}
 		level := clientv3.OpTxn(
 			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(b.slotKey(key, req.Limit, i)), "=", 0)},
@@ -558,9 +588,6 @@ func (b *Backend) buildSuccess(t acquireTxn, req backend.ModeRequest, id clientv
 		next = []clientv3.Op{level}
 	}
 	t.then = next
-	if need += max(len(t.cmps), len(t.fail)); need > maxTxnOps {
-		return t, fmt.Errorf("%w: %d nested operations in one transaction, above etcd's default limit of %d", backend.ErrUnsupported, need, maxTxnOps)
-	}
 	return t, nil
 }
 

@@ -309,36 +309,8 @@ func TestModesSlots(t *testing.T) {
 		}
 	}
 
-	// The largest limit, with as many ancestors as the transaction allows.
-	key := "m"
-	var ancestors []string
-	refused := false
-	for i := 0; i < 30 && !refused; i++ {
-		a := key
-		key += fmt.Sprintf("/%d", i)
-		next := append(ancestors, a)
-		if _, err := b.AcquireMode(ctx, sem(key, etcdbackend.MaxLimit+1, next...)); !errors.Is(err, backend.ErrUnsupported) {
-			t.Fatalf("AcquireMode with limit %d: got %v, want ErrUnsupported", etcdbackend.MaxLimit+1, err)
-		}
-		l, err := b.AcquireMode(ctx, sem(key, etcdbackend.MaxLimit, next...))
-		if errors.Is(err, backend.ErrUnsupported) {
-			if i < 3 {
-				t.Fatalf("limit %d refused with only %d ancestors: %v", etcdbackend.MaxLimit, i+1, err)
-			}
-			t.Logf("limit %d: accepted with up to %d ancestors", etcdbackend.MaxLimit, i)
-			refused = true
-			continue
-		}
-		if err != nil {
-			t.Fatalf("limit %d with %d ancestors: %v (the transaction's size was misjudged)", etcdbackend.MaxLimit, i+1, err)
-		}
-		if err := b.Release(ctx, l); err != nil {
-			t.Fatal(err)
-		}
-		ancestors = next
-	}
-	if !refused {
-		t.Fatalf("limit %d accepted with %d ancestors, more than etcd's --max-txn-ops allows", etcdbackend.MaxLimit, len(ancestors))
+	if _, err := b.AcquireMode(ctx, sem("big", etcdbackend.MaxLimit+1)); !errors.Is(err, backend.ErrUnsupported) {
+		t.Fatalf("AcquireMode with limit %d: got %v, want ErrUnsupported", etcdbackend.MaxLimit+1, err)
 	}
 	// Every slot of the largest limit.
 	ls = ls[:0]
@@ -547,4 +519,72 @@ func TestModesConcurrentSemaphore(t *testing.T) {
 		t.Errorf("no acquisition succeeded")
 	}
 	t.Logf("%d shared and %d exclusive acquisitions of %d attempts", wins[backend.Shared], wins[backend.Exclusive], workers*attempts)
+}
+
+// TestModesLargestTransactions: for each shape of request, the most
+// ancestors AcquireMode accepts make a transaction etcd accepts (with its
+// default --max-txn-ops), on a held key (the failure branch registering a
+// waiter) and on a free one; one more ancestor is refused with
+// ErrUnsupported before any request.
+func TestModesLargestTransactions(t *testing.T) {
+	ctx := testCtx(t)
+	b, other := modesPair(t, nil, nil)
+	shapes := []struct {
+		name  string
+		mode  backend.Mode
+		limit int
+		fair  bool
+		wait  bool
+	}{
+		{"exclusive", backend.Exclusive, 0, false, false},
+		{"exclusive waiting", backend.Exclusive, 0, false, true},
+		{"exclusive fair waiting", backend.Exclusive, 0, true, true},
+		{"shared", backend.Shared, 0, false, false},
+		{"shared fair waiting", backend.Shared, 0, true, true},
+		{"semaphore of MaxLimit", backend.Shared, etcdbackend.MaxLimit, false, false},
+		{"semaphore of MaxLimit, fair waiting", backend.Shared, etcdbackend.MaxLimit, true, true},
+		{"semaphore of 3, fair waiting", backend.Shared, 3, true, true},
+	}
+	for k, sh := range shapes {
+		req := func(n int) backend.ModeRequest {
+			key := fmt.Sprintf("t%d", k)
+			var ancestors []string
+			for i := range n {
+				ancestors = append(ancestors, key)
+				key += fmt.Sprintf("/%d", i)
+			}
+			r := modeRequest(key, "h", sh.mode)
+			r.Limit, r.Fair, r.Ancestors = sh.limit, sh.fair, ancestors
+			if sh.wait {
+				r.WaitID = "w"
+			}
+			return r
+		}
+		n := 0
+		for etcdbackend.TxnOps(req(n+1)) <= 128 {
+			n++
+		}
+		r := req(n)
+		// Held by an Exclusive lock on the key itself.
+		x, err := other.AcquireMode(ctx, modeRequest(r.Key, "other", backend.Exclusive))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.AcquireMode(ctx, r); !errors.Is(err, backend.ErrHeld) {
+			t.Errorf("%s with %d ancestors, held key: got %v, want ErrHeld", sh.name, n, err)
+		}
+		if err := other.Release(ctx, x); err != nil {
+			t.Fatal(err)
+		}
+		l, err := b.AcquireMode(ctx, r)
+		if err != nil {
+			t.Errorf("%s with %d ancestors, free key: got %v, want nil", sh.name, n, err)
+		} else if err := b.Release(ctx, l); err != nil {
+			t.Error(err)
+		}
+		if _, err := b.AcquireMode(ctx, req(n+1)); !errors.Is(err, backend.ErrUnsupported) {
+			t.Errorf("%s with %d ancestors: got %v, want ErrUnsupported", sh.name, n+1, err)
+		}
+		t.Logf("%s: at most %d ancestors", sh.name, n)
+	}
 }

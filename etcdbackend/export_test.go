@@ -1,0 +1,4 @@
+package etcdbackend
+
+// TxnOps exports txnOps to the tests.
+var TxnOps = txnOps
