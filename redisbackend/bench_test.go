@@ -3,6 +3,8 @@ package redisbackend_test
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -101,3 +103,93 @@ func BenchmarkRenew(b *testing.B) {
 	}
 	b.ReportMetric(float64(hook.n.Load())/float64(n), "roundtrips/op")
 }
+
+// BenchmarkModes measures AcquireMode+Release pairs from one goroutine
+// against a real redis-server, next to plain Acquire+Release on a lock
+// key: an Exclusive entry, a Shared entry among 3 live readers of a
+// semaphore of 5, and an Exclusive page lock with 2 ancestors whose root
+// holds 10 intents of other pages. server-µs/pair is the scripts' time on
+// the server (INFO commandstats), which the load of the machine disturbs
+// less than the wall-clock rate.
+func BenchmarkModes(b *testing.B) {
+	ctx := context.Background()
+	srv := testredis.Start(b)
+	admin := srv.NewClient(b, nil)
+	scriptUsec := func() float64 {
+		info := admin.Info(ctx, "commandstats").Val()
+		total := 0.0
+		for _, line := range strings.Split(info, "\n") {
+			for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+				if rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd); ok {
+					for _, kv := range strings.Split(rest, ",") {
+						if v, ok := strings.CutPrefix(kv, "usec="); ok {
+							n, _ := strconv.ParseFloat(v, 64)
+							total += n
+						}
+					}
+				}
+			}
+		}
+		return total
+	}
+	req := func(key string, m backend.Mode, limit int, anc ...string) backend.ModeRequest {
+		return backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: key, HolderID: "bench", TTL: 10 * time.Second},
+			Mode: m, Limit: limit, Ancestors: anc}
+	}
+	cases := []struct {
+		name  string
+		setup []backend.ModeRequest
+		req   *backend.ModeRequest // nil: plain Acquire
+	}{
+		{"plain", nil, nil},
+		{"exclusive", nil, &backend.ModeRequest{}},
+		{"shared 4 of 5", []backend.ModeRequest{req("lock/k", backend.Shared, 5), req("lock/k", backend.Shared, 5), req("lock/k", backend.Shared, 5)},
+			ptr(req("lock/k", backend.Shared, 5))},
+		{"page of a tree with 10 pages held", nil, ptr(req("lock/k/set/page", backend.Exclusive, 0, "lock/k", "lock/k/set"))},
+	}
+	for i := range 10 {
+		cases[3].setup = append(cases[3].setup, req(fmt.Sprintf("lock/k/set/p%d", i), backend.Exclusive, 0, "lock/k", "lock/k/set"))
+	}
+	cases[1].req = ptr(req("lock/k", backend.Exclusive, 0))
+	for _, tc := range cases {
+		b.Run(tc.name, func(b *testing.B) {
+			c := srv.NewClient(b, &redis.Options{ContextTimeoutEnabled: true})
+			hook := &countHook{}
+			c.AddHook(hook)
+			be := newBackend(b, c, &redisbackend.Options{Prefix: fmt.Sprintf("bench:%d:", time.Now().UnixNano())})
+			for _, r := range tc.setup {
+				if _, err := be.AcquireMode(ctx, r); err != nil {
+					b.Fatal(err)
+				}
+			}
+			pair := func() error {
+				if tc.req == nil {
+					return acquireRelease(ctx, be, "lock/k")
+				}
+				l, err := be.AcquireMode(ctx, *tc.req)
+				if err != nil {
+					return err
+				}
+				return be.Release(ctx, l)
+			}
+			if err := pair(); err != nil { // loads the scripts
+				b.Fatal(err)
+			}
+			hook.n.Store(0)
+			usec := scriptUsec()
+			start := time.Now()
+			n := 0
+			for b.Loop() {
+				if err := pair(); err != nil {
+					b.Fatal(err)
+				}
+				n++
+			}
+			b.ReportMetric(float64(n)/time.Since(start).Seconds(), "pairs/s")
+			b.ReportMetric(float64(hook.n.Load())/float64(n), "roundtrips/pair")
+			b.ReportMetric((scriptUsec()-usec)/float64(n), "server-µs/pair")
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -68,6 +68,21 @@ local function intent_of(tok, v)
   if not l or #l < 6 or not tonumber(l[1]) then return nil end
   return {tok = tok, e = tonumber(l[1]), x = l[2], t = l[3], id = l[4], k = l[5], n = l[6]}
 end
+-- intent_exp reads only the expiry of an intent (its first string), so that
+-- a key with many intents below it is cheap to read; full decodes the rest
+-- of an intent from load when it is needed.
+local function intent_exp(v)
+  local n, p = string.match(v, '^(%d+):()')
+  if not n then return nil end
+  return tonumber(string.sub(v, p, p + tonumber(n) - 1))
+end
+local function full(ie)
+  if not ie.k then
+    local d = intent_of(ie.tok, ie.v)
+    if d then ie.x, ie.t, ie.id, ie.k, ie.n = d.x, d.t, d.id, d.k, d.n end
+  end
+  return ie
+end
 local function intent_enc(ie)
   return enc({fmt(ie.e), ie.x, ie.t, ie.id, ie.k, ie.n})
 end
@@ -115,7 +130,9 @@ local function load(k, now, h)
     if kind == 'h:' then
       e, list = holder_of(tok, h[i + 1]), st.holders
     elseif kind == 'i:' then
-      e, list = intent_of(tok, h[i + 1]), st.intents
+      local x = intent_exp(h[i + 1])
+      if x then e = {tok = tok, e = x, v = h[i + 1]} end
+      list = st.intents
     end
     if list then
       if not e then return nil, {'WRONGTYPE', k, malformed} end
@@ -155,6 +172,8 @@ end
 -- intent_rec is the record of the lock below that holds intent ie: read
 -- from that lock's own entry, or made of the intent when it is gone.
 local function intent_rec(ie, now)
+  ie = full(ie)
+  if not ie.k then return rec('', '', {tok = ie.tok, id = '', t = '0', m = 'x', l = '0', a = '0', r = '0', e = ie.e, md = {}}, now) end
   local v = redis.pcall('HGET', ie.n, 'h:' .. ie.tok)
   local e = nil
   if type(v) == 'string' then e = holder_of(ie.tok, v) end
@@ -170,7 +189,7 @@ end
 local function held_reply(k, st, now)
   local all = {}
   for _, e in ipairs(st.holders) do all[#all + 1] = {t = e.t, r = rec('', k, e, now)} end
-  for _, ie in ipairs(st.intents) do all[#all + 1] = {t = ie.t, r = intent_rec(ie, now)} end
+  for _, ie in ipairs(st.intents) do all[#all + 1] = {t = full(ie).t or '0', r = intent_rec(ie, now)} end
   table.sort(all, by_term_key)
   local out = {'HELDM', 0, #all}
   for _, x in ipairs(all) do out[#out + 1] = x.r end
@@ -275,7 +294,7 @@ if mode == 's' and tonumber(limit) > 0 and nshared >= tonumber(limit) then
   end
 end
 for _, ie in ipairs(st.intents) do
-  if mode == 'x' or ie.x == '1' then add(ie.t, intent_rec(ie, now)) end
+  if mode == 'x' or full(ie).x == '1' then add(full(ie).t or '0', intent_rec(ie, now)) end
 end
 local anc = {}
 for i = 1, na do
