@@ -30,9 +30,11 @@ local now
 for i, k in ipairs(KEYS) do
   local a = (i - 1) * 3
   local holder, token, ttl = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local f = redis.pcall('HMGET', k, 'holder', 'token', 'term')
+  local f = redis.pcall('HMGET', k, 'holder', 'token', 'term', 'modes')
   if failed(f) then
     out[i] = {'WRONGTYPE', k, 'a ' .. ktype(k)}
+  elseif f[4] == '1' and not f[1] then -- entries of backend.Modes, as in check_owner
+    out[i] = 'LOST'
   elseif f[1] and f[2] and tonumber(f[3] or '') then
     if f[1] == holder and f[2] == token then
       redis.call('PEXPIRE', k, ttl)

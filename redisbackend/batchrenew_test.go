@@ -64,6 +64,14 @@ func TestRenewBatch(t *testing.T) {
 				t.Fatal(err)
 			}
 			leases[9].Token = backend.NewToken()
+			// Lease 10's key is now held by a Shared entry of backend.Modes.
+			if err := b.Release(ctx, leases[10]); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.AcquireMode(ctx, backend.ModeRequest{Mode: backend.Shared,
+				AcquireRequest: backend.AcquireRequest{Key: leases[10].Key, HolderID: "me", TTL: 2 * time.Second}}); err != nil {
+				t.Fatal(err)
+			}
 
 			// Load the script first, so the count below is of the batch.
 			if errs := b.RenewBatch(ctx, leases[:1]); errs[0] != nil {
@@ -79,7 +87,7 @@ func TestRenewBatch(t *testing.T) {
 			}
 			for i, err := range errs {
 				switch i {
-				case 7, 8, 9:
+				case 7, 8, 9, 10:
 					if !errors.Is(err, backend.ErrLeaseLost) {
 						t.Errorf("lease %d: got %v, want ErrLeaseLost", i, err)
 					}
