@@ -478,3 +478,55 @@ func TestModesWaitReplicas(t *testing.T) {
 		t.Errorf("keys after the failed AcquireMode: got %q, want the term counter only", keys)
 	}
 }
+
+// TestModesListTrees: List matches lock keys of a tree literally, within
+// and across roots (glob characters in a root or below it included), lists
+// one record per holder and never an intent or a waiter.
+func TestModesListTrees(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "lt*:"})
+	take := func(key string, m backend.Mode, anc ...string) {
+		t.Helper()
+		if _, err := b.AcquireMode(ctx, backend.ModeRequest{
+			AcquireRequest: backend.AcquireRequest{Key: key, HolderID: "h", TTL: time.Minute},
+			Mode:           m, Ancestors: anc}); err != nil {
+			t.Fatalf("AcquireMode %q: %v", key, err)
+		}
+	}
+	take("lock/t1/a/b", backend.Shared, "lock/t1", "lock/t1/a") // intents on lock/t1 and lock/t1/a
+	take("lock/t1/a/b", backend.Shared, "lock/t1", "lock/t1/a") // a second holder
+	take("lock/t1/ab", backend.Exclusive)
+	take("lock/t1x/a", backend.Exclusive)
+	take("lock/t*/a?", backend.Exclusive)
+	take("lock/t*", backend.Exclusive)
+	if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: "lock/t1/c", HolderID: "plain", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.AcquireMode(ctx, backend.ModeRequest{ // a waiter, not listed
+		AcquireRequest: backend.AcquireRequest{Key: "lock/t1/ab", HolderID: "w", TTL: time.Minute}, WaitID: "w"}); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	tests := []struct {
+		prefix string
+		want   []string
+	}{
+		{"lock/t1/a", []string{"lock/t1/a/b", "lock/t1/a/b", "lock/t1/ab"}},
+		{"lock/t1/a/", []string{"lock/t1/a/b", "lock/t1/a/b"}},
+		{"lock/t1/", []string{"lock/t1/a/b", "lock/t1/a/b", "lock/t1/ab", "lock/t1/c"}},
+		{"lock/t1", []string{"lock/t1/a/b", "lock/t1/a/b", "lock/t1/ab", "lock/t1/c", "lock/t1x/a"}},
+		{"lock/t*", []string{"lock/t*", "lock/t*/a?"}},
+		{"lock/t*/a", []string{"lock/t*/a?"}},
+		{"lo", []string{"lock/t*", "lock/t*/a?", "lock/t1/a/b", "lock/t1/a/b", "lock/t1/ab", "lock/t1/c", "lock/t1x/a"}},
+	}
+	for _, tt := range tests {
+		recs, err := b.List(ctx, tt.prefix)
+		if err != nil {
+			t.Fatalf("List(%q): %v", tt.prefix, err)
+		}
+		if got := listedKeys(recs); !slices.Equal(got, tt.want) {
+			t.Errorf("List(%q): got %q, want %q", tt.prefix, got, tt.want)
+		}
+	}
+}
