@@ -114,3 +114,39 @@ func BenchmarkAcquireHeld(b *testing.B) {
 	}
 	reportRequests(b, n)
 }
+
+// BenchmarkAcquireModeRelease measures AcquireMode+Release pairs on one key
+// in each mode, one after another, against the embedded one-member server.
+func BenchmarkAcquireModeRelease(b *testing.B) {
+	for _, bm := range []struct {
+		name string
+		req  backend.ModeRequest
+	}{
+		{"exclusive", backend.ModeRequest{Mode: backend.Exclusive}},
+		{"shared", backend.ModeRequest{Mode: backend.Shared}},
+		{"semaphore-of-3", backend.ModeRequest{Mode: backend.Shared, Limit: 3}},
+		{"semaphore-of-64", backend.ModeRequest{Mode: backend.Shared, Limit: etcdbackend.MaxLimit}},
+		{"exclusive-2-ancestors", backend.ModeRequest{Mode: backend.Exclusive, Ancestors: []string{"a", "a/b"}}},
+		{"exclusive-fair-waitid", backend.ModeRequest{Mode: backend.Exclusive, Fair: true, WaitID: "w"}},
+	} {
+		b.Run(bm.name, func(b *testing.B) {
+			be, n := benchBackend(b)
+			ctx := b.Context()
+			req := bm.req
+			req.AcquireRequest = backend.AcquireRequest{Key: "a/b/c", HolderID: "a", TTL: 10 * time.Second}
+			n.reset()
+			start := time.Now()
+			for b.Loop() {
+				l, err := be.AcquireMode(ctx, req)
+				if err != nil {
+					b.Fatalf("AcquireMode: %v", err)
+				}
+				if err := be.Release(ctx, l); err != nil {
+					b.Fatalf("Release: %v", err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "pairs/s")
+			reportRequests(b, n)
+		})
+	}
+}
