@@ -192,7 +192,11 @@ func (b *Backend) holders(ctx context.Context, op, key string, all bool) ([]back
 
 // CancelWait implements backend.Modes: one script removes the
 // registration and, when it was live, publishes a change on the key's
-// channel, so that the waiters behind it look again.
+// channel, so that the waiters behind it look again. A registration that
+// expires is not published (Redis tells nobody when a field's time is up;
+// the backend uses no keyspace notifications): the waiters behind it see
+// it gone at their next retry, which each makes before its own
+// registration's TTL runs out.
 func (b *Backend) CancelWait(ctx context.Context, key, waitID string) error {
 	if err := b.begin(ctx); err != nil {
 		return err
