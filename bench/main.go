@@ -31,6 +31,7 @@ type config struct {
 	idleWindow  time.Duration
 	many        []manySpec
 	manyTTL     time.Duration
+	manyJitter  time.Duration
 	manyDiag    bool
 	diagDir     string
 	plots       string
@@ -127,6 +128,7 @@ func parseFlags(args []string) (config, error) {
 		"many-locks runs (one Locker holding n locks), like -many; kinds memory, redis, cluster, etcd (Sovereign package lock) "+
 			"or mutex (etcd concurrency.Mutex)")
 	fs.DurationVar(&c.manyTTL, "many-ttl", 0, "TTL of the many-elections and many-locks runs (0: the default, 10s)")
+	fs.DurationVar(&c.manyJitter, "many-jitter", 0, "Sovereign electors' StartupJitter in the many-elections runs (0: the default, 250ms)")
 	fs.BoolVar(&c.manyDiag, "many-diag", false, "many runs: print a per-second timeline and counts of backend calls by method and outcome, "+
 		"gRPC calls by code, and dump goroutines to -diag-dir")
 	fs.StringVar(&c.diagDir, "diag-dir", os.TempDir(), "directory of the -many-diag goroutine dumps")
@@ -363,7 +365,7 @@ func manyElections(e *env, cfg config, r *results) error {
 			unit, holder = "locks held", "holder"
 		}
 		progress("many %s: %s × %d", unit, s.kind, s.n)
-		mc := manyConfig{Locks: s.locks, Kind: s.kind, N: s.n, Redis: e.redis.Addr(), Etcd: e.etcd.endpoint(), TTL: cfg.manyTTL,
+		mc := manyConfig{Locks: s.locks, Kind: s.kind, N: s.n, Redis: e.redis.Addr(), Etcd: e.etcd.endpoint(), TTL: cfg.manyTTL, Jitter: cfg.manyJitter,
 			Bound: cfg.manyBound, Settle: cfg.manySettle, Window: cfg.manyWindow, Windows: cfg.manyWindows,
 			Diag: cfg.manyDiag, DiagDir: cfg.diagDir}
 		col := manyColumn(s)

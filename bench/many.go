@@ -41,6 +41,7 @@ type manyConfig struct {
 	Etcd       string        // etcd endpoint
 	ServerPIDs []int         // the backend servers' processes, for their CPU time
 	TTL        time.Duration // lease TTL; 0 for the default (10 s)
+	Jitter     time.Duration // electors' StartupJitter; 0 for the default (250 ms)
 	Bound      time.Duration // how long every election (lock) may take to get its leader (holder)
 	Settle     time.Duration // wait after every election has a leader
 	Window     time.Duration // length of one measurement window
@@ -147,6 +148,7 @@ type manyUnits struct {
 	electors  []*sovereign.Elector
 	elections []*concurrency.Election
 	locks     []*lock.Lock
+	mutexes   []*concurrency.Mutex
 	sess      *concurrency.Session
 	held      atomic.Int64 // locks (or concurrency elections) held so far
 }
@@ -346,7 +348,7 @@ func measureMany(cfg manyConfig) (manyResult, error) {
 			wg.Wait()
 		})
 		for i := range u.electors {
-			e, err := sovereign.New(b, prefix+strconv.Itoa(i), "x", &sovereign.Options{TTL: cfg.TTL, Logger: log})
+			e, err := sovereign.New(b, prefix+strconv.Itoa(i), "x", &sovereign.Options{TTL: cfg.TTL, StartupJitter: cfg.Jitter, Logger: log})
 			if err != nil {
 				return r, err
 			}
@@ -391,10 +393,14 @@ func measureMany(cfg manyConfig) (manyResult, error) {
 			return false
 		})
 	default: // concurrency.Mutex
+		u.mutexes = make([]*concurrency.Mutex, cfg.N)
+		for i := range u.mutexes {
+			u.mutexes[i] = concurrency.NewMutex(u.sess, prefix+strconv.Itoa(i))
+		}
 		go parallel(cfg.N, func(i int) bool {
 			cctx, cancel := context.WithDeadline(ctx, start.Add(cfg.Bound))
 			defer cancel()
-			if concurrency.NewMutex(u.sess, prefix+strconv.Itoa(i)).Lock(cctx) != nil {
+			if u.mutexes[i].Lock(cctx) != nil {
 				return false
 			}
 			u.held.Add(1)
