@@ -967,18 +967,27 @@ func (b *Backend) CancelWait(ctx context.Context, key, waitID string) error {
 
 // entryOwnerCheck returns the comparisons that hold only while the store
 // holds exactly the entry l (see ownerCheck), and the entry's holder key.
-func (b *Backend) entryOwnerCheck(l backend.Lease, id clientv3.LeaseID) ([]clientv3.Cmp, string, error) {
+// With intents, they also hold only while each of its intents is there,
+// created with the entry: an entry that lost one (deleted by hand) no
+// longer protects its tree, so it counts as lost.
+func (b *Backend) entryOwnerCheck(l backend.Lease, id clientv3.LeaseID, intents bool) ([]clientv3.Cmp, string, error) {
 	hk, err := b.holderKey(l.Key, l.Entry.Mode, l.Entry.Limit, l.Token)
 	if err != nil {
 		return nil, "", err
 	}
-	return ownerCmps(hk, l, id), hk, nil
+	cmps := ownerCmps(hk, l, id)
+	if intents {
+		for _, a := range l.Entry.Ancestors {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(b.intentKey(a, l.Entry.Mode, l.Token)), "=", int64(l.Term)))
+		}
+	}
+	return cmps, hk, nil
 }
 
 // renewEntry is Renew of an entry: an owner-checked read-only transaction,
 // then a keep-alive of the entry's etcd lease, which its intents share.
 func (b *Backend) renewEntry(ctx context.Context, l backend.Lease, id clientv3.LeaseID) error {
-	cmps, _, err := b.entryOwnerCheck(l, id)
+	cmps, _, err := b.entryOwnerCheck(l, id, true)
 	if err != nil {
 		return fmt.Errorf("etcdbackend: renew %q: foreign token: %w", l.Key, backend.ErrLeaseLost)
 	}
@@ -1004,7 +1013,8 @@ func (b *Backend) renewEntry(ctx context.Context, l backend.Lease, id clientv3.L
 // then the entry's etcd lease, which holds only the markers now, is
 // revoked.
 func (b *Backend) releaseEntry(ctx context.Context, l backend.Lease, id clientv3.LeaseID) error {
-	cmps, hk, err := b.entryOwnerCheck(l, id)
+	// Release deletes whatever of the entry is left.
+	cmps, hk, err := b.entryOwnerCheck(l, id, false)
 	if err != nil {
 		return fmt.Errorf("etcdbackend: release %q: foreign token: %w", l.Key, backend.ErrLeaseLost)
 	}
@@ -1034,7 +1044,7 @@ func (b *Backend) releaseEntry(ctx context.Context, l backend.Lease, id clientv3
 // transaction rewrites the entry and its intents (which carry the lock's
 // record) with the same etcd lease.
 func (b *Backend) setEntryMetadata(ctx context.Context, l backend.Lease, id clientv3.LeaseID, at time.Time, md map[string]string) error {
-	cmps, hk, err := b.entryOwnerCheck(l, id)
+	cmps, hk, err := b.entryOwnerCheck(l, id, true)
 	if err != nil {
 		return fmt.Errorf("etcdbackend: set metadata of %q: foreign token: %w", l.Key, backend.ErrLeaseLost)
 	}

@@ -588,3 +588,38 @@ func TestModesLargestTransactions(t *testing.T) {
 		t.Logf("%s: at most %d ancestors", sh.name, n)
 	}
 }
+
+// TestModesLostIntentLosesTheEntry: an entry whose intent on an ancestor
+// has gone (deleted by hand) no longer protects its tree, so Renew and
+// SetMetadata report it lost; Release still removes what is left.
+func TestModesLostIntentLosesTheEntry(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	raw := newClient(t, nil, nil)
+	b := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: prefix})
+	req := modeRequest("a/b", "h", backend.Exclusive)
+	req.Ancestors = []string{"a"}
+	l, err := b.AcquireMode(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Renew(ctx, l); err != nil {
+		t.Fatalf("Renew with its intent: %v", err)
+	}
+	resp, err := raw.Delete(ctx, prefix+"a\x00i", clientv3.WithPrefix())
+	if err != nil || resp.Deleted != 1 {
+		t.Fatalf("deleting the intent by hand: deleted %d, err %v; want 1, nil", resp.Deleted, err)
+	}
+	if err := b.Renew(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew without its intent: got %v, want ErrLeaseLost", err)
+	}
+	if err := b.SetMetadata(ctx, l, map[string]string{"k": "v"}); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("SetMetadata without its intent: got %v, want ErrLeaseLost", err)
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Errorf("Release without its intent: got %v, want nil", err)
+	}
+	if recs, err := b.Holders(ctx, "a/b"); err != nil || len(recs) != 0 {
+		t.Errorf("Holders after Release: got %v, %v; want none", recs, err)
+	}
+}
