@@ -160,8 +160,8 @@
 // without registration, 2 (0: keep-alive, probe) for a registered waiter,
 // and a retry that finds the key free one request (no proposal) more than
 // above. Every failure adds one lease look-up per conflicting holder (no
-// proposal), in parallel. Renew 2 (0: a read-only transaction, a
-// keep-alive); Release 2 (2: transaction, revocation); SetMetadata 1 (1);
+// proposal), in parallel. Renew 2 (0: a read-only transaction checking
+// the entry and its intents, a keep-alive); Release 2 (2: transaction, revocation); SetMetadata 1 (1);
 // Holders 1 range read plus a look-up per holder (0); Get 1 plus 1 or 2
 // look-ups (0); CancelWait 1 (1: revoking the registration's lease) when
 // this Backend made the registration, else 2 (2).
