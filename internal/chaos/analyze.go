@@ -3,6 +3,7 @@ package chaos
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -71,12 +72,24 @@ type Run struct {
 	// leadership after a server restart) does not apply. Every other check
 	// does.
 	Handover bool
+	// Limit is, in the semaphore mode, the number of permits: at most Limit
+	// holds may be live at once (0 or 1: one, the election and the lock
+	// mode). With Limit > 1 the overlap check counts the holds live at the
+	// start of each hold instead of pairs, the fenced store accepts the
+	// Limit highest terms (NewSemaphoreStore), terms are checked in the
+	// order the store can have granted them (a hold whose Acquire was sent
+	// after another's returned has the higher term), the failover after a
+	// fault is that of the faulted holder, and its permit must be taken
+	// again (Limit holds live at once without it) within Bound.
+	Limit int
 }
 
 // Interval is one acquisition of the lease, as a process's log tells it.
 type Interval struct {
 	ID   string
 	Term uint64
+	// Sent is when the successful Acquire was sent.
+	Sent int64
 	// Start is when the successful Acquire returned: no later than the
 	// moment the elector became leader.
 	Start int64
@@ -130,11 +143,32 @@ type Report struct {
 	// before any newer term had written and are ordered before all of its
 	// writes.
 	LateAccepted, LateRejected int
-	StaleAccepted              int // accepted writes with a term below an earlier write's: must be 0
-	PastDeadline               int // writes whose check passed after the writer's deadline: must be 0
+	// LiveRejected counts the rejected writes that arrived while their
+	// writer's hold was live: with a semaphore, the store's fence rejects
+	// an older holder once Limit newer terms have written, although the
+	// older one may still hold its permit (a cost in writes, never a stale
+	// write let through).
+	LiveRejected  int
+	StaleAccepted int // accepted writes with a term below an earlier write's: must be 0
+	PastDeadline  int // writes whose check passed after the writer's deadline: must be 0
 	// Overlaps counts the pairs of overlapping intervals that no data loss
-	// explains: must be 0.
+	// explains: must be 0. With a semaphore (Run.Limit > 1) it counts the
+	// holds whose start made more than Limit holds live at once, other
+	// than those data loss explains.
 	Overlaps int
+	// Limit is Run.Limit (at least 1). MaxHolders is the most holds live
+	// at once, not counting holds of leases the store lost inside a
+	// data-loss window (which MaxHoldersAll counts); FullN counts the
+	// starts of a hold that made Limit holds live at once.
+	Limit                     int
+	MaxHolders, MaxHoldersAll int
+	FullN                     int
+	// RefillMax is, with a semaphore, by fault kind, the longest time from
+	// the injection of a fault that ended its target's hold to Limit holds
+	// of others live at once (the faulted holder's permit taken again);
+	// RefillN counts them.
+	RefillMax map[string]time.Duration
+	RefillN   map[string]int
 	// DataLossFaults counts the server faults that lost the store's data.
 	// DataLossOverlaps counts the pairs of overlapping intervals inside a
 	// data-loss window (README.md, "The data-loss window"), and
@@ -192,7 +226,9 @@ func ms(ns int64) string { return fmt.Sprintf("%.1fms", float64(ns)/1e6) }
 // Analyze checks a run. See README.md for the properties and why they are
 // the right ones.
 func Analyze(run Run) *Report {
-	r := &Report{Faults: map[string]int{}, FailoverMax: map[string]time.Duration{}, FailoverN: map[string]int{}}
+	r := &Report{Faults: map[string]int{}, FailoverMax: map[string]time.Duration{}, FailoverN: map[string]int{},
+		RefillMax: map[string]time.Duration{}, RefillN: map[string]int{}, Limit: max(run.Limit, 1)}
+	sem := r.Limit > 1
 	var ivs []*Interval
 	byKey := map[string]*Interval{} // id/term
 	for _, p := range run.Procs {
@@ -222,8 +258,14 @@ func Analyze(run Run) *Report {
 	r.DataLossFaults = len(lossy)
 
 	// Terms strictly increase with time, and intervals never overlap, except
-	// inside a data-loss window.
+	// inside a data-loss window. With a semaphore, at most Limit of them do.
+	if sem {
+		r.semaphoreHolds(ivs, lossy, run.DataLossWindow)
+	}
 	for i, iv := range ivs {
+		if sem {
+			break
+		}
 		if i > 0 && iv.Term <= ivs[i-1].Term {
 			prev := ivs[i-1]
 			r.violate("term order: %s term %d acquired at %s after %s term %d (acquired at %s)",
@@ -328,21 +370,32 @@ func Analyze(run Run) *Report {
 
 	// The fenced store. Every write of a term below that of a write that
 	// arrived earlier (accepted or not) must have been rejected.
+	// With a semaphore of n permits: every write of a term below the n
+	// highest terms of the writes that arrived earlier must have been
+	// rejected (n = 1: the highest term).
 	writers := map[uint64]string{}
-	var top, topAccepted uint64
+	var top, topAccepted topTerms
 	for _, w := range run.Writes {
 		r.Writes++
 		if w.Accepted {
 			r.Accepted++
-			if w.Term < top {
+			if t, ok := top.fence(r.Limit); ok && w.Term < t {
 				r.StaleAccepted++
-				r.violate("stale write accepted: %s term %d seq %d after a write of term %d", w.ID, w.Term, w.Seq, top)
+				if sem {
+					r.violate("stale write accepted: %s term %d seq %d after writes of %d higher terms (lowest %d)", w.ID, w.Term, w.Seq, r.Limit, t)
+				} else {
+					r.violate("stale write accepted: %s term %d seq %d after a write of term %d", w.ID, w.Term, w.Seq, t)
+				}
 			}
-			topAccepted = max(topAccepted, w.Term)
+			topAccepted.add(w.Term, r.Limit)
 		} else {
 			r.Rejected++
-			if w.Term >= topAccepted {
-				r.violate("store rejected %s term %d seq %d although the highest term was %d", w.ID, w.Term, w.Seq, topAccepted)
+			if t, ok := topAccepted.fence(r.Limit); !ok || w.Term >= t {
+				if sem {
+					r.violate("store rejected %s term %d seq %d although it was among the %d highest terms accepted (%v)", w.ID, w.Term, w.Seq, r.Limit, topAccepted)
+				} else {
+					r.violate("store rejected %s term %d seq %d although the highest term was %d", w.ID, w.Term, w.Seq, t)
+				}
 			}
 			for _, f := range lossy {
 				if from, to := f.back(); from <= w.At && w.At < to+int64(run.DataLossWindow) {
@@ -351,7 +404,7 @@ func Analyze(run Run) *Report {
 				}
 			}
 		}
-		top = max(top, w.Term)
+		top.add(w.Term, r.Limit)
 		if id, ok := writers[w.Term]; ok && id != w.ID {
 			r.violate("two writers of term %d: %s and %s", w.Term, id, w.ID)
 		}
@@ -361,12 +414,13 @@ func Analyze(run Run) *Report {
 			r.violate("store got a write of %s with term %d, which it never acquired", w.ID, w.Term)
 			continue
 		}
-		if w.At >= iv.End {
-			if w.Accepted {
-				r.LateAccepted++
-			} else {
-				r.LateRejected++
-			}
+		switch {
+		case w.At >= iv.End && w.Accepted:
+			r.LateAccepted++
+		case w.At >= iv.End:
+			r.LateRejected++
+		case !w.Accepted:
+			r.LiveRejected++
 		}
 	}
 
@@ -408,7 +462,21 @@ func Analyze(run Run) *Report {
 		// Failover: from the injection to the next leader, when the
 		// incumbent lost its leadership. The next leader may have begun
 		// before the incumbent's end only inside a data-loss window.
-		if inc := covering(f.At); inc != nil && inc.End < until {
+		inc := covering(f.At)
+		if sem {
+			// Several holds cover the injection: the fault is the target's.
+			inc = nil
+			for _, iv := range ivs {
+				if iv.Led && iv.ID == f.Target && iv.Start <= f.At && f.At < iv.End {
+					inc = iv
+					break
+				}
+			}
+			if inc != nil && inc.End < until {
+				r.refill(f, kind, inc, ivs, until, run.Bound)
+			}
+		}
+		if inc != nil && inc.End < until {
 			if nx := nextOther(f.At, inc); nx != nil {
 				d := time.Duration(nx.Start - f.At)
 				r.FailoverN[kind]++
@@ -625,7 +693,7 @@ func procIntervals(p Proc, r *Report) []*Interval {
 	slices.SortStableFunc(calls, func(a, b call) int { return cmp.Compare(a.done, b.done) })
 	var out []*Interval
 	for _, a := range acquires {
-		iv := &Interval{ID: p.ID, Term: a.Term, Start: a.Done, Led: led[a.Term], stops: p.Stops}
+		iv := &Interval{ID: p.ID, Term: a.Term, Sent: a.Sent, Start: a.Done, Led: led[a.Term], stops: p.Stops}
 		if l, ok := lost[a.Term]; ok {
 			iv.lostAt, iv.reason = l.T, l.Reason
 		}
@@ -696,7 +764,17 @@ func (r *Report) String() string {
 		fmt.Fprintln(&b, line)
 	}
 	fmt.Fprintf(&b, "acquisitions: %d, terms that led: %d, leadership changes: %d\n", r.Acquisitions, r.Terms, r.Changes)
-	fmt.Fprintf(&b, "overlapping leadership intervals outside data-loss windows: %d\n", r.Overlaps)
+	if r.Limit > 1 {
+		fmt.Fprintf(&b, "semaphore of %d permits: most holds live at once %d (with holds of leases lost inside data-loss windows: %d); holds begun with all %d permits taken: %d\n",
+			r.Limit, r.MaxHolders, r.MaxHoldersAll, r.Limit, r.FullN)
+		fmt.Fprintf(&b, "holds begun with more than %d holds live, outside data-loss windows: %d\n", r.Limit, r.Overlaps)
+		for _, k := range slices.Sorted(maps.Keys(r.RefillN)) {
+			fmt.Fprintf(&b, "  permit of the faulted holder taken again after %s: %d times, max %v after the injection\n",
+				k, r.RefillN[k], r.RefillMax[k].Round(time.Millisecond))
+		}
+	} else {
+		fmt.Fprintf(&b, "overlapping leadership intervals outside data-loss windows: %d\n", r.Overlaps)
+	}
 	if r.DataLossFaults > 0 {
 		fmt.Fprintf(&b, "data loss: %d server faults lost the store's data; overlaps inside data-loss windows: %d, max length %v; stale writes rejected inside them: %d; new term above all earlier ones after %d of them\n",
 			r.DataLossFaults, r.DataLossOverlaps, r.DataLossOverlapMax.Round(time.Microsecond), r.StaleRejectedDataLoss, r.TermsAcrossDataLoss)
@@ -715,6 +793,9 @@ func (r *Report) String() string {
 		r.Writes, r.Accepted, r.Rejected, r.StaleAccepted)
 	fmt.Fprintf(&b, "writes arriving after their leadership ended: %d rejected, %d accepted before any newer term wrote\n",
 		r.LateRejected, r.LateAccepted)
+	if r.Limit > 1 {
+		fmt.Fprintf(&b, "writes rejected while their hold was live (%d newer terms had written): %d\n", r.Limit, r.LiveRejected)
+	}
 	fmt.Fprintf(&b, "leader context cancelled after IsLeader turned false: %d times, max lag %v (running processes)\n",
 		r.CtxLags, r.CtxLagMax.Round(time.Microsecond))
 	fmt.Fprintf(&b, "step-downs at the renew deadline: %d, max lag from deadline to LeadershipLost event %v (running processes)\n",
@@ -730,4 +811,151 @@ func (r *Report) String() string {
 		fmt.Fprintf(&b, "  %s\n", v)
 	}
 	return b.String()
+}
+
+// topTerms is the highest distinct terms seen, highest first.
+type topTerms []uint64
+
+// add records term, keeping the n highest.
+func (t *topTerms) add(term uint64, n int) {
+	if slices.Contains(*t, term) {
+		return
+	}
+	i, _ := slices.BinarySearchFunc(*t, term, func(a, b uint64) int { return cmp.Compare(b, a) })
+	*t = slices.Insert(*t, i, term)
+	*t = (*t)[:min(len(*t), n)]
+}
+
+// fence returns the lowest term a write may have to be accepted by a store
+// of n permits: the n-th highest term seen; ok is false while fewer than n
+// terms have been seen (every term is accepted then).
+func (t topTerms) fence(n int) (term uint64, ok bool) {
+	if len(t) < n {
+		return 0, false
+	}
+	return t[n-1], true
+}
+
+// semaphoreHolds checks the holds of a semaphore of r.Limit permits: at the
+// start of each hold, at most r.Limit holds are live, not counting those of
+// leases the store lost, whose holders may believe in them up to the end of
+// the data-loss window (a hold begun before a data-loss restart and ended
+// inside its window, when the new hold begins inside it too); and terms were
+// granted in an order the store can have granted them: a hold acquired
+// (sent) after another one's Acquire returned has a higher term, and no term
+// is granted twice.
+func (r *Report) semaphoreHolds(ivs []*Interval, lossy []Fault, window time.Duration) {
+	seen := map[uint64]*Interval{}
+	for i, iv := range ivs {
+		if prev, ok := seen[iv.Term]; ok {
+			r.violate("term granted twice: %s and %s both acquired term %d", prev.ID, iv.ID, iv.Term)
+		}
+		seen[iv.Term] = iv
+		for _, old := range ivs[:i] {
+			if old.Term > iv.Term && old.Start <= iv.Sent {
+				r.violate("term order: %s term %d acquired (sent at %s) after %s term %d had been acquired at %s",
+					iv.ID, iv.Term, ms(iv.Sent), old.ID, old.Term, ms(old.Start))
+			}
+		}
+
+		// The holds live at iv.Start (iv among them).
+		var live, ghosts []*Interval
+		var outlasting *Interval
+		var cause *Fault
+		for _, x := range ivs {
+			if x.Start > iv.Start || x.End <= iv.Start {
+				continue
+			}
+			live = append(live, x)
+			if x == iv {
+				continue
+			}
+			if f, outlasted := dataLossCause(lossy, window, x, iv); f != nil {
+				if outlasted {
+					outlasting, cause = x, f
+				} else {
+					ghosts = append(ghosts, x)
+				}
+			}
+		}
+		n := len(live) - len(ghosts)
+		r.MaxHolders = max(r.MaxHolders, n)
+		r.MaxHoldersAll = max(r.MaxHoldersAll, len(live))
+		if n == r.Limit {
+			r.FullN++
+		}
+		if len(live) <= r.Limit {
+			continue
+		}
+		end := iv.End
+		var names []string
+		for _, x := range live {
+			end = min(end, x.End)
+			names = append(names, fmt.Sprintf("%s term %d [%s, %s) ended by %s", x.ID, x.Term, ms(x.Start), ms(x.End), x.EndedBy))
+		}
+		length := time.Duration(end - iv.Start)
+		switch {
+		case n <= r.Limit:
+			r.DataLossOverlaps++
+			r.DataLossOverlapMax = max(r.DataLossOverlapMax, length)
+		case outlasting != nil && n-1 <= r.Limit:
+			r.Overlaps++
+			r.violate("holders at once outlasting the data-loss window: %s term %d started at %s with %d holds live (limit %d), %s term %d ended (%s) at %s, %s after the store came back empty at %s (window %v): %s",
+				iv.ID, iv.Term, ms(iv.Start), len(live), r.Limit, outlasting.ID, outlasting.Term, outlasting.EndedBy, ms(outlasting.End),
+				ms(outlasting.End-cause.Healed), ms(cause.Healed), window, strings.Join(names, "; "))
+		default:
+			r.Overlaps++
+			r.violate("holders at once: %s term %d started at %s with %d holds live (limit %d) for %s: %s",
+				iv.ID, iv.Term, ms(iv.Start), n, r.Limit, ms(int64(length)), strings.Join(names, "; "))
+		}
+	}
+}
+
+// refill measures, for a fault f that ended inc (its target's hold) before
+// until (the next fault), the time from the injection to the first moment
+// at which Limit holds other than inc are live: the faulted holder's permit
+// has been taken again, so it did not leak. After kill, stop, cut and drop
+// it must come within bound.
+func (r *Report) refill(f Fault, kind string, inc *Interval, ivs []*Interval, until int64, bound time.Duration) {
+	liveAt := func(t int64) int {
+		n := 0
+		for _, x := range ivs {
+			if x != inc && x.Led && x.Start <= t && t < x.End {
+				n++
+			}
+		}
+		return n
+	}
+	at := int64(-1)
+	if liveAt(inc.End) >= r.Limit {
+		at = inc.End
+	} else {
+		for _, x := range ivs {
+			if x.Led && x.Start >= inc.End && x.Start < until && liveAt(x.Start) >= r.Limit {
+				at = x.Start
+				break
+			}
+		}
+	}
+	switch f.Kind {
+	case "kill", "stop", "cut", "drop":
+	default:
+		if at >= 0 {
+			r.RefillN[kind]++
+			r.RefillMax[kind] = max(r.RefillMax[kind], time.Duration(at-f.At))
+		}
+		return
+	}
+	if at < 0 {
+		r.violate("permit not taken again: after %s of %s at %s (its hold term %d ended at %s), never %d holds of others at once before the next fault at %s",
+			f.Kind, f.Target, ms(f.At), inc.Term, ms(inc.End), r.Limit, ms(until))
+		return
+	}
+	d := time.Duration(at - f.At)
+	r.RefillN[kind]++
+	r.RefillMax[kind] = max(r.RefillMax[kind], d)
+	if d > bound {
+		r.violate("slow refill: after %s of %s at %s, %d holds of others live at once only %v later (bound %v)",
+			f.Kind, f.Target, ms(f.At), r.Limit, d, bound)
+	}
 }

@@ -412,3 +412,236 @@ func TestAnalyzeCounts(t *testing.T) {
 		t.Fatalf("got leaderless gap %v, want %v (b's Acquire returned at 1020, a's lost event at 1000)", got, want)
 	}
 }
+
+func fnEnd(term uint64, t int64) chaos.Line {
+	return chaos.Line{Ev: chaos.EvFnEnd, Term: term, T: msT(t)}
+}
+
+// semaphore is a clean history of a semaphore of 2 permits: a (term 1) and
+// b (term 2) hold at once from the start; a gives its permit up at 1000, c
+// takes it at 1010 (term 3); b gives up at 1200, c at 1800.
+func semaphore() chaos.Run {
+	return chaos.Run{
+		Procs: []chaos.Proc{
+			{ID: "a", Lines: []chaos.Line{
+				startLine("a"), acquire(1, 10, 20), lead(1, 25), write(1, 1, 30),
+				renew(1, 400, 410), write(1, 2, 500), fnEnd(1, 1000), release(1, 1002),
+			}},
+			{ID: "b", Lines: []chaos.Line{
+				startLine("b"), acquire(2, 15, 30), lead(2, 35), write(2, 1, 40),
+				renew(2, 400, 410), write(2, 2, 600), fnEnd(2, 1200), release(2, 1201),
+			}},
+			{ID: "c", Lines: []chaos.Line{
+				startLine("c"), acquire(3, 1005, 1010), lead(3, 1015), write(3, 1, 1020),
+				renew(3, 1400, 1410), fnEnd(3, 1800), release(3, 1801),
+			}},
+		},
+		Writes: []chaos.Write{
+			storeWrite("a", 1, 1, 50, true), storeWrite("b", 2, 1, 60, true), storeWrite("a", 1, 2, 520, true),
+			storeWrite("b", 2, 2, 620, true), storeWrite("c", 3, 1, 1040, true),
+		},
+		End:            msT(3000),
+		Bound:          4100 * time.Millisecond,
+		DataLossWindow: 1050 * time.Millisecond,
+		ServerBound:    3 * time.Second,
+		Handover:       true,
+		Limit:          2,
+	}
+}
+
+// TestAnalyzeSemaphore proves that each check of the semaphore mode fails on
+// a history that breaks its property, and passes on the same history
+// without the break.
+func TestAnalyzeSemaphore(t *testing.T) {
+	d := chaos.Proc{ID: "d", Lines: []chaos.Line{
+		startLine("d"), acquire(4, 500, 510), lead(4, 515), write(4, 1, 520), fnEnd(4, 700), release(4, 701),
+	}}
+	dataLoss := chaos.Fault{Kind: "redis-restart-nopersist", At: msT(700), Restarted: msT(790), Healed: msT(800), Server: true, DataLoss: true}
+	// After the data loss, d takes a permit at 1030 while b, whose lease
+	// the store lost, still believes it holds: b, c and d at once.
+	dAfter := chaos.Proc{ID: "d", Lines: []chaos.Line{
+		startLine("d"), acquire(4, 1020, 1030), lead(4, 1035), write(4, 1, 1040), fnEnd(4, 1500), release(4, 1501),
+	}}
+	tests := []struct {
+		name   string
+		modify func(r *chaos.Run)
+		want   string // substring of a violation; "" means none
+	}{
+		{name: "clean", modify: func(*chaos.Run) {}},
+		{
+			name:   "a third holder at once",
+			modify: func(r *chaos.Run) { r.Procs = append(r.Procs, d) },
+			want:   "holders at once: d term 4 started at 510.0ms with 3 holds live (limit 2)",
+		},
+		{
+			name: "the same three holders with 3 permits",
+			modify: func(r *chaos.Run) {
+				r.Procs, r.Limit = append(r.Procs, d), 3
+				// c's term is then above d's.
+				for i := 1; i < len(r.Procs[2].Lines); i++ {
+					r.Procs[2].Lines[i].Term = 5
+				}
+				r.Writes[4].Term = 5
+			},
+		},
+		{
+			name: "the lock mode's check catches two holders at once",
+			modify: func(r *chaos.Run) {
+				r.Limit = 0
+				r.Writes = r.Writes[4:]
+			},
+			want: "overlap: b term 2",
+		},
+		{
+			name: "concurrent acquisitions returning out of term order",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines[1] = acquire(1, 10, 28)
+				r.Procs[1].Lines[1] = acquire(2, 12, 22)
+			},
+		},
+		{
+			name: "a term below one granted before it was asked for",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines[1] = acquire(1, 24, 28)
+				r.Procs[1].Lines[1] = acquire(2, 12, 22)
+			},
+			want: "term order: a term 1 acquired (sent at 24.0ms) after b term 2",
+		},
+		{
+			name: "a term granted twice",
+			modify: func(r *chaos.Run) {
+				r.Procs[2].Lines[1] = acquire(2, 1005, 1010)
+				for i := 2; i < len(r.Procs[2].Lines); i++ {
+					r.Procs[2].Lines[i].Term = 2
+				}
+				r.Writes = r.Writes[:4]
+			},
+			want: "term granted twice",
+		},
+		{
+			name:   "a stale write accepted after two newer terms wrote",
+			modify: func(r *chaos.Run) { r.Writes = append(r.Writes, storeWrite("a", 1, 3, 1100, true)) },
+			want:   "stale write accepted: a term 1 seq 3 after writes of 2 higher terms (lowest 2)",
+		},
+		{
+			name:   "the same write fenced",
+			modify: func(r *chaos.Run) { r.Writes = append(r.Writes, storeWrite("a", 1, 3, 1100, false)) },
+		},
+		{
+			name:   "a write among the 2 highest terms rejected",
+			modify: func(r *chaos.Run) { r.Writes[3].Accepted = false },
+			want:   "store rejected b term 2 seq 2 although it was among the 2 highest terms accepted",
+		},
+		{
+			name: "holders of lost leases inside the data-loss window",
+			modify: func(r *chaos.Run) {
+				r.Faults = []chaos.Fault{dataLoss}
+				r.Procs = append(r.Procs, dAfter)
+			},
+		},
+		{
+			name:   "the same holders without data loss",
+			modify: func(r *chaos.Run) { r.Procs = append(r.Procs, dAfter) },
+			want:   "holders at once: d term 4 started at 1030.0ms with 3 holds live",
+		},
+		{
+			name: "a holder of a lost lease believing past the window",
+			modify: func(r *chaos.Run) {
+				r.Faults = []chaos.Fault{dataLoss}
+				r.Procs = append(r.Procs, dAfter)
+				// b renews on (its renewals fail only later) and gives up at
+				// 1900, after the window's end at 800 + 1050.
+				r.Procs[1].Lines = append(r.Procs[1].Lines[:5], renew(2, 800, 810), renew(2, 1200, 1210), renew(2, 1600, 1610),
+					write(2, 2, 600), fnEnd(2, 1900), release(2, 1901))
+			},
+			want: "holders at once outlasting the data-loss window: d term 4",
+		},
+		{
+			name: "the killed holder's permit taken again",
+			modify: func(r *chaos.Run) {
+				r.Faults = []chaos.Fault{{Kind: "kill", Target: "a", At: msT(500), Healed: msT(505)}}
+				r.Procs[0].KilledAt = msT(505)
+			},
+		},
+		{
+			name: "the killed holder's permit not taken again before the next fault",
+			modify: func(r *chaos.Run) {
+				r.Faults = []chaos.Fault{
+					{Kind: "kill", Target: "a", At: msT(500), Healed: msT(505)},
+					{Kind: "latency", Target: "b", At: msT(900), Healed: msT(950)},
+				}
+				r.Procs[0].KilledAt = msT(505)
+			},
+			want: "permit not taken again: after kill of a at 500.0ms",
+		},
+		{
+			name: "the killed holder's permit taken again too late",
+			modify: func(r *chaos.Run) {
+				r.Faults = []chaos.Fault{{Kind: "kill", Target: "a", At: msT(500), Healed: msT(505)}}
+				r.Procs[0].KilledAt = msT(505)
+				r.Bound = 400 * time.Millisecond
+			},
+			want: "slow refill: after kill of a at 500.0ms, 2 holds of others live at once only 510ms later",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			run := semaphore()
+			tt.modify(&run)
+			r := chaos.Analyze(run)
+			if tt.want == "" {
+				if !r.OK() {
+					t.Fatalf("got violations %q, want none", r.Violations)
+				}
+				return
+			}
+			for _, v := range r.Violations {
+				if strings.Contains(v, tt.want) {
+					return
+				}
+			}
+			t.Fatalf("got violations %q, want one containing %q", r.Violations, tt.want)
+		})
+	}
+}
+
+// TestAnalyzeSemaphoreCounts checks the semaphore figures of the summary.
+func TestAnalyzeSemaphoreCounts(t *testing.T) {
+	run := semaphore()
+	run.Faults = []chaos.Fault{
+		{Kind: "redis-restart-nopersist", At: msT(700), Restarted: msT(790), Healed: msT(800), Server: true, DataLoss: true},
+	}
+	run.Procs = append(run.Procs, chaos.Proc{ID: "d", Lines: []chaos.Line{
+		startLine("d"), acquire(4, 1020, 1030), lead(4, 1035), write(4, 1, 1040), fnEnd(4, 1500), release(4, 1501),
+	}})
+	r := chaos.Analyze(run)
+	if !r.OK() {
+		t.Fatalf("got violations %q, want none", r.Violations)
+	}
+	// Holds begin at 20 (a alone), 30 (a, b), 1010 (c, and b, whose lease
+	// the store lost), 1030 (c, d, and b: 170 ms until b gives up at 1200).
+	if r.Limit != 2 || r.MaxHolders != 2 || r.MaxHoldersAll != 3 || r.FullN != 2 || r.Overlaps != 0 ||
+		r.DataLossOverlaps != 1 || r.DataLossOverlapMax != 170*time.Millisecond {
+		t.Fatalf("got limit %d, max holders %d (all %d), full %d, overlaps %d, data-loss overlaps %d (max %v); want 2, 2 (3), 2, 0, 1 (170ms)",
+			r.Limit, r.MaxHolders, r.MaxHoldersAll, r.FullN, r.Overlaps, r.DataLossOverlaps, r.DataLossOverlapMax)
+	}
+	if r.LiveRejected != 0 || r.Rejected != 0 {
+		t.Fatalf("got %d rejected writes, %d of live holds; want 0, 0", r.Rejected, r.LiveRejected)
+	}
+	// a's term 1 is fenced at 1100 once terms 2 and 3 have written, while
+	// a still holds (until 1150 here; b gives up at 1003 instead).
+	run = semaphore()
+	run.Procs[0].Lines[6], run.Procs[0].Lines[7] = fnEnd(1, 1150), release(1, 1152)
+	run.Procs[1].Lines[6], run.Procs[1].Lines[7] = fnEnd(2, 1003), release(2, 1004)
+	run.Writes = append(run.Writes, storeWrite("a", 1, 3, 1100, false))
+	r2 := chaos.Analyze(run)
+	if !r2.OK() {
+		t.Fatalf("got violations %q, want none", r2.Violations)
+	}
+	if r2.LiveRejected != 1 || r2.LateRejected != 0 {
+		t.Fatalf("got %d writes rejected while live, %d late; want 1, 0 (violations %q)", r2.LiveRejected, r2.LateRejected, r2.Violations)
+	}
+	if s := r.String(); !strings.Contains(s, "semaphore of 2 permits: most holds live at once 2") {
+		t.Fatalf("summary lacks the semaphore's figures:\n%s", s)
+	}
+}

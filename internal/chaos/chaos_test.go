@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -135,6 +136,60 @@ func TestChaosRedisLock(t *testing.T) {
 	runMode(t, "lock", "redis", addr, *flagLockDuration, kinds, []planned{
 		{kind: kill}, {kind: stop, long: true}, {kind: cut, long: true}, {kind: restartLost, short: true},
 	})
+}
+
+// TestChaosRedisSemaphore runs the checker in the semaphore mode against a
+// real redis-server: the candidates loop on lock.Locker.Do with a Shared
+// lock of 2 permits on one key, each holding a permit for 0.5 to 3 s, while
+// a holder is killed, paused beyond the TTL and cut off, and the server
+// restarts without its data. Never more than 2 holds may be live at once
+// (outside data-loss windows), and the permit of a faulted holder must be
+// taken again within the failover bound.
+func TestChaosRedisSemaphore(t *testing.T) {
+	addr, kinds, restartLost := redisFaults(t)
+	runSpec(t, spec{mode: "semaphore", backend: "redis", target: addr, dur: *flagLockDuration, kinds: kinds,
+		first: []planned{{kind: kill}, {kind: stop, long: true}, {kind: cut, long: true}, {kind: restartLost, short: true}},
+		limit: semaphoreLimit})
+}
+
+// TestChaosEtcdSemaphore runs the checker in the semaphore mode against an
+// embedded one-member etcd: a holder is killed and paused beyond the TTL.
+func TestChaosEtcdSemaphore(t *testing.T) {
+	runSpec(t, spec{mode: "semaphore", backend: "etcd", target: etcdTarget(t), dur: *flagLockDuration,
+		kinds: []faultKind{kill, stop, cut, drop, latency}, first: []planned{{kind: kill}, {kind: stop, long: true}},
+		limit: semaphoreLimit})
+}
+
+// TestChaosSemaphoreCatches proves that the semaphore mode's check catches
+// a broken limit: the candidates take a Shared lock of 3 permits, and the
+// run is checked against 2. It must report holds begun with 3 live at once.
+func TestChaosSemaphoreCatches(t *testing.T) {
+	r := runSpec(t, spec{mode: "semaphore", backend: "etcd", target: etcdTarget(t), kinds: []faultKind{kill},
+		first: []planned{{kind: kill}}, limit: semaphoreLimit + 1, check: semaphoreLimit, wantViolations: true})
+	if r == nil {
+		return
+	}
+	if r.OK() || r.Overlaps == 0 || r.MaxHolders <= semaphoreLimit {
+		t.Errorf("candidates with %d permits checked against %d: got %d violations, %d holds begun over the limit, at most %d holds at once; want violations, holds over the limit, %d at once",
+			semaphoreLimit+1, semaphoreLimit, len(r.Violations), r.Overlaps, r.MaxHolders, semaphoreLimit+1)
+	}
+	for _, v := range r.Violations {
+		if !strings.HasPrefix(v, "holders at once:") {
+			t.Errorf("got violation %q, want only %q ones", v, "holders at once:")
+		}
+	}
+}
+
+// semaphoreLimit is the number of permits of the semaphore mode.
+const semaphoreLimit = 2
+
+func etcdTarget(t *testing.T) string {
+	c := testetcd.Start(t)
+	u, err := url.Parse(c.Endpoint(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Host
 }
 
 // TestChaosEtcdLock runs the checker in the lock mode against an embedded
@@ -285,7 +340,9 @@ type proc struct {
 type harness struct {
 	t       *testing.T
 	backend string
-	mode    string // the candidates' -mode: elect or lock
+	mode    string // the candidates' -mode: elect, lock or semaphore
+	limit   int    // the candidates' -limit (semaphore)
+	check   int    // the permits the run is checked against (1 unless semaphore)
 	bin     string
 	logs    string
 	store   *chaos.Store
@@ -309,6 +366,34 @@ func runChaos(t *testing.T, backendName, target string, kinds []faultKind, first
 // or lock), injecting the faults first and then random ones of kinds until
 // dur has passed.
 func runMode(t *testing.T, mode, backendName, target string, dur time.Duration, kinds []faultKind, first []planned) {
+	runSpec(t, spec{mode: mode, backend: backendName, target: target, dur: dur, kinds: kinds, first: first})
+}
+
+// spec is one run of the checker.
+type spec struct {
+	mode, backend, target string
+	dur                   time.Duration
+	kinds                 []faultKind
+	first                 []planned
+	// limit is the candidates' -limit in the semaphore mode, and check the
+	// number of permits the run is checked against (default: limit).
+	limit, check int
+	// wantViolations expects the analysis to find violations: they are
+	// then not errors, and the report is returned for the caller to check.
+	wantViolations bool
+}
+
+// runSpec runs the checker as s says and returns its report (nil when the
+// run did not get as far as the analysis).
+func runSpec(t *testing.T, s spec) *chaos.Report {
+	mode, backendName, target, dur, kinds, first := s.mode, s.backend, s.target, s.dur, s.kinds, s.first
+	check := 1
+	if mode == "semaphore" {
+		check = s.limit
+		if s.check > 0 {
+			check = s.check
+		}
+	}
 	seed := *flagSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
@@ -320,11 +405,15 @@ func runMode(t *testing.T, mode, backendName, target string, dur time.Duration, 
 	t.Logf("chaos %s: seed %d (-chaos.seed=%d), %d candidates, faults for %v, TTL %v, renew deadline %v, renew interval %v, request timeout %v, data-loss window %v",
 		name, seed, seed, *flagCandidates, dur, ttl, renewDeadline, renewInterval, requestTimeout, dataLossWindow)
 
-	h := &harness{t: t, backend: backendName, mode: mode, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), cur: map[int]*proc{}}
+	if mode == "semaphore" {
+		t.Logf("chaos %s: candidates with %d permits, checked against %d", name, s.limit, check)
+	}
+	h := &harness{t: t, backend: backendName, mode: mode, limit: s.limit, check: check,
+		rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), cur: map[int]*proc{}}
 	h.bin = buildCandidate(t)
 	h.logs = logDir(t, name)
 
-	store, err := chaos.NewStore()
+	store, err := chaos.NewSemaphoreStore(check)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,9 +463,13 @@ func runMode(t *testing.T, mode, backendName, target string, dur time.Duration, 
 		var above uint64
 		if k.dataLoss {
 			// The old leader may write on for a moment after the store
-			// came back empty: wait for a new term.
+			// came back empty: wait for a new term (with a semaphore: for
+			// holders of terms above every term written).
 			if w, ok := h.store.Last(); ok {
 				above = w.Term
+			}
+			for _, w := range h.store.Recent(time.Minute) {
+				above = max(above, w.Term)
 			}
 		}
 		f := h.inject(k, leader, d, short)
@@ -397,7 +490,8 @@ func runMode(t *testing.T, mode, backendName, target string, dur time.Duration, 
 		Bound:          ttl + (ttl - renewDeadline) + *flagSlack,
 		DataLossWindow: dataLossWindow,
 		ServerBound:    serverBound,
-		Handover:       mode == "lock",
+		Handover:       mode != "elect",
+		Limit:          check,
 	}
 	h.mu.Lock()
 	procs := h.procs
@@ -414,12 +508,13 @@ func runMode(t *testing.T, mode, backendName, target string, dur time.Duration, 
 	}
 	r := chaos.Analyze(run)
 	t.Logf("chaos %s summary (seed %d, %v of faults, %d processes):\n%s", name, seed, dur, len(procs), r)
-	if !r.OK() {
+	if !r.OK() && !s.wantViolations {
 		t.Errorf("chaos %s: %d safety or liveness violations (see summary); logs in %s", name, len(r.Violations), h.logs)
 	}
 	if r.Terms < 2 && len(faults) > 0 {
 		t.Errorf("chaos %s: got %d terms that led, want at least 2: no failover was exercised", name, r.Terms)
 	}
+	return r
 }
 
 // pause waits d: the duration of a fault or of a quiet period between two
@@ -519,6 +614,9 @@ func (h *harness) start(slot int, instance string) *proc {
 		"-renew-interval", renewInterval.String(),
 		"-request-timeout", requestTimeout.String(),
 	)
+	if h.mode == "semaphore" {
+		p.cmd.Args = append(p.cmd.Args, "-limit", fmt.Sprint(h.limit))
+	}
 	p.cmd.Stderr = stderr
 	// Die with the test process, should it die without cleaning up.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -552,6 +650,14 @@ func (h *harness) byID(id string) *proc {
 // leaderNow returns the ID of the process whose write the store accepted in
 // the last 250 ms: the process that acts as leader.
 func (h *harness) leaderNow() (string, bool) {
+	if h.check > 1 {
+		// A semaphore: one of the holders writing now, at random.
+		ids := h.holders(0, 0)
+		if len(ids) == 0 {
+			return "", false
+		}
+		return ids[h.rng.IntN(len(ids))], true
+	}
 	w, ok := h.store.Last()
 	if !ok || chaos.Now()-w.At > int64(250*time.Millisecond) {
 		return "", false
@@ -563,9 +669,19 @@ func (h *harness) leaderNow() (string, bool) {
 // above above accepted after since, the last two accepted, and returns its
 // ID. Two, because one can be the late write of a process that was paused
 // between its check and its write and no longer leads.
+//
+// With a semaphore of h.check permits, it waits until h.check running
+// processes hold a permit (holders) and returns one of them.
 func (h *harness) waitLeader(since int64, above uint64) (string, bool) {
 	deadline := time.Now().Add(leaderWait)
 	for time.Now().Before(deadline) {
+		if h.check > 1 {
+			if ids := h.holders(since, above); len(ids) >= h.check {
+				return ids[0], true
+			}
+			time.Sleep(10 * time.Millisecond) // polling the store for an observable condition
+			continue
+		}
 		if ws := h.store.LastAccepted(2); len(ws) == 2 && ws[1].At > since && ws[0].ID == ws[1].ID && ws[0].Term == ws[1].Term &&
 			ws[0].Term > above && chaos.Now()-ws[0].At < int64(250*time.Millisecond) && h.byID(ws[0].ID) != nil {
 			return ws[0].ID, true
@@ -573,6 +689,68 @@ func (h *harness) waitLeader(since int64, above uint64) (string, bool) {
 		time.Sleep(10 * time.Millisecond) // polling the store for an observable condition
 	}
 	return "", false
+}
+
+// holders returns the running processes that hold a permit of the
+// semaphore at once now, as the fenced store sees it: each has sent two
+// writes of one term above above, after since, in the last 250 ms, accepted
+// or not (the store for a semaphore may fence a holder that is still valid,
+// an older permit's, once newer holders have written; and a paused process
+// that no longer holds sends at most one late write), and the spans from the
+// first to the last of those writes share a moment (holders that handed a
+// permit over within the 250 ms are not taken for two at once). It returns
+// the largest such set.
+func (h *harness) holders(since int64, above uint64) []string {
+	type span struct {
+		id          string
+		term        uint64
+		n           int
+		first, last int64
+	}
+	var spans []*span
+	for _, w := range h.store.Recent(250 * time.Millisecond) {
+		if w.At <= since || w.Term <= above {
+			continue
+		}
+		i := slices.IndexFunc(spans, func(s *span) bool { return s.id == w.ID && s.term == w.Term })
+		if i < 0 {
+			spans = append(spans, &span{id: w.ID, term: w.Term, first: w.At})
+			i = len(spans) - 1
+		}
+		spans[i].n++
+		spans[i].last = w.At
+	}
+	var best []string
+	for _, at := range spans {
+		var ids []string
+		for _, s := range spans {
+			if s.n >= 2 && s.first <= at.first && at.first <= s.last && !slices.Contains(ids, s.id) && h.byID(s.id) != nil {
+				ids = append(ids, s.id)
+			}
+		}
+		if len(ids) > len(best) {
+			best = ids
+		}
+	}
+	return best
+}
+
+// waitStarted waits until p has logged its start line (it then handles
+// SIGTERM) or exited, and reports whether it did within leaderWait.
+func (h *harness) waitStarted(p *proc) bool {
+	deadline := time.Now().Add(leaderWait)
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			return true
+		default:
+		}
+		if lines, _ := chaos.ReadLines(p.logPath); len(lines) > 0 && lines[0].Ev == chaos.EvStart {
+			return true
+		}
+		time.Sleep(10 * time.Millisecond) // polling the process's log for an observable condition
+	}
+	return false
 }
 
 // waitHeartbeat waits until p has logged a successful heartbeat (so it
@@ -712,6 +890,12 @@ func (h *harness) stopAll() {
 	h.mu.Unlock()
 	for _, p := range running {
 		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		// A process started a moment ago (the replacement of a killed
+		// one, when the run ends at once) may not handle SIGTERM yet: its
+		// start line comes after it does.
+		if !h.waitStarted(p) {
+			h.t.Errorf("candidate %s: no start line within %v of its start; logs in %s", p.id, leaderWait, h.logs)
+		}
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	}
 	for _, p := range running {

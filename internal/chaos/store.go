@@ -1,12 +1,14 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -31,24 +33,40 @@ type Write struct {
 // the highest term it has seen, and records every write, accepted or not. It
 // serves HTTP on 127.0.0.1: POST /write?id=&term=&seq= answers 204 when
 // accepted and 409 when rejected. Its methods are safe for concurrent use.
+//
+// A Store for a semaphore of n permits (NewSemaphoreStore) accepts a write
+// when its term is among the n highest distinct terms of the accepted writes
+// (or when fewer than n terms have been accepted): once n newer holders have
+// written, an older holder's writes are fenced. It may also fence a holder
+// that is still valid (an older permit holder, when newer holders of the
+// other permits have come and gone), which costs that holder its writes but
+// never lets a stale one through; with n = 1 it is the plain Store.
 type Store struct {
 	ln  net.Listener
 	srv *http.Server
+	n   int // permits: how many of the highest terms are accepted
 
-	mu     sync.Mutex // guards max, writes
-	max    uint64
+	mu     sync.Mutex // guards top, writes
+	top    []uint64   // the n highest distinct accepted terms, highest first
 	writes []Write
 
 	served chan struct{} // closed when Serve has returned
 }
 
 // NewStore starts a Store on a free port of 127.0.0.1.
-func NewStore() (*Store, error) {
+func NewStore() (*Store, error) { return NewSemaphoreStore(1) }
+
+// NewSemaphoreStore starts a Store for a semaphore of n permits (n >= 1) on
+// a free port of 127.0.0.1.
+func NewSemaphoreStore(n int) (*Store, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("chaos: store for %d permits", n)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("chaos: store listen: %w", err)
 	}
-	s := &Store{ln: ln, served: make(chan struct{})}
+	s := &Store{ln: ln, n: n, served: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /write", s.handle)
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -82,9 +100,11 @@ func (s *Store) handle(w http.ResponseWriter, r *http.Request) {
 func (s *Store) Write(id string, term, seq uint64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ok := term >= s.max
-	if ok {
-		s.max = term
+	ok := len(s.top) < s.n || term >= s.top[len(s.top)-1]
+	if ok && !slices.Contains(s.top, term) {
+		i, _ := slices.BinarySearchFunc(s.top, term, func(a, b uint64) int { return cmp.Compare(b, a) })
+		s.top = slices.Insert(s.top, i, term)
+		s.top = s.top[:min(len(s.top), s.n)]
 	}
 	s.writes = append(s.writes, Write{ID: id, Term: term, Seq: seq, At: Now(), Accepted: ok})
 	return ok
@@ -121,6 +141,19 @@ func (s *Store) LastAccepted(n int) []Write {
 		}
 	}
 	return out
+}
+
+// Recent returns the writes received in the last d, accepted or not, in
+// arrival order.
+func (s *Store) Recent(d time.Duration) []Write {
+	from := Now() - int64(d)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := len(s.writes)
+	for i > 0 && s.writes[i-1].At >= from {
+		i--
+	}
+	return append([]Write(nil), s.writes[i:]...)
 }
 
 // Close stops the server, closing its connections, and waits for it.

@@ -60,3 +60,38 @@ func TestStoreFences(t *testing.T) {
 		t.Fatalf("LastAccepted(100): got %d writes, want the 5 accepted", len(got))
 	}
 }
+
+// TestSemaphoreStoreFences checks the fence of a store for 2 permits: a
+// write is accepted while its term is among the 2 highest accepted terms.
+func TestSemaphoreStoreFences(t *testing.T) {
+	s, err := chaos.NewSemaphoreStore(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	steps := []struct {
+		id         string
+		term       uint64
+		wantAccept bool
+	}{
+		{"a", 3, true},
+		{"b", 2, true},  // fewer than 2 terms so far: accepted
+		{"a", 3, true},  // same term again
+		{"b", 2, true},  // still among the 2 highest
+		{"c", 5, true},  // newer: 5 and 3 are now the 2 highest
+		{"b", 2, false}, // two newer holders wrote: fenced
+		{"a", 3, true},
+		{"d", 4, true}, // between 3 and 5: 5 and 4 are the 2 highest
+		{"a", 3, false},
+		{"c", 5, true},
+		{"e", 1, false},
+	}
+	for i, st := range steps {
+		if got := s.Write(st.id, st.term, uint64(i+1)); got != st.wantAccept {
+			t.Fatalf("step %d: write %s term %d: got accepted %v, want %v", i, st.id, st.term, got, st.wantAccept)
+		}
+	}
+	if _, err := chaos.NewSemaphoreStore(0); err == nil {
+		t.Fatal("NewSemaphoreStore(0): got nil error, want one")
+	}
+}

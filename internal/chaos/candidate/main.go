@@ -5,7 +5,10 @@
 // with its fencing term. With -mode lock it contends for one lock (package
 // lock) instead: it loops on Locker.Do, and while it holds the lock it writes
 // to the fenced store with the lock's term for a random while, then returns
-// so that the lock moves between candidates. It logs every backend call that matters for the
+// so that the lock moves between candidates. With -mode semaphore it does the
+// same with a Shared lock of -limit permits (lock.AcquireOptions{Mode:
+// lock.Shared, Limit: n}), so that up to n candidates hold the key at once,
+// each writing with its own term. It logs every backend call that matters for the
 // safety argument, every leadership event and every write as JSON lines
 // (chaos.Line) on CLOCK_MONOTONIC, and exits 0 on SIGTERM after a clean
 // shutdown with no goroutine left behind.
@@ -64,11 +67,12 @@ type config struct {
 	lockKey       string
 	holdMin       time.Duration
 	holdMax       time.Duration
+	limit         int
 }
 
 func main() {
 	var c config
-	flag.StringVar(&c.mode, "mode", "elect", "elect (campaign with sovereign.Elector) or lock (loop on lock.Locker.Do)")
+	flag.StringVar(&c.mode, "mode", "elect", "elect (campaign with sovereign.Elector), lock (loop on lock.Locker.Do) or semaphore (loop on Do with a Shared lock of -limit permits)")
 	flag.StringVar(&c.backend, "backend", "redis", "redis or etcd")
 	flag.StringVar(&c.addr, "addr", "", "host:port of the backend (the candidate's fault proxy)")
 	flag.StringVar(&c.store, "store", "", "base URL of the fenced store")
@@ -84,11 +88,12 @@ func main() {
 	flag.DurationVar(&c.pause, "pause", 25*time.Millisecond, "time between two writes")
 	flag.StringVar(&c.lockKey, "lock-key", "chaos/job", "lock key (-mode lock)")
 	flag.DurationVar(&c.holdMin, "hold-min", 500*time.Millisecond, "shortest time the lock is held before the function returns (-mode lock)")
-	flag.DurationVar(&c.holdMax, "hold-max", 3*time.Second, "longest time the lock is held before the function returns (-mode lock)")
+	flag.DurationVar(&c.holdMax, "hold-max", 3*time.Second, "longest time the lock is held before the function returns (-mode lock, semaphore)")
+	flag.IntVar(&c.limit, "limit", 2, "permits of the Shared lock (-mode semaphore)")
 	flag.Parse()
 	if c.addr == "" || c.store == "" || c.id == "" || (c.backend != "redis" && c.backend != "etcd") ||
-		(c.mode != "elect" && c.mode != "lock") || c.holdMin <= 0 || c.holdMax < c.holdMin {
-		fmt.Fprintln(os.Stderr, "candidate: -addr, -store, -id, -backend redis|etcd and -mode elect|lock are required, and 0 < -hold-min <= -hold-max")
+		(c.mode != "elect" && c.mode != "lock" && c.mode != "semaphore") || c.holdMin <= 0 || c.holdMax < c.holdMin || c.limit < 1 {
+		fmt.Fprintln(os.Stderr, "candidate: -addr, -store, -id, -backend redis|etcd and -mode elect|lock|semaphore are required, 0 < -hold-min <= -hold-max and -limit >= 1")
 		os.Exit(exitUsage)
 	}
 	if c.instance == "" {
@@ -116,9 +121,10 @@ func run(c config) int {
 	baseline := runtime.NumGoroutine()
 
 	var code int
-	if c.mode == "lock" {
+	switch c.mode {
+	case "lock", "semaphore":
 		code = lockLoop(ctx, c, lg)
-	} else {
+	default:
 		code = campaign(ctx, c, lg)
 	}
 	stop()
@@ -243,7 +249,11 @@ func newBackend(c config) (backend.Backend, func(), error) {
 // function (writes guarded by Lock.Held, with the lock's term) for a random
 // while between -hold-min and -hold-max, then returns so that the lock is
 // released and moves on. After Do fails (the store is unreachable, the lock
-// was lost), it backs off briefly and tries again.
+// was lost), it backs off briefly and tries again. In the semaphore mode the
+// lock is Shared with c.limit permits, and the backend is wrapped with its
+// backend.Modes, which Shared locks need. (The lock mode's wrapper hides
+// Modes, so its Exclusive locks take the plain Acquire path, as before
+// the backends had Modes.)
 func lockLoop(ctx context.Context, c config, lg *chaos.Logger) int {
 	inner, closeClient, err := newBackend(c)
 	if err != nil {
@@ -251,8 +261,19 @@ func lockLoop(ctx context.Context, c config, lg *chaos.Logger) int {
 		return exitFailed
 	}
 	defer closeClient()
-	b := &recorder{inner: inner, w: inner.(backend.Watcher), lg: lg}
-	defer b.Close()
+	rec := &recorder{inner: inner, w: inner.(backend.Watcher), lg: lg}
+	defer rec.Close()
+	var b backend.Backend = rec
+	var ao *lock.AcquireOptions
+	if c.mode == "semaphore" {
+		m, ok := inner.(backend.Modes)
+		if !ok {
+			fmt.Fprintf(os.Stderr, "candidate: the %s backend has no backend.Modes\n", c.backend)
+			return exitFailed
+		}
+		b = &modesRecorder{recorder: rec, m: m}
+		ao = &lock.AcquireOptions{Mode: lock.Shared, Limit: c.limit}
+	}
 
 	locker, err := lock.New(b, c.instance, &lock.Options{
 		TTL:            c.ttl,
@@ -282,7 +303,7 @@ func lockLoop(ctx context.Context, c config, lg *chaos.Logger) int {
 		return w.work(ctx, l.Term(), l.Held, t.C)
 	}
 	for ctx.Err() == nil {
-		err := locker.Do(ctx, c.lockKey, nil, fn)
+		err := locker.Do(ctx, c.lockKey, ao, fn)
 		if err == nil || ctx.Err() != nil {
 			continue
 		}
@@ -374,6 +395,34 @@ func (r *recorder) Acquire(ctx context.Context, req backend.AcquireRequest) (bac
 		r.lg.Log(chaos.Line{Ev: chaos.EvAcquire, Term: l.Term, TTL: int64(l.TTL), Sent: sent, Done: done})
 	}
 	return l, err
+}
+
+// modesRecorder is a recorder with the backend's backend.Modes (the
+// semaphore mode): AcquireMode is logged as an acquisition, like Acquire;
+// the entry's Renew and Release go through the recorder's own methods.
+type modesRecorder struct {
+	*recorder
+	m backend.Modes
+}
+
+func (r *modesRecorder) ModeSupport() backend.ModeSupport { return r.m.ModeSupport() }
+
+func (r *modesRecorder) AcquireMode(ctx context.Context, req backend.ModeRequest) (backend.Lease, error) {
+	sent := chaos.Now()
+	l, err := r.m.AcquireMode(ctx, req)
+	done := chaos.Now()
+	if err == nil {
+		r.lg.Log(chaos.Line{Ev: chaos.EvAcquire, Term: l.Term, TTL: int64(l.TTL), Sent: sent, Done: done})
+	}
+	return l, err
+}
+
+func (r *modesRecorder) Holders(ctx context.Context, key string) ([]backend.Record, error) {
+	return r.m.Holders(ctx, key)
+}
+
+func (r *modesRecorder) CancelWait(ctx context.Context, key, waitID string) error {
+	return r.m.CancelWait(ctx, key, waitID)
 }
 
 func (r *recorder) SetMetadata(ctx context.Context, l backend.Lease, md map[string]string) error {
