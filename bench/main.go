@@ -478,7 +478,7 @@ func notes(cfg config, r *results) {
 		r.note("Many elections / locks held: one child process, one client (and one backend; for concurrency.Election and Mutex one "+
 			"session) shared by every election or lock, TTL %v. Elections: one candidate each, default options otherwise (all started "+
 			"at once, each with the default startup jitter). Locks: one Locker acquires n distinct keys (%d acquisitions at a time) and "+
-			"holds them; concurrency.Mutex: n mutexes of one session, locked. A run fails when not every one has its leader (holder) "+
+			"holds them (a lock lost is not acquired again, so it counts as without a holder); concurrency.Mutex: n mutexes of one session, locked. A run fails when not every one has its leader (holder) "+
 			"%v after start; \"two TTLs\" is the goal of issue #13. After every one has it and %v of settling, %d window(s) of %v. "+
 			"CPU = CPU time / wall time (median over windows; server = redis-server, the sum of the 3 masters for Redis Cluster, the "+
 			"bench's own process for the embedded etcd; none for memory); heap = live heap after GC minus the baseline, / n; "+

@@ -147,24 +147,33 @@ func heapAlloc() uint64 {
 type manyUnits struct {
 	electors  []*sovereign.Elector
 	elections []*concurrency.Election
-	locks     []*lock.Lock
+	locks     []atomic.Pointer[lock.Lock] // set once acquired
 	mutexes   []*concurrency.Mutex
 	sess      *concurrency.Session
 	held      atomic.Int64 // locks (or concurrency elections) held so far
 }
 
-// count returns how many elections lead (locks are held) now.
+// count returns how many elections lead (locks are held) now. A lock that
+// was lost is not acquired again: it counts no more.
 func (u *manyUnits) count() int {
-	if u.electors != nil {
-		n := 0
+	n := 0
+	switch {
+	case u.electors != nil:
 		for _, e := range u.electors {
 			if e != nil && e.IsLeader() {
 				n++
 			}
 		}
-		return n
+	case u.locks != nil:
+		for i := range u.locks {
+			if l := u.locks[i].Load(); l != nil && l.Held() {
+				n++
+			}
+		}
+	default:
+		n = int(u.held.Load())
 	}
-	return int(u.held.Load())
+	return n
 }
 
 func measureMany(cfg manyConfig) (manyResult, error) {
@@ -377,14 +386,14 @@ func measureMany(cfg manyConfig) (manyResult, error) {
 			return r, err
 		}
 		closers = append(closers, func() { lk.Close() })
-		u.locks = make([]*lock.Lock, cfg.N)
+		u.locks = make([]atomic.Pointer[lock.Lock], cfg.N)
 		go parallel(cfg.N, func(i int) bool {
 			for time.Now().Before(start.Add(cfg.Bound)) {
 				cctx, cancel := context.WithDeadline(ctx, start.Add(cfg.Bound))
 				l, err := lk.Acquire(cctx, prefix+strconv.Itoa(i), nil)
 				cancel()
 				if err == nil {
-					u.locks[i] = l
+					u.locks[i].Store(l)
 					u.held.Add(1)
 					return true
 				}
@@ -455,8 +464,8 @@ func measureMany(cfg manyConfig) (manyResult, error) {
 			r.LeadershipLosses++
 		}
 	}
-	for _, l := range u.locks {
-		if l.Held() {
+	for i := range u.locks {
+		if l := u.locks[i].Load(); l != nil && l.Held() {
 			r.LeadersAtEnd++
 		} else {
 			r.LeadershipLosses++
