@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/lock"
 )
 
@@ -20,6 +20,10 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 	h.register(fs)
 	try := fs.Bool("try", false, "one attempt: if the lock is held, say by whom and exit 75")
 	waitFor := fs.Duration("wait", 0, "wait at most this long for the lock, then exit 75 (default: wait until stopped)")
+	shared := fs.Bool("shared", false, "take a Shared lock: other --shared holders run at once (at most --limit), an exclusive holder does not")
+	limit := fs.Int("limit", 0, "with --shared: at most `N` holders at once, a semaphore of N permits (0: no limit); every holder must give the same N")
+	hier := fs.Bool("hierarchical", false, "treat / in KEY as levels: also take intent on each outer key, so that an exclusive lock on an outer key and this one exclude each other")
+	fair := fs.Bool("fair", false, "wait in line: among the waiters of KEY, across processes, the first to wait is served first")
 	pos, argv, err := parseArgs(fs, args, 1)
 	if err != nil {
 		return err
@@ -33,6 +37,12 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 	}
 	if *try && *waitFor > 0 {
 		return usageError("--try and --wait exclude each other")
+	}
+	if *limit < 0 {
+		return usageError("--limit must not be negative")
+	}
+	if *limit > 0 && !*shared {
+		return usageError("--limit is for --shared locks only")
 	}
 	key := pos[0]
 	log := h.logger(env)
@@ -75,7 +85,10 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 		log.Warn("sovereign: cannot become a child subreaper; the command's orphaned children will not be waited for", "err", err)
 	}
 
-	ao := &lock.AcquireOptions{Metadata: h.meta(argv)}
+	ao := &lock.AcquireOptions{Metadata: h.meta(argv), Limit: *limit, Hierarchical: *hier, Fair: *fair}
+	if *shared {
+		ao.Mode = lock.Shared
+	}
 	var lk *lock.Lock
 	switch {
 	case *try:
@@ -94,8 +107,13 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 			return exitWith(code, nil)
 		}
 		var held *lock.HeldError
-		if errors.As(err, &held) {
+		switch {
+		case errors.As(err, &held):
 			return exitWith(exitHeld, errors.New(describeHeld(held)))
+		case errors.Is(err, lock.ErrUnsupported):
+			return exitWith(exitUsage, fmt.Errorf("%w (the backend cannot serve --shared, --hierarchical or --fair)", err))
+		case errors.Is(err, lock.ErrLimitMismatch):
+			return exitWith(exitUsage, fmt.Errorf("%w: the live holders of %q took it with another --limit", err, key))
 		}
 		return unreachable(err)
 	}
@@ -130,28 +148,48 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 }
 
 // describeHeld says who holds a lock: holder, term, since when, TTL left,
-// metadata.
+// metadata; for several holders (Shared holders, locks below a hierarchical
+// key, an outer key's holder), one line for each, with its mode.
 func describeHeld(e *lock.HeldError) string {
-	r := e.Holder
 	var b strings.Builder
-	fmt.Fprintf(&b, "lock %q is held by %q (term %d)", e.Key, r.HolderID, r.Term)
-	if !r.AcquiredAt.IsZero() {
-		fmt.Fprintf(&b, " since %s (%s ago)", r.AcquiredAt.Format(time.RFC3339), round(time.Since(r.AcquiredAt)))
-	}
-	if r.TTL > 0 {
-		fmt.Fprintf(&b, ", lease %s left", round(r.TTL))
-	}
-	if len(r.Metadata) > 0 {
-		keys := make([]string, 0, len(r.Metadata))
-		for k := range r.Metadata {
-			keys = append(keys, k)
+	r := e.Holder
+	switch {
+	case len(e.Holders) == 0 && e.Waiting > 0:
+		fmt.Fprintf(&b, "lock %q has %d waiting ahead (an exclusive waiter keeps new shared holders out; --fair waiters go in order)", e.Key, e.Waiting)
+	case len(e.Holders) <= 1 && r.Mode != backend.Shared && (r.Key == "" || r.Key == e.Key):
+		fmt.Fprintf(&b, "lock %q is held by %q (term %d)", e.Key, r.HolderID, r.Term)
+		if !r.AcquiredAt.IsZero() {
+			fmt.Fprintf(&b, " since %s (%s ago)", r.AcquiredAt.Format(time.RFC3339), round(time.Since(r.AcquiredAt)))
 		}
-		sort.Strings(keys)
-		var parts []string
-		for _, k := range keys {
-			parts = append(parts, k+"="+r.Metadata[k])
+		if r.TTL > 0 {
+			fmt.Fprintf(&b, ", lease %s left", round(r.TTL))
 		}
-		fmt.Fprintf(&b, "; metadata %s", strings.Join(parts, " "))
+		if md := formatMetadata(r.Metadata); md != "" {
+			fmt.Fprintf(&b, "; metadata %s", md)
+		}
+	default:
+		recs := e.Holders
+		if len(recs) == 0 {
+			recs = []backend.Record{r}
+		}
+		n := len(recs)
+		fmt.Fprintf(&b, "lock %q is held by %d holder", e.Key, n)
+		if n > 1 {
+			b.WriteString("s")
+		}
+		if e.Waiting > 0 {
+			fmt.Fprintf(&b, ", %d waiting ahead", e.Waiting)
+		}
+		b.WriteString(":")
+		now := time.Now()
+		for _, rec := range recs {
+			h := newHolder(rec)
+			b.WriteString("\n  ")
+			if rec.Key != "" && rec.Key != e.Key {
+				fmt.Fprintf(&b, "lock %q: ", rec.Key)
+			}
+			b.WriteString(describeHolder(h, now))
+		}
 	}
 	if e.Err != nil {
 		fmt.Fprintf(&b, " (gave up waiting: %v)", e.Err)

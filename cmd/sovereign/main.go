@@ -6,12 +6,14 @@
 //
 //	sovereign [backend flags] COMMAND [flags] ARGS
 //
-//	status NAME              holder, since, term, TTL left, heartbeat, metadata, members
+//	status NAME              holder, since, term, TTL left, heartbeat, metadata, members;
+//	                         for a shared lock every holder with its mode
 //	watch NAME               one line per change of holder, including "no leader"
 //	list [PREFIX]            every held election and lock beginning with PREFIX
 //	members NAME             the instances with a live heartbeat
 //	run ELECTION -- CMD...   campaign; run CMD while leading; stop it before a successor can start
-//	lock KEY -- CMD...       run CMD while holding the lock KEY (--try, --wait D)
+//	lock KEY -- CMD...       run CMD while holding the lock KEY (--try, --wait D;
+//	                         --shared [--limit N], --hierarchical, --fair)
 //	break KEY --term N       forced release of exactly that term's lease
 //	serve --http :4040       a live status page, /healthz and /metrics
 //
@@ -41,6 +43,22 @@
 // only after the command has exited and whatever was left of its process
 // group has been killed and reaped (sovereign is a child subreaper on Linux).
 //
+// # Shared locks, semaphores, hierarchies
+//
+// lock --shared takes KEY in Shared mode: any number of --shared holders run
+// their commands at once (at most N with --limit N: a semaphore of N
+// permits; every holder must give the same N, else exit 64), while no
+// exclusive holder does, and a waiting exclusive lock keeps new shared
+// holders out so that it is not starved. Each holder has its own lease,
+// term (SOVEREIGN_TERM) and TTL, so a crashed holder frees its permit at its
+// own TTL. --hierarchical treats "/" in KEY as levels (a lock on a/b/c also
+// takes intent on a and a/b), and --fair serves waiters in arrival order
+// across processes. A backend that cannot serve these options (one without
+// backend.Modes) exits 64. When the lock is held, --try and --wait exit 75
+// and name every holder with its mode, term, age and TTL left; status
+// --lock KEY shows every holder of a shared key, and list one row per
+// holder with its mode (shared/N for a limit of N).
+//
 // # Exit codes
 //
 //	0        success; status: held (with --exit-status)
@@ -48,7 +66,8 @@
 //	128+N    run, lock: the command was killed by signal N; or sovereign got
 //	         signal N (SIGINT, SIGTERM) before the command started
 //	3        status --exit-status: nobody holds it; break: that term does not hold it
-//	64       usage: bad flags or arguments
+//	64       usage: bad flags or arguments; lock: options the backend cannot
+//	         serve, or a --limit other than the live shared holders'
 //	69       the backend could not be reached
 //	70       an unexpected error
 //	75       held by someone else, not acquired (lock --try, lock --wait, run --wait)

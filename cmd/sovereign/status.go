@@ -156,13 +156,20 @@ func cmdList(ctx context.Context, env *env, args []string) error {
 		return enc.Encode(entries)
 	}
 	t := &table{}
-	t.row("KIND", "NAME", "HOLDER", "TERM", "TTL", "SINCE")
+	t.row("KIND", "NAME", "HOLDER", "TERM", "MODE", "TTL", "SINCE")
 	for _, e := range entries {
 		since := ""
 		if e.Since != nil {
 			since = e.Since.Format(time.RFC3339)
 		}
-		t.row(e.Kind, e.Name, e.Holder, fmt.Sprint(e.Term), round(secs(e.TTLSeconds)).String(), since)
+		mode := e.Mode
+		if e.Kind != "lock" {
+			mode = "" // an election has one holder
+		}
+		if e.Limit > 0 {
+			mode += fmt.Sprintf("/%d", e.Limit)
+		}
+		t.row(e.Kind, e.Name, e.Holder, fmt.Sprint(e.Term), mode, round(secs(e.TTLSeconds)).String(), since)
 	}
 	t.write(env.stdout)
 	return nil
@@ -191,7 +198,8 @@ func listBoth(ctx context.Context, b backend.Backend, prefix string) ([]backend.
 			recs = append(recs, r)
 		}
 	}
-	sort.Slice(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
+	// Stable: a key's Shared holders stay in term order.
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].Key < recs[j].Key })
 	return recs, nil
 }
 

@@ -26,8 +26,12 @@ type entry struct {
 	Kind string `json:"kind"`
 	Held bool   `json:"held"`
 
-	Holder     string            `json:"holder,omitempty"`
-	Term       uint64            `json:"term,omitempty"`
+	Holder string `json:"holder,omitempty"`
+	Term   uint64 `json:"term,omitempty"`
+	// Mode is the holder's mode, "exclusive" or "shared", and Limit its
+	// Shared limit (0: none).
+	Mode       string            `json:"mode,omitempty"`
+	Limit      int               `json:"limit,omitempty"`
 	Since      *time.Time        `json:"since,omitempty"`
 	RenewedAt  *time.Time        `json:"renewed_at,omitempty"`
 	TTLSeconds float64           `json:"ttl_seconds"`
@@ -36,12 +40,37 @@ type entry struct {
 	LastHeartbeat       *time.Time `json:"last_heartbeat,omitempty"`
 	HeartbeatAgeSeconds *float64   `json:"heartbeat_age_seconds,omitempty"`
 
+	// Holders is every live holder of the key (status, on a backend with
+	// shared locks): the Shared holders each with their own record, in term
+	// order. Holder, Term and the fields above describe the oldest.
+	Holders []holder `json:"holders,omitempty"`
+
 	Members  []member `json:"members"`
 	Warnings []string `json:"warnings,omitempty"`
 
 	// FullTTLSeconds is the longest TTL seen for this term (serve only), the
 	// length of the TTL bar.
 	FullTTLSeconds float64 `json:"full_ttl_seconds,omitempty"`
+}
+
+// holder is one live holder of a key.
+type holder struct {
+	ID         string            `json:"id"`
+	Term       uint64            `json:"term"`
+	Mode       string            `json:"mode"`
+	Limit      int               `json:"limit,omitempty"`
+	Since      *time.Time        `json:"since,omitempty"`
+	TTLSeconds float64           `json:"ttl_seconds"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+}
+
+func newHolder(r backend.Record) holder {
+	h := holder{ID: r.HolderID, Term: r.Term, Mode: r.Mode.String(), Limit: r.Limit, TTLSeconds: ms(r.TTL), Metadata: r.Metadata}
+	if !r.AcquiredAt.IsZero() {
+		t := r.AcquiredAt
+		h.Since = &t
+	}
+	return h
 }
 
 // member is one live heartbeat record.
@@ -70,6 +99,7 @@ func newEntry(key string, rec *backend.Record, members []backend.Member) entry {
 		e.Held = true
 		e.Holder = rec.HolderID
 		e.Term = rec.Term
+		e.Mode, e.Limit = rec.Mode.String(), rec.Limit
 		e.TTLSeconds = ms(rec.TTL)
 		e.Metadata = rec.Metadata
 		if !rec.AcquiredAt.IsZero() {
@@ -136,7 +166,8 @@ func round(d time.Duration) time.Duration {
 	}
 }
 
-// readEntry reads the record and members of key.
+// readEntry reads the record and members of key and, on a backend with
+// shared locks (backend.Modes), every holder of it.
 func readEntry(ctx context.Context, b backend.Backend, key string, timeout time.Duration) (entry, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -154,6 +185,18 @@ func readEntry(ctx context.Context, b backend.Backend, key string, timeout time.
 		return entry{}, err
 	}
 	e := newEntry(key, recp, members)
+	if o, ok := b.(*opened); ok {
+		b = o.Backend
+	}
+	if m, ok := b.(backend.Modes); ok && recp != nil {
+		recs, err := m.Holders(ctx, key)
+		if err != nil {
+			return entry{}, err
+		}
+		for _, r := range recs {
+			e.Holders = append(e.Holders, newHolder(r))
+		}
+	}
 	e.warn(0)
 	return e, nil
 }
@@ -167,6 +210,13 @@ func writeStatus(w io.Writer, e entry, now time.Time) {
 	} else {
 		tw.row("holder", e.Holder)
 		tw.row("term", fmt.Sprint(e.Term))
+		if e.Mode == backend.Shared.String() {
+			mode := e.Mode
+			if e.Limit > 0 {
+				mode += fmt.Sprintf(" (limit %d)", e.Limit)
+			}
+			tw.row("mode", mode)
+		}
 		if e.Since != nil {
 			tw.row("since", fmt.Sprintf("%s (%s ago)", e.Since.Format(time.RFC3339), round(now.Sub(*e.Since))))
 		}
@@ -187,6 +237,15 @@ func writeStatus(w io.Writer, e entry, now time.Time) {
 				parts = append(parts, k+"="+e.Metadata[k])
 			}
 			tw.row("metadata", strings.Join(parts, " "))
+		}
+	}
+	if len(e.Holders) > 1 || (len(e.Holders) == 1 && e.Mode == backend.Shared.String()) {
+		for i, h := range e.Holders {
+			label := ""
+			if i == 0 {
+				label = "holders"
+			}
+			tw.row(label, describeHolder(h, now))
 		}
 	}
 	if len(e.Members) == 0 && e.Kind == "election" {
@@ -236,4 +295,38 @@ func (t *table) write(w io.Writer) {
 		}
 		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
 	}
+}
+
+// describeHolder says who one holder is: ID, mode, term, since when, TTL
+// left, metadata.
+func describeHolder(h holder, now time.Time) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s (%s", h.ID, h.Mode)
+	if h.Limit > 0 {
+		fmt.Fprintf(&b, ", limit %d", h.Limit)
+	}
+	fmt.Fprintf(&b, ", term %d", h.Term)
+	if h.Since != nil {
+		fmt.Fprintf(&b, ", since %s, %s ago", h.Since.Format(time.RFC3339), round(now.Sub(*h.Since)))
+	}
+	fmt.Fprintf(&b, ", %s left)", round(secs(h.TTLSeconds)))
+	if md := formatMetadata(h.Metadata); md != "" {
+		b.WriteString(" ")
+		b.WriteString(md)
+	}
+	return b.String()
+}
+
+// formatMetadata returns md as "k=v k=v", sorted by key.
+func formatMetadata(md map[string]string) string {
+	keys := make([]string, 0, len(md))
+	for k := range md {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, k+"="+md[k])
+	}
+	return strings.Join(parts, " ")
 }

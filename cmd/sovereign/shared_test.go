@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/etcdbackend"
+	"github.com/sovereign-go/sovereign/internal/testetcd"
+)
+
+// TestSharedLockRedis runs lock --shared --limit 2 on a real redis-server.
+func TestSharedLockRedis(t *testing.T) {
+	_, env, b := redisEnv(t)
+	testSharedLock(t, env, b)
+}
+
+// TestSharedLockEtcd runs lock --shared --limit 2 on an embedded etcd.
+func TestSharedLockEtcd(t *testing.T) {
+	cluster := testetcd.Start(t)
+	b, err := etcdbackend.New(cluster.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	env := []string{"SOVEREIGN_BACKEND=etcd://" + strings.TrimPrefix(cluster.Endpoint(0), "http://")}
+	testSharedLock(t, env, b)
+}
+
+// testSharedLock runs two commands at once under `lock --shared --limit 2`:
+// a third shared holder, an exclusive one and one with another limit are
+// refused (75, naming both holders; 64 for the limit), status and list show
+// both holders with their mode, and once one holder's command has exited
+// the third gets in. Then a hierarchical lock below a key keeps an
+// exclusive hierarchical lock on the key out.
+func testSharedLock(t *testing.T, env []string, b backend.Backend) {
+	kids := newChildren(t)
+	holderA := start(t, append(env, kids.env("hold")...),
+		"lock", "--ttl", "2s", "--id", "reader-a", "--shared", "--limit", "2", "--metadata", "job=a", "sem", "--", os.Args[0])
+	kids.expect(0, "start")
+	kids.expect(0, "ready")
+	holderB := start(t, append(env, kids.env("hold")...),
+		"lock", "--ttl", "2s", "--id", "reader-b", "--shared", "--limit", "2", "sem", "--", os.Args[0])
+	kids.expect(1, "start")
+	kids.expect(1, "ready") // both commands run at once
+
+	var recs []backend.Record
+	if m, ok := b.(backend.Modes); !ok {
+		t.Fatal("the backend has no backend.Modes")
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		var err error
+		recs, err = m.Holders(ctx, lockPrefix+"sem")
+		cancel()
+		if err != nil || len(recs) != 2 {
+			t.Fatalf("Holders: got %d records (err %v), want 2", len(recs), err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want []string
+	}{
+		{
+			name: "a third shared holder",
+			args: []string{"--shared", "--limit", "2"},
+			code: exitHeld,
+			want: []string{`lock "sem" is held by 2 holders:`, "reader-a (shared, limit 2, term", "reader-b (shared, limit 2, term", "job=a", "left)"},
+		},
+		{
+			name: "an exclusive holder",
+			args: nil,
+			code: exitHeld,
+			want: []string{`lock "sem" is held by 2 holders:`, "reader-a (shared", "reader-b (shared"},
+		},
+		{
+			name: "a shared holder with another limit",
+			args: []string{"--shared", "--limit", "3"},
+			code: exitUsage,
+			want: []string{"limit", "another --limit"},
+		},
+		{
+			name: "a limit without --shared",
+			args: []string{"--limit", "2"},
+			code: exitUsage,
+			want: []string{"--limit is for --shared locks only"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"lock", "--try", "--id", "reader-c"}, tc.args...)
+			code, out, stderr := run(t, env, append(args, "sem", "--", "echo", "ran")...)
+			if code != tc.code || out != "" {
+				t.Fatalf("got exit %d, output %q, stderr %q; want %d and no output", code, out, stderr, tc.code)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("got stderr %q, want it to contain %q", stderr, w)
+				}
+			}
+		})
+	}
+	t.Run("status", func(t *testing.T) {
+		code, out, stderr := run(t, env, "status", "--lock", "-o", "json", "sem")
+		var e entry
+		if err := json.Unmarshal([]byte(out), &e); err != nil || code != 0 {
+			t.Fatalf("got exit %d, %v: %s %s", code, err, out, stderr)
+		}
+		if e.Mode != "shared" || e.Limit != 2 || e.Holder != "reader-a" || len(e.Holders) != 2 {
+			t.Fatalf("got %+v, want mode shared, limit 2, holder reader-a and 2 holders", e)
+		}
+		for i, want := range []string{"reader-a", "reader-b"} {
+			h := e.Holders[i]
+			if h.ID != want || h.Mode != "shared" || h.Limit != 2 || h.Term != recs[i].Term || h.TTLSeconds <= 0 || h.Since == nil {
+				t.Errorf("holder %d: got %+v, want %s, shared, limit 2, term %d, TTL and since", i, h, want, recs[i].Term)
+			}
+		}
+		code, out, _ = run(t, env, "status", "--lock", "sem")
+		for _, want := range []string{"mode", "shared (limit 2)", "holders", "reader-a (shared, limit 2", "reader-b (shared, limit 2"} {
+			if code != 0 || !strings.Contains(out, want) {
+				t.Errorf("status printed (exit %d):\n%s\nwant it to contain %q", code, out, want)
+			}
+		}
+	})
+	t.Run("list", func(t *testing.T) {
+		code, out, stderr := run(t, env, "list", "lock/")
+		if code != 0 {
+			t.Fatalf("got exit %d: %s", code, stderr)
+		}
+		for _, want := range []string{"lock  sem   reader-a", "lock  sem   reader-b", "shared/2"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("list printed:\n%s\nwant it to contain %q", out, want)
+			}
+		}
+	})
+
+	// The first holder's command ends: its permit is free at once.
+	holderA.signal(syscall.SIGTERM)
+	kids.expect(0, "signal terminated")
+	if code := holderA.wait(); code != 42 {
+		t.Fatalf("got holder exit %d, want the command's 42", code)
+	}
+	if l := kids.next("the first command's end"); l.conn != 0 || !l.eof {
+		t.Fatalf("got child line %+v, want the end of child 0", l)
+	}
+	if code, out, stderr := run(t, env, "lock", "--try", "--id", "reader-c", "--shared", "--limit", "2", "sem", "--", "echo", "ran"); code != 0 || out != "ran\n" {
+		t.Fatalf("got exit %d, output %q, stderr %q with one permit free; want 0 and \"ran\"", code, out, stderr)
+	}
+	holderB.signal(syscall.SIGTERM)
+	kids.expect(1, "signal terminated")
+	if code := holderB.wait(); code != 42 {
+		t.Fatalf("got holder exit %d, want the command's 42", code)
+	}
+	if l := kids.next("the second command's end"); l.conn != 1 || !l.eof {
+		t.Fatalf("got child line %+v, want the end of child 1", l)
+	}
+
+	// Hierarchy: a lock on a page takes intent on its file set.
+	page := start(t, append(env, kids.env("hold")...),
+		"lock", "--ttl", "2s", "--id", "writer-p", "--hierarchical", "files/set1/page1", "--", os.Args[0])
+	kids.expect(2, "start")
+	kids.expect(2, "ready")
+	code, out, stderr := run(t, env, "lock", "--try", "--id", "writer-s", "--hierarchical", "files/set1", "--", "echo", "ran")
+	if code != exitHeld || out != "" || !strings.Contains(stderr, `lock "files/set1/page1": writer-p (exclusive`) {
+		t.Fatalf("exclusive lock above a page lock: got exit %d, output %q, stderr %q; want %d naming the page lock", code, out, stderr, exitHeld)
+	}
+	if code, out, stderr := run(t, env, "lock", "--try", "--id", "writer-q", "--hierarchical", "files/set1/page2", "--", "echo", "ran"); code != 0 || out != "ran\n" {
+		t.Fatalf("another page: got exit %d, output %q, stderr %q; want 0 and \"ran\"", code, out, stderr)
+	}
+	page.signal(syscall.SIGTERM)
+	if code := page.wait(); code != 42 {
+		t.Fatalf("got page holder exit %d, want the command's 42", code)
+	}
+}
