@@ -35,7 +35,15 @@ import (
 // Cost: a script reads every entry of its key (and of each ancestor, for
 // AcquireMode): O(entries) per operation, where a plain lease is O(1). A
 // root with many live locks below it carries one intent per lock, which
-// every hierarchical acquisition and release in its tree reads.
+// every hierarchical acquisition and release in its tree reads (only each
+// intent's expiry, unless it conflicts). Every operation is one round
+// trip; on the server (TestModesRoundTrips counts them) AcquireMode of a
+// free key runs 8 commands (14 with two ancestors), Renew of an entry 5
+// (13 with two ancestors), Release 6 (14), a failed AcquireMode 4 to 8,
+// Holders and Get 3 or 4. BenchmarkModes measured about 30 µs of server
+// time per plain Acquire+Release pair of a lock key, 50 to 65 for an
+// Exclusive or Shared entry, 120 for a page with two ancestors under a
+// root holding 10 other pages.
 
 var _ backend.Modes = (*Backend)(nil)
 
