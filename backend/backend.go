@@ -159,6 +159,12 @@ type AcquireRequest struct {
 	TTL time.Duration
 	// Metadata is stored with the lease and returned in Records.
 	Metadata map[string]string
+	// Detached asks for a lease that nothing but its own Renew keeps
+	// alive: it ends at its TTL once its holder stops renewing it. A
+	// backend that keeps the leases of an instance alive together (etcd's
+	// session: one store lease for many keys) gives such a lease one of
+	// its own. The lock package sets it for NoRenew and MaxHold locks.
+	Detached bool
 }
 
 // Member is the live heartbeat record of one instance for a key.
