@@ -71,6 +71,8 @@ import (
 // (and publishes the release to watchers of the key and of its ancestors).
 // Get returns one record of a key's live holders (the oldest) and List one
 // record per live holder, in key order and, within a key, term order.
+// Neither reports intents or waiters: a key held only by intents of locks
+// below it is free for Get (ErrNotHeld) while Acquire on it fails.
 // Watchers of a key see EventReleased when an entry of it is released and,
 // where the store can tell, EventExpired when one expires; a waiter must in
 // any case re-try before its own registration's TTL runs out.
@@ -156,7 +158,11 @@ type Entry struct {
 // Modes is an optional capability of a Backend: shared locks, semaphores,
 // hierarchies and fair queueing (see the model above). Each method is one
 // atomic operation in the store (one script on Redis, one transaction on
-// etcd).
+// etcd; a Fair retry through another client than the one that registered
+// the waiter may take two). A backend may cap what one operation can hold
+// (etcd: a limit of 64, fewer ancestors with a larger limit, from etcd's
+// transaction size) and refuses larger requests with ErrUnsupported before
+// any I/O.
 type Modes interface {
 	// ModeSupport says which requests AcquireMode accepts; it does no I/O.
 	ModeSupport() ModeSupport
