@@ -167,6 +167,9 @@ func describeHeld(e *lock.HeldError) string {
 		if md := formatMetadata(r.Metadata); md != "" {
 			fmt.Fprintf(&b, "; metadata %s", md)
 		}
+		if e.Waiting > 0 {
+			fmt.Fprintf(&b, "; %d waiting ahead", e.Waiting)
+		}
 	default:
 		recs := e.Holders
 		if len(recs) == 0 {

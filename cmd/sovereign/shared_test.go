@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/etcdbackend"
@@ -172,7 +173,40 @@ func testSharedLock(t *testing.T, env []string, b backend.Backend) {
 		t.Fatalf("another page: got exit %d, output %q, stderr %q; want 0 and \"ran\"", code, out, stderr)
 	}
 	page.signal(syscall.SIGTERM)
+	kids.expect(2, "signal terminated")
 	if code := page.wait(); code != 42 {
 		t.Fatalf("got page holder exit %d, want the command's 42", code)
+	}
+	if l := kids.next("the page command's end"); l.conn != 2 || !l.eof {
+		t.Fatalf("got child line %+v, want the end of child 2", l)
+	}
+
+	// Fair: a --fair waiter keeps its place; a later --fair --try is told
+	// that someone waits ahead, and the waiter is served when the holder
+	// is done.
+	holder := start(t, append(env, kids.env("hold")...), "lock", "--ttl", "2s", "--id", "holder-q", "queue", "--", os.Args[0])
+	kids.expect(3, "start")
+	kids.expect(3, "ready")
+	waiter := start(t, env, "lock", "--ttl", "2s", "--id", "waiter-1", "--fair", "--wait", wait.String(), "queue", "--", "echo", "served")
+	deadline := time.Now().Add(wait)
+	for {
+		code, _, stderr := run(t, env, "lock", "--try", "--fair", "--id", "waiter-2", "queue", "--", "echo", "ran")
+		if code != exitHeld {
+			t.Fatalf("a later --fair --try while queue is held: got exit %d (%q), want %d", code, stderr, exitHeld)
+		}
+		if strings.Contains(stderr, "1 waiting ahead") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the --fair waiter was not seen waiting within %v; the last --try said %q", wait, stderr)
+		}
+		time.Sleep(20 * time.Millisecond) // polling for the waiter's registration, an observable condition
+	}
+	holder.signal(syscall.SIGTERM)
+	if code := holder.wait(); code != 42 {
+		t.Fatalf("got holder exit %d, want the command's 42", code)
+	}
+	if code := waiter.wait(); code != 0 || waiter.stdoutText() != "served\n" {
+		t.Fatalf("got waiter exit %d, output %q; want 0 and \"served\"", code, waiter.stdoutText())
 	}
 }
