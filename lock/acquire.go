@@ -348,7 +348,13 @@ func (l *Locker) gaveUp(ctx context.Context, op, key string, last *HeldError, la
 // trip per lock and prove nothing more. Call Lock.Verify before an
 // irreversible step to check the lock is still held.
 func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID string) (*Lock, error) {
-	req := backend.AcquireRequest{Key: bk, HolderID: l.id, TTL: p.ttl, Metadata: p.metadata}
+	req := backend.AcquireRequest{
+		Key: bk, HolderID: l.id, TTL: p.ttl, Metadata: p.metadata,
+		// A lock that stops renewing on its own (NoRenew, MaxHold) must
+		// end at its TTL: on a backend that keeps an instance's leases
+		// alive together (etcd's session), a shared lease would outlive it.
+		Detached: p.noRenew || p.maxHold > 0,
+	}
 	sent := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, p.requestTimeout)
 	var (
