@@ -10,6 +10,7 @@ import (
 
 	"github.com/sovereign-go/sovereign"
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/electortest"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
@@ -86,5 +87,39 @@ func TestManyElectionsShareBatches(t *testing.T) {
 			}
 			e.Close()
 		}
+	})
+}
+
+// A follower that stopped polling (its watch reports every expiry) still
+// takes over as soon as a crashed leader's lease expires.
+func TestQuietFollowerTakesOverAtExpiry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, 2, &sovereign.Options{Logger: quiet}) // TTL 10s
+		c.start(t)
+		li := c.leader(t, 2*time.Second)
+		fi := 1 - li
+		time.Sleep(5 * time.Minute) // the follower has long stopped polling
+		synctest.Wait()
+		before := c.clients[fi].Calls()["Acquire"]
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if got := c.clients[fi].Calls()["Acquire"] - before; got > 1 {
+			t.Fatalf("idle follower made %d attempts in a minute, want at most 1", got)
+		}
+		crashed := time.Now()
+		c.clients[li].Partition() // the leader's process is gone: no renewal, no release
+		deadline := crashed.Add(12 * time.Second)
+		for !c.es[fi].IsLeader() {
+			if time.Now().After(deadline) {
+				t.Fatal("the follower did not take over within the TTL after the leader crashed")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		// The lease expires TTL after the last renewal, which came at most
+		// one RenewInterval (2s) before the crash.
+		if d := time.Since(crashed); d < 8*time.Second || d > 10*time.Second+50*time.Millisecond {
+			t.Errorf("follower led %v after the crash, want within (TTL - RenewInterval, TTL]", d)
+		}
+		electortest.CheckNoOverlap(t, c.rec.Intervals())
 	})
 }

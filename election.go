@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
@@ -49,6 +50,9 @@ type Elector struct {
 
 	cmds chan resignRequest
 	wake chan backend.Event // watch notifications for the loop; capacity 1
+	// watching is true while a watch that delivers every expiry
+	// (backend.ExpiryReporter) is established, so a follower need not poll.
+	watching atomic.Bool
 
 	mu      sync.Mutex // guards the fields below
 	state   State
@@ -396,6 +400,9 @@ func (e *Elector) watch(ctx context.Context) {
 			continue
 		}
 		failures = 0
+		if er, ok := e.watcher.(backend.ExpiryReporter); ok && er.ReportsExpiry() {
+			e.watching.Store(true)
+		}
 		// Changes may have been missed while unsubscribed; after a broken
 		// subscription the store may also have restarted and lost data.
 		typ := backend.EventChanged
@@ -407,6 +414,7 @@ func (e *Elector) watch(ctx context.Context) {
 		for ev := range ch {
 			e.notify(ev)
 		}
+		e.watching.Store(false)
 	}
 }
 

@@ -16,6 +16,10 @@ import (
 // attempt, so the attempt lands just after the lease expires at the backend.
 const expiryMargin = 5 * time.Millisecond
 
+// quietRecheck is how many TTLs a follower whose watch reports every
+// expiry waits before looking at a held key again on its own.
+const quietRecheck = 10
+
 // minRetry is the shortest wait between two attempts on a held key, so a
 // lease reported with (almost) no TTL left does not spin the loop.
 const minRetry = 20 * time.Millisecond
@@ -153,8 +157,17 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 			wait = max(wait, min(minRetry<<min(ls.expiring-1, 10), o.RenewInterval/2))
 		} else {
 			ls.expiring = 0
+			if e.watching.Load() {
+				// The watch delivers the holder's release or expiry: no
+				// need to poll for it. A rare look guards against the
+				// unforeseen; a broken watch wakes the loop at once.
+				wait = quietRecheck * o.TTL
+			}
 		}
-		ls.nextAttempt = time.Now().Add(min(max(wait, minRetry), o.TTL))
+		ls.nextAttempt = time.Now().Add(min(max(wait, minRetry), quietRecheck*o.TTL))
+		if !e.watching.Load() {
+			ls.nextAttempt = minTime(ls.nextAttempt, time.Now().Add(o.TTL))
+		}
 	default:
 		if ctx.Err() != nil {
 			break

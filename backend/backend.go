@@ -311,6 +311,18 @@ type Watcher interface {
 	Watch(ctx context.Context, key string) (<-chan Event, error)
 }
 
+// ExpiryReporter is an optional capability of a Watcher whose watches
+// deliver every expiry of a watched key's lease (EventExpired, or another
+// event) while they live, as etcd's and the memory store's do and Redis's
+// (without keyspace notifications) do not. A follower whose watch is
+// established then need not poll for the leader's expiry: it looks again
+// when an event arrives, and when the watch breaks (the re-subscription is
+// a reset).
+type ExpiryReporter interface {
+	// ReportsExpiry reports whether watches deliver every expiry.
+	ReportsExpiry() bool
+}
+
 // HeldError is returned by Acquire when the key is held by another lease.
 // errors.Is(err, ErrHeld) reports true for it.
 type HeldError struct {

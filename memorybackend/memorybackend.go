@@ -589,6 +589,11 @@ func (b *Backend) RemoveMember(ctx context.Context, key, id string) error {
 	return nil
 }
 
+// ReportsExpiry implements backend.ExpiryReporter: watches deliver every
+// expiry (EventExpired), and a partitioned client's watch, which withholds
+// events, sends an EventChanged when healed.
+func (b *Backend) ReportsExpiry() bool { return true }
+
 // Watch implements backend.Watcher. The subscription is registered before
 // Watch returns. The channel is closed when ctx ends, when the client is
 // closed, or when the store restarts (Store.Restart).
