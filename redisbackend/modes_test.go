@@ -3,6 +3,7 @@ package redisbackend_test
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -528,5 +529,85 @@ func TestModesListTrees(t *testing.T) {
 		if got := listedKeys(recs); !slices.Equal(got, tt.want) {
 			t.Errorf("List(%q): got %q, want %q", tt.prefix, got, tt.want)
 		}
+	}
+}
+
+// TestModesEntryEncoding: an entry keeps holder IDs and metadata of any
+// bytes exactly (empty strings, colons and digits that look like the
+// encoding's lengths, NUL and bytes that are not UTF-8), through
+// AcquireMode, Holders, Get, List, SetMetadata and a HeldError.
+func TestModesEntryEncoding(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "me:"})
+	md := map[string]string{
+		"":          "empty name",
+		"empty":     "",
+		"3:abc":     "12:x:y",
+		"nul\x00":   "\x00\xff\xfe",
+		"unicode":   "ünï ✓",
+		"0":         "0:",
+		"long":      strings.Repeat("9:", 5000),
+		"newline\n": "a\nb",
+	}
+	holder := "10:holder:with:colons\x00"
+	l, err := b.AcquireMode(ctx, backend.ModeRequest{
+		AcquireRequest: backend.AcquireRequest{Key: "lock/enc/a", HolderID: holder, TTL: time.Minute, Metadata: md},
+		Mode:           backend.Shared, Limit: 1, Ancestors: []string{"lock/enc"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, r backend.Record, want map[string]string) {
+		t.Helper()
+		if r.HolderID != holder || r.Token != l.Token || r.Term != l.Term || r.Mode != backend.Shared || r.Limit != 1 {
+			t.Errorf("%s: got %q token %s term %d %v limit %d, want %q token %s term %d shared limit 1",
+				what, r.HolderID, r.Token, r.Term, r.Mode, r.Limit, holder, l.Token, l.Term)
+		}
+		if !maps.Equal(r.Metadata, want) {
+			t.Errorf("%s metadata: got %q, want %q", what, r.Metadata, want)
+		}
+	}
+	recs, err := b.Holders(ctx, "lock/enc/a")
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("Holders: got %v, %v; want one record", recs, err)
+	}
+	check("Holders", recs[0], md)
+	r, err := b.Get(ctx, "lock/enc/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("Get", r, md)
+	recs, err = b.List(ctx, "lock/enc")
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("List: got %v, %v; want one record (intents are not listed)", recs, err)
+	}
+	check("List", recs[0], md)
+	// A HeldError names the lock below from the root's intent.
+	_, err = b.AcquireMode(ctx, backend.ModeRequest{
+		AcquireRequest: backend.AcquireRequest{Key: "lock/enc", HolderID: "x", TTL: time.Minute}})
+	var held *backend.HeldError
+	if !errors.As(err, &held) || len(held.Holders) != 1 {
+		t.Fatalf("AcquireMode of the root: got %v, want ErrHeld with one holder", err)
+	}
+	if held.Holder.Key != "lock/enc/a" {
+		t.Errorf("HeldError.Holder.Key: got %q, want the lock below", held.Holder.Key)
+	}
+	check("HeldError", held.Holder, md)
+	md2 := map[string]string{"1:": "2:", "": ""}
+	if err := b.SetMetadata(ctx, l, md2); err != nil {
+		t.Fatal(err)
+	}
+	recs, err = b.Holders(ctx, "lock/enc/a")
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("Holders: got %v, %v; want one record", recs, err)
+	}
+	check("Holders after SetMetadata", recs[0], md2)
+	if err := b.Renew(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Fatal(err)
 	}
 }
