@@ -123,3 +123,43 @@ func TestQuietFollowerTakesOverAtExpiry(t *testing.T) {
 		electortest.CheckNoOverlap(t, c.rec.Intervals())
 	})
 }
+
+// The double verification checks the store's own atomic reply when the
+// backend confirms with it (no second request), and reads the record back
+// when it does not.
+func TestVerificationFoldedIntoConfirmedAcquire(t *testing.T) {
+	for _, confirm := range []bool{true, false} {
+		t.Run(fmt.Sprintf("confirms=%v", confirm), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := memorybackend.New()
+				defer mem.Close()
+				var b backend.Backend = mem
+				if !confirm {
+					b = &hooked{Backend: mem} // hides AcquireConfirmer
+				}
+				e, err := sovereign.New(b, "election", "a", fastOpts())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				if err := e.Start(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(100 * time.Millisecond)
+				if !e.IsLeader() {
+					t.Fatal("no leader")
+				}
+				gets := mem.Calls()["Get"]
+				switch {
+				case confirm && gets != 0:
+					t.Errorf("%d reads after a confirmed acquisition, want 0", gets)
+				case !confirm && gets != 1:
+					t.Errorf("%d reads after an acquisition, want 1 (the read-back)", gets)
+				}
+				if r, err := mem.Get(t.Context(), "election"); err != nil || r.Term != e.Term() || r.HolderID != "a" {
+					t.Errorf("store holds %+v (%v), want a's lease of term %d", r, err, e.Term())
+				}
+			})
+		})
+	}
+}

@@ -132,7 +132,7 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 	switch {
 	case err == nil:
 		e.setState(Candidate)
-		rec, verr := e.verify(ctx, lease)
+		rec, verr := e.verify(ctx, lease, sent)
 		if verr == nil {
 			ls.failures = 0
 			return lease, sent, rec, true
@@ -195,9 +195,20 @@ func (e *Elector) refreshLeader(ctx context.Context) {
 	}
 }
 
-// verify reads the record back after a successful acquisition and checks it
-// is the lease just acquired (holder, token and term).
-func (e *Elector) verify(ctx context.Context, lease backend.Lease) (Record, error) {
+// verify is the double verification after a successful acquisition: it
+// checks that the store holds the lease just acquired (holder, token and
+// term). On a backend whose Acquire reply is the store's own atomic record
+// of the lease (backend.AcquireConfirmer), that reply is checked, which is
+// what a read right after would return; otherwise the record is read back.
+func (e *Elector) verify(ctx context.Context, lease backend.Lease, sent time.Time) (Record, error) {
+	if c, ok := e.b.(backend.AcquireConfirmer); ok && c.AcquireConfirms() {
+		if lease.Key != e.name || lease.HolderID != e.id || lease.Token == "" || lease.Term == 0 || lease.TTL <= 0 {
+			return Record{}, fmt.Errorf("%w: the store confirmed %q for %q term %d TTL %v, want %q for %q with a token, a term and a TTL",
+				ErrVerificationFailed, lease.Key, lease.HolderID, lease.Term, lease.TTL, e.name, e.id)
+		}
+		return Record{Key: lease.Key, HolderID: lease.HolderID, Token: lease.Token, Term: lease.Term,
+			AcquiredAt: sent, RenewedAt: sent, TTL: lease.TTL, Metadata: e.opts.Metadata}, nil
+	}
 	cctx, cancel := context.WithTimeout(ctx, e.opts.RequestTimeout)
 	defer cancel()
 	rec, err := e.b.Get(cctx, e.name)

@@ -311,6 +311,17 @@ type Watcher interface {
 	Watch(ctx context.Context, key string) (<-chan Event, error)
 }
 
+// AcquireConfirmer is an optional capability of a Backend whose Acquire
+// reply is the store's own record of the lease it wrote, written and read
+// in one atomic step (a Redis script, an etcd transaction, the memory
+// store under its lock): a read right after it would tell nothing more. The
+// elector's double verification then checks that reply, the store's answer
+// to the compare-and-set, instead of sending a second request.
+type AcquireConfirmer interface {
+	// AcquireConfirms reports whether Acquire's reply confirms the lease.
+	AcquireConfirms() bool
+}
+
 // ExpiryReporter is an optional capability of a Watcher whose watches
 // deliver every expiry of a watched key's lease (EventExpired, or another
 // event) while they live, as etcd's and the memory store's do and Redis's

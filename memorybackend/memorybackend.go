@@ -589,6 +589,10 @@ func (b *Backend) RemoveMember(ctx context.Context, key, id string) error {
 	return nil
 }
 
+// AcquireConfirms implements backend.AcquireConfirmer: Acquire writes and
+// answers under the store's lock.
+func (b *Backend) AcquireConfirms() bool { return true }
+
 // ReportsExpiry implements backend.ExpiryReporter: watches deliver every
 // expiry (EventExpired), and a partitioned client's watch, which withholds
 // events, sends an EventChanged when healed.

@@ -13,6 +13,7 @@ import (
 var (
 	_ backend.BatchRenewer     = (*Backend)(nil)
 	_ backend.BatchHeartbeater = (*Backend)(nil)
+	_ backend.AcquireConfirmer = (*Backend)(nil)
 )
 
 // maxBatchKeys bounds the keys one batch script touches, so that a script
@@ -289,3 +290,9 @@ func fill(errs []error, err error) {
 		errs[i] = err
 	}
 }
+
+// AcquireConfirms implements backend.AcquireConfirmer: the acquire script
+// writes the lease and answers with it in one atomic step on the primary
+// (with WaitReplicas, once the replicas confirmed the write), which is what
+// a read right after it would return from that primary.
+func (b *Backend) AcquireConfirms() bool { return true }
