@@ -131,7 +131,9 @@ type ModeRequest struct {
 	// takes intent (a lock on "lock/a/b/c" names "lock/a" and "lock/a/b").
 	// Empty: not hierarchical. Every ancestor must pass ValidateKey and be
 	// a proper prefix of Key; a backend places a tree's keys so that one
-	// atomic operation reaches them all (Redis Cluster: one hash slot).
+	// atomic operation reaches them all (Redis Cluster: one hash slot). A
+	// sharded store may refuse, with ErrInvalid, ancestors it cannot place
+	// with the key (on Redis Cluster only trees under "lock/" work).
 	Ancestors []string
 	// Fair orders acquisitions first come, first served among registered
 	// waiters across processes.
@@ -181,7 +183,8 @@ type Modes interface {
 	// CancelWait withdraws the waiter registration waitID of key (an empty
 	// waitID is ErrInvalid). It is not an error when there is none.
 	// Watchers of the key see an EventChanged when a registration is
-	// withdrawn or expires, so the waiters behind it look again.
+	// withdrawn or, where the store can tell, expires, so the waiters
+	// behind it look again.
 	CancelWait(ctx context.Context, key, waitID string) error
 }
 
