@@ -9,7 +9,9 @@
 // overlapped (after the store lost its data: only inside the bounded
 // data-loss window) and that no stale write got through. In the lock mode the
 // candidates loop on lock.Locker.Do for one key instead, handing the lock
-// from one to another, and the same checks apply to the holds. See README.md
+// from one to another, and the same checks apply to the holds; in the
+// semaphore mode they take a Shared lock of 2 permits, and never more than 2
+// holds may be live at once (outside data-loss windows). See README.md
 // for what exactly is checked and how to run the long form.
 //
 // The package holds the pieces the test and the candidate binary share: the
