@@ -592,3 +592,76 @@ func TestPlotsMerge(t *testing.T) {
 		t.Errorf("got %d etcd failures, want 0: the run at 10,000 succeeded since", n)
 	}
 }
+
+// caps lists the optional capabilities b has, as the elector and package
+// lock would find them.
+func caps(b backend.Backend) []string {
+	var cs []string
+	if _, ok := b.(backend.Watcher); ok {
+		cs = append(cs, "Watcher")
+	}
+	if a, ok := b.(backend.AcquireConfirmer); ok && a.AcquireConfirms() {
+		cs = append(cs, "AcquireConfirms")
+	}
+	if r, ok := b.(backend.ExpiryReporter); ok && r.ReportsExpiry() {
+		cs = append(cs, "ReportsExpiry")
+	}
+	if _, ok := b.(backend.BatchRenewer); ok {
+		cs = append(cs, "BatchRenewer")
+	}
+	if _, ok := b.(backend.BatchHeartbeater); ok {
+		cs = append(cs, "BatchHeartbeater")
+	}
+	if _, ok := b.(backend.Modes); ok {
+		cs = append(cs, "Modes")
+	}
+	return cs
+}
+
+// TestComposeKeepsCapabilities checks that the bench's wrappers have
+// exactly the optional capabilities of the backend they wrap, and that a
+// crash armed on a batching backend happens after a successful RenewBatch.
+func TestComposeKeepsCapabilities(t *testing.T) {
+	rs := testredis.Start(t)
+	cli := newRedisClient(rs.Addr(), "caps", nil)
+	defer cli.Close()
+	rb, err := redisbackend.New(cli, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rb.Close()
+	mb := memorybackend.New()
+	defer mb.Close()
+	for name, b := range map[string]backend.Backend{"memory": mb, "redis": rb} {
+		t.Run(name, func(t *testing.T) {
+			want := caps(b)
+			if got := caps(compose(newCountingBackend(b, false), b)); !slices.Equal(got, want) {
+				t.Errorf("counting wrapper: got %v, want %v", got, want)
+			}
+			cr := newCrashable(b)
+			w := compose(cr, b)
+			if got := caps(w); !slices.Equal(got, want) {
+				t.Errorf("crashable wrapper: got %v, want %v", got, want)
+			}
+			br, ok := w.(backend.BatchRenewer)
+			if !ok {
+				return
+			}
+			ctx := context.Background()
+			l, err := w.Acquire(ctx, backend.AcquireRequest{Key: "caps-" + name, HolderID: "t", TTL: 10 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cr.arm()
+			if errs := br.RenewBatch(ctx, []backend.Lease{l}); errs[0] != nil {
+				t.Fatal(errs[0])
+			}
+			if !cr.crashed.Load() {
+				t.Errorf("got no crash after a successful RenewBatch with the crash armed")
+			}
+			if errs := br.RenewBatch(ctx, []backend.Lease{l}); !errors.Is(errs[0], errCrashed) {
+				t.Errorf("got %v from RenewBatch after the crash, want errCrashed", errs[0])
+			}
+		})
+	}
+}

@@ -25,8 +25,10 @@ var errCrashed = errors.New("bench: process crashed")
 // crashable wraps a backend so that a benchmark can simulate a crash of the
 // process using it: from the crash instant on, every call fails at once and
 // nothing reaches the store, so the lease is neither renewed nor released.
-// Armed, it crashes right after the next successful Renew, so the lease has
-// its full TTL left at the crash instant.
+// Armed, it crashes right after the next successful Renew (or RenewBatch
+// renewing every lease it was given), so the lease has its full TTL left at
+// the crash instant. Use it through compose, which gives it the inner
+// backend's optional capabilities.
 type crashable struct {
 	inner   backend.Backend
 	watcher backend.Watcher
@@ -36,10 +38,7 @@ type crashable struct {
 	crashAt chan time.Time // capacity 1: the crash instant
 }
 
-var (
-	_ backend.Backend = (*crashable)(nil)
-	_ backend.Watcher = (*crashable)(nil)
-)
+var _ wrapper = (*crashable)(nil)
 
 func newCrashable(b backend.Backend) *crashable {
 	w, _ := b.(backend.Watcher)
@@ -139,6 +138,59 @@ func (c *crashable) Watch(ctx context.Context, key string) (<-chan backend.Event
 }
 
 func (c *crashable) Close() error { return c.inner.Close() }
+
+func (c *crashable) renewBatch(ctx context.Context, inner backend.BatchRenewer, leases []backend.Lease) []error {
+	errs := make([]error, len(leases))
+	if err := c.check(); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	errs = inner.RenewBatch(ctx, leases)
+	for _, err := range errs {
+		if err != nil {
+			return errs
+		}
+	}
+	if len(leases) > 0 && c.armed.CompareAndSwap(true, false) {
+		c.crashed.Store(true)
+		c.crashAt <- time.Now()
+	}
+	return errs
+}
+
+func (c *crashable) heartbeatBatch(ctx context.Context, inner backend.BatchHeartbeater, reqs []backend.HeartbeatRequest) []error {
+	if err := c.check(); err != nil {
+		errs := make([]error, len(reqs))
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	return inner.HeartbeatBatch(ctx, reqs)
+}
+
+func (c *crashable) acquireMode(ctx context.Context, inner backend.Modes, req backend.ModeRequest) (backend.Lease, error) {
+	if err := c.check(); err != nil {
+		return backend.Lease{}, err
+	}
+	return inner.AcquireMode(ctx, req)
+}
+
+func (c *crashable) holders(ctx context.Context, inner backend.Modes, key string) ([]backend.Record, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	return inner.Holders(ctx, key)
+}
+
+func (c *crashable) cancelWait(ctx context.Context, inner backend.Modes, key, waitID string) error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	return inner.CancelWait(ctx, key, waitID)
+}
 
 // kind names a Sovereign backend.
 type kind string
@@ -258,7 +310,7 @@ func (e *env) newSovCandidate(k kind, name, id string, opts sovereign.Options) (
 	}
 	c.be = newCrashable(b)
 	opts.Logger = e.log
-	el, err := sovereign.New(c.be, name, id, &opts)
+	el, err := sovereign.New(compose(c.be, b), name, id, &opts)
 	if err != nil {
 		c.close()
 		return nil, err

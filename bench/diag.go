@@ -31,10 +31,16 @@ const (
 	opMembers
 	opRemoveMember
 	opWatch
+	opRenewBatch     // one call; its leases count under Renew too
+	opHeartbeatBatch // one call; its heartbeats count under Heartbeat too
+	opAcquireMode
+	opHolders
+	opCancelWait
 	numOps
 )
 
-var opNames = [numOps]string{"Acquire", "Renew", "Release", "Get", "SetMetadata", "List", "Heartbeat", "Members", "RemoveMember", "Watch"}
+var opNames = [numOps]string{"Acquire", "Renew", "Release", "Get", "SetMetadata", "List", "Heartbeat", "Members", "RemoveMember", "Watch",
+	"RenewBatch", "HeartbeatBatch", "AcquireMode", "Holders", "CancelWait"}
 
 // Outcomes of a backend call, by kind of error.
 const (
@@ -75,7 +81,8 @@ func classify(err error) int {
 // countingBackend wraps a backend and counts its calls by method and
 // outcome, and their latency. With events set it also counts the watch
 // events delivered, by type, and the watch channels closed; that costs a
-// goroutine per watch, so only the diagnostic mode sets it.
+// goroutine per watch, so only the diagnostic mode sets it. Use it through
+// compose, which gives it the inner backend's optional capabilities.
 type countingBackend struct {
 	inner   backend.Backend
 	watcher backend.Watcher
@@ -86,15 +93,13 @@ type countingBackend struct {
 	slowest [numOps]atomic.Int64 // ns
 	evs     [backend.EventReset + 1]atomic.Int64
 	closes  atomic.Int64 // watch channels closed by the backend
+	items   atomic.Int64 // renewals and heartbeats counted inside batch calls
 
 	mu     sync.Mutex
 	others map[string]int // messages of outOther errors, first 200 bytes, up to 20 kinds
 }
 
-var (
-	_ backend.Backend = (*countingBackend)(nil)
-	_ backend.Watcher = (*countingBackend)(nil)
-)
+var _ wrapper = (*countingBackend)(nil)
 
 func newCountingBackend(b backend.Backend, events bool) *countingBackend {
 	w, _ := b.(backend.Watcher)
@@ -125,7 +130,7 @@ func (c *countingBackend) done(op int, t0 time.Time, err error) {
 	}
 }
 
-// total returns the number of calls so far.
+// total returns the number of calls so far (a batch counts once).
 func (c *countingBackend) total() int64 {
 	var n int64
 	for op := range numOps {
@@ -133,7 +138,55 @@ func (c *countingBackend) total() int64 {
 			n += c.calls[op][o].Load()
 		}
 	}
-	return n
+	return n - c.items.Load()
+}
+
+// batchDone counts a batch call (by its first error) and each of its items.
+func (c *countingBackend) batchDone(op, itemOp int, t0 time.Time, errs []error) {
+	var first error
+	for _, err := range errs {
+		c.done(itemOp, t0, err)
+		c.items.Add(1)
+		if first == nil {
+			first = err
+		}
+	}
+	c.done(op, t0, first)
+}
+
+func (c *countingBackend) renewBatch(ctx context.Context, inner backend.BatchRenewer, leases []backend.Lease) []error {
+	t0 := time.Now()
+	errs := inner.RenewBatch(ctx, leases)
+	c.batchDone(opRenewBatch, opRenew, t0, errs)
+	return errs
+}
+
+func (c *countingBackend) heartbeatBatch(ctx context.Context, inner backend.BatchHeartbeater, reqs []backend.HeartbeatRequest) []error {
+	t0 := time.Now()
+	errs := inner.HeartbeatBatch(ctx, reqs)
+	c.batchDone(opHeartbeatBatch, opHeartbeat, t0, errs)
+	return errs
+}
+
+func (c *countingBackend) acquireMode(ctx context.Context, inner backend.Modes, req backend.ModeRequest) (backend.Lease, error) {
+	t0 := time.Now()
+	l, err := inner.AcquireMode(ctx, req)
+	c.done(opAcquireMode, t0, err)
+	return l, err
+}
+
+func (c *countingBackend) holders(ctx context.Context, inner backend.Modes, key string) ([]backend.Record, error) {
+	t0 := time.Now()
+	r, err := inner.Holders(ctx, key)
+	c.done(opHolders, t0, err)
+	return r, err
+}
+
+func (c *countingBackend) cancelWait(ctx context.Context, inner backend.Modes, key, waitID string) error {
+	t0 := time.Now()
+	err := inner.CancelWait(ctx, key, waitID)
+	c.done(opCancelWait, t0, err)
+	return err
 }
 
 func (c *countingBackend) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {

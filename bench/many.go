@@ -249,7 +249,7 @@ func measureMany(cfg manyConfig) (manyResult, error) {
 	if b != nil && (cfg.Diag || requests == nil) {
 		// The memory backend has no wire: its calls are its requests.
 		cb = newCountingBackend(b, cfg.Diag)
-		b = cb
+		b = compose(cb, b)
 		if requests == nil {
 			requests = cb.total
 		}

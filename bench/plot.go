@@ -416,7 +416,7 @@ func (r *results) cdfFigure(chart string) string {
 	}
 	xlo, xhi := logRange(all)
 	var d svgDoc
-	d.f(`<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif">`+"\n", w+120, h+130)
+	d.f(`<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif">`+"\n", w+120, h+145)
 	d.f(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
 	d.text(20, 20, "start", `font-size="14" font-weight="bold"`, chart+": distribution")
 	d.legend(cols, 42)
@@ -443,7 +443,7 @@ func (r *results) cdfFigure(chart string) string {
 	for _, c := range cols {
 		counts = append(counts, fmt.Sprintf("%s %d", c, len(m[c])))
 	}
-	d.text(20, h+120, "start", `font-size="10" fill="#555"`, "Samples, all rounds: "+strings.Join(counts, ", "))
+	d.text(20, h+135, "start", `font-size="10" fill="#555"`, "Samples, all rounds: "+strings.Join(counts, ", "))
 	d.f("</svg>\n")
 	return d.b.String()
 }
