@@ -125,7 +125,6 @@ type Store struct {
 	keys map[string]*keyState // keys with a lease, heartbeat records or watches
 	peak int                  // largest len(keys) since keys was last rebuilt
 	term uint64               // last term handed out, for any key
-	seq  uint64               // last waiter registration number, for any key
 	// dirty holds keys whose entries or intents changed while another key
 	// was being worked on; flushLocked settles them at the end of the
 	// operation, so that no key is forgotten while a caller still uses it.
