@@ -638,6 +638,9 @@ func TestComposeKeepsCapabilities(t *testing.T) {
 			if got := caps(compose(newCountingBackend(b, false), b)); !slices.Equal(got, want) {
 				t.Errorf("counting wrapper: got %v, want %v", got, want)
 			}
+			if got := caps(compose(newLimiter(b, 4), b)); !slices.Equal(got, want) {
+				t.Errorf("limiter: got %v, want %v", got, want)
+			}
 			cr := newCrashable(b)
 			w := compose(cr, b)
 			if got := caps(w); !slices.Equal(got, want) {
@@ -663,5 +666,31 @@ func TestComposeKeepsCapabilities(t *testing.T) {
 				t.Errorf("got %v from RenewBatch after the crash, want errCrashed", errs[0])
 			}
 		})
+	}
+}
+
+// TestLimiter checks that a call waits for a free slot and gives up, without
+// reaching the store, when its context ends first.
+func TestLimiter(t *testing.T) {
+	mb := memorybackend.New()
+	defer mb.Close()
+	l := newLimiter(mb, 1)
+	b := compose(l, mb)
+	ctx := context.Background()
+	if err := l.enter(ctx); err != nil { // the only slot, held by "another call"
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	_, err := b.Acquire(cctx, backend.AcquireRequest{Key: "k", HolderID: "t", TTL: time.Second})
+	if !errors.Is(err, errLimitWait) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want an error wrapping errLimitWait and context.DeadlineExceeded", err)
+	}
+	if _, err := mb.Get(ctx, "k"); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("got %v reading the key, want ErrNotHeld: the waiting Acquire must not reach the store", err)
+	}
+	l.leave()
+	if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "t", TTL: time.Second}); err != nil {
+		t.Errorf("got %v with the slot free, want the lease", err)
 	}
 }

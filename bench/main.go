@@ -22,28 +22,29 @@ import (
 
 // config is what the flags select.
 type config struct {
-	only        map[string]bool
-	rounds      int
-	handoverN   int
-	crashN      int
-	ttl         time.Duration
-	idleSettle  time.Duration
-	idleWindow  time.Duration
-	many        []manySpec
-	manyTTL     time.Duration
-	manyJitter  time.Duration
-	manyDiag    bool
-	diagDir     string
-	plots       string
-	manyBound   time.Duration
-	manySettle  time.Duration
-	manyWindow  time.Duration
-	manyWindows int
-	lockDur     time.Duration
-	handoffN    int
-	handoffHold time.Duration
-	redisBin    string
-	out         string
+	only         map[string]bool
+	rounds       int
+	handoverN    int
+	crashN       int
+	ttl          time.Duration
+	idleSettle   time.Duration
+	idleWindow   time.Duration
+	many         []manySpec
+	manyTTL      time.Duration
+	manyJitter   time.Duration
+	manyInflight int
+	manyDiag     bool
+	diagDir      string
+	plots        string
+	manyBound    time.Duration
+	manySettle   time.Duration
+	manyWindow   time.Duration
+	manyWindows  int
+	lockDur      time.Duration
+	handoffN     int
+	handoffHold  time.Duration
+	redisBin     string
+	out          string
 }
 
 // manySpec is one many-elections or many-locks run: a kind and a number
@@ -129,6 +130,7 @@ func parseFlags(args []string) (config, error) {
 			"or mutex (etcd concurrency.Mutex)")
 	fs.DurationVar(&c.manyTTL, "many-ttl", 0, "TTL of the many-elections and many-locks runs (0: the default, 10s)")
 	fs.DurationVar(&c.manyJitter, "many-jitter", 0, "Sovereign electors' StartupJitter in the many-elections runs (0: the default, 250ms)")
+	fs.IntVar(&c.manyInflight, "many-inflight", 0, "an experiment: at most this many backend calls at once per many-run backend, the others waiting in the client (0: no limit)")
 	fs.BoolVar(&c.manyDiag, "many-diag", false, "many runs: print a per-second timeline and counts of backend calls by method and outcome, "+
 		"gRPC calls by code, and dump goroutines to -diag-dir")
 	fs.StringVar(&c.diagDir, "diag-dir", os.TempDir(), "directory of the -many-diag goroutine dumps")
@@ -365,7 +367,7 @@ func manyElections(e *env, cfg config, r *results) error {
 			unit, holder = "locks held", "holder"
 		}
 		progress("many %s: %s × %d", unit, s.kind, s.n)
-		mc := manyConfig{Locks: s.locks, Kind: s.kind, N: s.n, Redis: e.redis.Addr(), Etcd: e.etcd.endpoint(), TTL: cfg.manyTTL, Jitter: cfg.manyJitter,
+		mc := manyConfig{Locks: s.locks, Kind: s.kind, N: s.n, Redis: e.redis.Addr(), Etcd: e.etcd.endpoint(), TTL: cfg.manyTTL, Jitter: cfg.manyJitter, Inflight: cfg.manyInflight,
 			Bound: cfg.manyBound, Settle: cfg.manySettle, Window: cfg.manyWindow, Windows: cfg.manyWindows,
 			Diag: cfg.manyDiag, DiagDir: cfg.diagDir}
 		col := manyColumn(s)

@@ -42,6 +42,7 @@ type manyConfig struct {
 	ServerPIDs []int         // the backend servers' processes, for their CPU time
 	TTL        time.Duration // lease TTL; 0 for the default (10 s)
 	Jitter     time.Duration // electors' StartupJitter; 0 for the default (250 ms)
+	Inflight   int           // when positive, at most this many backend calls at once (an experiment)
 	Bound      time.Duration // how long every election (lock) may take to get its leader (holder)
 	Settle     time.Duration // wait after every election has a leader
 	Window     time.Duration // length of one measurement window
@@ -244,6 +245,9 @@ func measureMany(cfg manyConfig) (manyResult, error) {
 		}
 	default:
 		return r, fmt.Errorf("unknown kind %q", cfg.Kind)
+	}
+	if b != nil && cfg.Inflight > 0 {
+		b = compose(newLimiter(b, cfg.Inflight), b)
 	}
 	var cb *countingBackend
 	if b != nil && (cfg.Diag || requests == nil) {

@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
 )
@@ -127,4 +130,175 @@ func compose(w wrapper, inner backend.Backend) backend.Backend {
 		}{c, m}
 	}
 	return c
+}
+
+// limiter is a wrapper that lets at most cap(sem) calls reach the inner
+// backend at once; the others wait in this process, each until its context
+// ends. It is the bench's experiment for "bound in-flight calls per
+// backend" (-many-inflight): a call that times out while waiting costs the
+// store nothing.
+type limiter struct {
+	inner   backend.Backend
+	watcher backend.Watcher
+	sem     chan struct{}
+}
+
+var _ wrapper = (*limiter)(nil)
+
+func newLimiter(b backend.Backend, n int) *limiter {
+	w, _ := b.(backend.Watcher)
+	return &limiter{inner: b, watcher: w, sem: make(chan struct{}, n)}
+}
+
+// errLimitWait wraps the context's error of a call that ended while waiting
+// for its turn.
+var errLimitWait = errors.New("bench: waiting for an in-flight slot")
+
+func (l *limiter) enter(ctx context.Context) error {
+	select {
+	case l.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %w", errLimitWait, ctx.Err())
+	}
+}
+
+func (l *limiter) leave() { <-l.sem }
+
+func (l *limiter) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+	if err := l.enter(ctx); err != nil {
+		return backend.Lease{}, err
+	}
+	defer l.leave()
+	return l.inner.Acquire(ctx, req)
+}
+
+func (l *limiter) Renew(ctx context.Context, ls backend.Lease) error {
+	if err := l.enter(ctx); err != nil {
+		return err
+	}
+	defer l.leave()
+	return l.inner.Renew(ctx, ls)
+}
+
+func (l *limiter) Release(ctx context.Context, ls backend.Lease) error {
+	if err := l.enter(ctx); err != nil {
+		return err
+	}
+	defer l.leave()
+	return l.inner.Release(ctx, ls)
+}
+
+func (l *limiter) Get(ctx context.Context, key string) (backend.Record, error) {
+	if err := l.enter(ctx); err != nil {
+		return backend.Record{}, err
+	}
+	defer l.leave()
+	return l.inner.Get(ctx, key)
+}
+
+func (l *limiter) SetMetadata(ctx context.Context, ls backend.Lease, md map[string]string) error {
+	if err := l.enter(ctx); err != nil {
+		return err
+	}
+	defer l.leave()
+	return l.inner.SetMetadata(ctx, ls, md)
+}
+
+func (l *limiter) List(ctx context.Context, prefix string) ([]backend.Record, error) {
+	if err := l.enter(ctx); err != nil {
+		return nil, err
+	}
+	defer l.leave()
+	return l.inner.List(ctx, prefix)
+}
+
+func (l *limiter) ValidateKey(key string) error { return l.inner.ValidateKey(key) }
+
+func (l *limiter) MinTTL() time.Duration { return l.inner.MinTTL() }
+
+func (l *limiter) Heartbeat(ctx context.Context, key, id string, ttl time.Duration) error {
+	if err := l.enter(ctx); err != nil {
+		return err
+	}
+	defer l.leave()
+	return l.inner.Heartbeat(ctx, key, id, ttl)
+}
+
+func (l *limiter) Members(ctx context.Context, key string) ([]backend.Member, error) {
+	if err := l.enter(ctx); err != nil {
+		return nil, err
+	}
+	defer l.leave()
+	return l.inner.Members(ctx, key)
+}
+
+func (l *limiter) RemoveMember(ctx context.Context, key, id string) error {
+	if err := l.enter(ctx); err != nil {
+		return err
+	}
+	defer l.leave()
+	return l.inner.RemoveMember(ctx, key, id)
+}
+
+// Watch limits the subscription call only, not the watch's lifetime.
+func (l *limiter) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
+	if l.watcher == nil {
+		return nil, errors.ErrUnsupported
+	}
+	if err := l.enter(ctx); err != nil {
+		return nil, err
+	}
+	defer l.leave()
+	return l.watcher.Watch(ctx, key)
+}
+
+func (l *limiter) Close() error { return l.inner.Close() }
+
+func (l *limiter) renewBatch(ctx context.Context, inner backend.BatchRenewer, leases []backend.Lease) []error {
+	if err := l.enter(ctx); err != nil {
+		errs := make([]error, len(leases))
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	defer l.leave()
+	return inner.RenewBatch(ctx, leases)
+}
+
+func (l *limiter) heartbeatBatch(ctx context.Context, inner backend.BatchHeartbeater, reqs []backend.HeartbeatRequest) []error {
+	if err := l.enter(ctx); err != nil {
+		errs := make([]error, len(reqs))
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	defer l.leave()
+	return inner.HeartbeatBatch(ctx, reqs)
+}
+
+func (l *limiter) acquireMode(ctx context.Context, inner backend.Modes, req backend.ModeRequest) (backend.Lease, error) {
+	if err := l.enter(ctx); err != nil {
+		return backend.Lease{}, err
+	}
+	defer l.leave()
+	return inner.AcquireMode(ctx, req)
+}
+
+func (l *limiter) holders(ctx context.Context, inner backend.Modes, key string) ([]backend.Record, error) {
+	if err := l.enter(ctx); err != nil {
+		return nil, err
+	}
+	defer l.leave()
+	return inner.Holders(ctx, key)
+}
+
+func (l *limiter) cancelWait(ctx context.Context, inner backend.Modes, key, waitID string) error {
+	if err := l.enter(ctx); err != nil {
+		return err
+	}
+	defer l.leave()
+	return inner.CancelWait(ctx, key, waitID)
 }
