@@ -14,9 +14,65 @@
 //
 // # How leases map onto etcd
 //
-// Each acquisition grants its own etcd lease and, in one transaction that
-// compares the key's create revision with 0, puts the record under
-// <prefix><key> attached to that lease.
+// Plain acquisitions share a session, as etcd's concurrency.Session does:
+// each Backend keeps one etcd lease per TTL (in whole seconds), granted on
+// first use and granted again once it is lost, and Acquire attaches the key
+// to it. Acquire is one transaction that compares the key's create revision
+// with 0 and puts the record under <prefix><key> attached to the session
+// lease. A key on a session ends when the session lease does, at the
+// receipt of its last keep-alive plus its TTL: when that comes before the
+// acquisition's send time plus the TTL asked for, a keep-alive of the
+// session goes with the transaction (sent with it, after the send time: no
+// round trip added), so the key lasts at least the TTL from the send time;
+// when it fails, the acquisition gives the key up and fails. A request with
+// backend.AcquireRequest.Detached gets an etcd lease of its own, granted for
+// it and revoked by its Release (the package lock asks for one for NoRenew
+// and MaxHold locks: a session kept alive by other holds would keep such a
+// lock alive past its TTL). Entries of backend.Modes keep leases of their
+// own too (see below): a holder's intents on its ancestors share its lease.
+//
+// # Sessions: why renewing one key renews them all, and why that is safe
+//
+// A keep-alive of a session lease extends every key on it, not only the one
+// being renewed. That is safe because every key on a session belongs to a
+// hold that is being renewed: the lease keeper renews each of its leases
+// until its Release, also after a step-down, and retries a failed Release;
+// a hold that stops renewing before its release (NoRenew, MaxHold) asks for
+// a Detached lease. So no key on a session outlives the renewals of its own
+// holder by more than the TTL, as with a lease of its own; each holder's
+// deadline still counts from the send time of its own renewal (package
+// internal/keeper), and a renewal still checks its own key (below), so
+// losing one key never keeps or drops another. An acquisition whose
+// outcome is unknown (a timeout) may have put a key on the session that
+// nobody will renew or release: the Backend deletes it in the background,
+// owner-checked by its token, retrying each second until done, until the
+// session lease has gone, or until Close.
+//
+// When the session lease is lost (it expired while the store was
+// unreachable, or etcd restarted without its data), every key on it is
+// lost: Renew and RenewBatch report backend.ErrLeaseLost for each, and the
+// next acquisition grants a new session (an acquisition whose transaction
+// finds the lease gone is retried once on a new one).
+//
+// RenewBatch (backend.BatchRenewer) renews the leases of one session with
+// two requests sent together, however many they are: a keep-alive of the
+// session lease, and a look-up of the keys attached to it (TimeToLive with
+// its keys, no raft write). A lease is renewed when its key is attached to
+// the session and this Backend attached it with that lease's token and has
+// neither released it nor found it lost since; otherwise it alone is lost
+// (deleted by hand, taken by another holder, or acquired again here after
+// that). This is an owner check by token: only this Backend attaches keys
+// to its session leases, and it records the token of each key it attaches,
+// so a key attached to the session holds the record it wrote last. Other
+// leases in a batch (Detached, entries of backend.Modes, a session of
+// another Backend) are renewed one by one with Renew, 16 at a time.
+//
+// Release of a lease on a session is one owner-checked transaction: it
+// deletes the record and writes the release marker <prefix><key>\x00 (see
+// Watch) on a lease of 5 s the Backend shares between its releases,
+// granted at most every 2.5 s, so a marker outlives its release by at most
+// 5 s. The session lease stays, for the next acquisition; once no key is
+// on it and nothing renews it, it ends at its TTL.
 //
 // etcd counts lease TTLs in whole seconds: a TTL that is not a whole number
 // of seconds is rounded up (1.2 s becomes 2 s, 1 ns becomes 1 s), for leases
@@ -43,35 +99,40 @@
 // snapshot restore --bump-revision" to keep them increasing); raft
 // replication makes such a loss a disaster, not a failover.
 //
-// The lease token is "<etcd lease ID>-<acquisition time in Unix
-// nanoseconds>-<128 random bits>", in hex. The record's value starts with a
-// header line holding the token and the holder ID, followed by a JSON object
-// with the acquisition time and metadata, so Renew, Release and SetMetadata
-// check the exact lease (create revision, attached etcd lease, token and
-// holder ID) inside one transaction, with no local state. Only the etcd
-// lease's own TTL, or its owner's release, ends a lease: no call of this
-// package deletes another holder's record.
+// Requests per operation on a session (TestRoundTrips, TestSession): Acquire
+// 1 round trip: the transaction, with a keep-alive of the session sent with
+// it unless the session was refreshed since the acquisition was sent (2
+// requests); the first acquisition of a TTL adds the grant of its session.
+// A failed Acquire adds two lease look-ups (the holder's remaining TTL and
+// heartbeat age), run in parallel. Once an Acquire has found a key held,
+// the next Acquire of that key by the same Backend first probes with a
+// read-only transaction (no raft writes, no keep-alive) unless one of its
+// watches has seen the key deleted since; a waiting follower's periodic
+// attempt thus costs 3 requests and no writes. Renew 1 round trip: an
+// owner-checked read-only transaction and a keep-alive of the session, sent
+// together (the keep-alive extends only this Backend's own session, so it
+// needs no check first); RenewBatch 2 requests per session, as above;
+// Release 1 (the owner-checked transaction; a grant of the markers' lease
+// at most every 2.5 s); SetMetadata 1 (an owner-checked transaction that
+// rewrites the record with the same etcd lease attached; the token carries
+// the acquisition time, so no read is needed); Get 1 read plus 2 parallel
+// lease look-ups; List 1 range read plus one lease look-up per held key,
+// 16 at a time (etcd has no batched TimeToLive; List's records carry no
+// heartbeat fields, Get's do). A Detached lease: Acquire 2 (grant,
+// transaction; a failure adds the revocation of the grant), Renew 2 (an
+// owner-checked read-only transaction, then a keep-alive of its lease, in
+// this order), Release 2 (an owner-checked delete, then revoking the
+// lease).
 //
-// Round trips: Acquire 2 (grant, transaction) when it wins. A failed Acquire
-// adds the revocation of the unused grant and two lease look-ups (the
-// holder's remaining TTL and heartbeat age), run in parallel. The unused
-// grant is revoked rather than kept for the next attempt: a kept lease would
-// have to be refreshed before reuse (a round trip, like a new grant) or its
-// TTL would already be running when the elector starts counting. And once an
-// Acquire has found a key held, the next Acquire of that key by the same
-// Backend first probes with a read-only transaction (no grant, no revocation:
-// no raft writes) unless one of its watches has seen the key deleted since; a
-// waiting follower's periodic attempt thus costs 3 requests and no writes.
-// Renew 2 (an owner-checked read-only transaction, then a keep-alive of the
-// etcd lease, in this order so a wrong lease never extends the real one);
-// Release 2 (an owner-checked delete, then revoking the lease); SetMetadata 1
-// (an owner-checked transaction that rewrites the record with the same etcd
-// lease attached; the token carries the acquisition time, so no read is
-// needed); Get 1 read plus 2 parallel lease look-ups; List 1 range read plus
-// one lease look-up per held key, 16 at a time (etcd has no batched
-// TimeToLive; List's records carry no heartbeat fields, Get's do); a
-// heartbeat refresh 2 (a keep-alive and a read-only transaction checking the
-// record, in parallel, plus a write if the record has gone).
+// A lease token is "<etcd lease ID>-<acquisition time in Unix
+// nanoseconds>-<random part>", in hex, the random part 128 random bits,
+// preceded by "s" for a lease on a session. The record's value starts with
+// a header line holding the token and the holder ID, followed by a JSON
+// object with the acquisition time and metadata, so Renew, Release and
+// SetMetadata check the exact lease (create revision, attached etcd lease,
+// token and holder ID) inside one transaction. Only the etcd lease's own
+// TTL, or its owner's release, ends a lease: no call of this package
+// deletes another holder's record.
 //
 // # Shared locks, semaphores, hierarchies and fair queueing
 //
@@ -168,8 +229,16 @@
 //
 // # Heartbeats
 //
-// Heartbeat records live under <prefix><key>/heartbeat/<id>, each attached to
-// its own lease with the heartbeat TTL (rounded up to whole seconds). The
+// Heartbeat records live under <prefix><key>/heartbeat/<id>. Those written
+// by HeartbeatBatch (backend.BatchHeartbeater, which the elector uses) share
+// a heartbeat session: one etcd lease per Backend and heartbeat TTL, so a
+// batch costs a keep-alive of it and a look-up of the keys attached to it,
+// sent together, plus the rewrite of the records found missing, whatever
+// the number of records (see HeartbeatBatch); a record the Backend stops
+// refreshing is deleted by a later batch once a TTL has passed, or ends
+// with the session. RemoveMember does not revoke a session's lease (other
+// records are on it). A record written by Heartbeat is attached to its own
+// lease with the heartbeat TTL (rounded up to whole seconds). The
 // backend keeps that lease per (key, id) and refreshes it with a keep-alive,
 // which etcd's leader serves without a raft write, while a read-only
 // transaction (no raft write either) checks that the record is still there
@@ -361,6 +430,18 @@ type Backend struct {
 	monitoring bool                 // the connection monitor runs (see monitor)
 	reset      chan struct{}        // closed, and replaced, when the connection is back after a break
 	lastNudge  time.Time            // when nudge last reset the reconnect backoff
+	sessions   map[int64]*session   // session leases by requested TTL in seconds
+	hbSessions map[int64]*hbSession // heartbeat sessions by requested TTL in seconds
+	// owned holds, by session lease, the token of every key this Backend
+	// acquired on it and has not released or found lost (RenewBatch's
+	// owner check).
+	owned map[clientv3.LeaseID]map[string]string
+
+	marker struct {
+		mu       sync.Mutex       // serialises grants; guards the fields below
+		id       clientv3.LeaseID // lease of release markers; 0: none
+		lastSent time.Time        // send time of its grant
+	}
 
 	watches sync.WaitGroup // watch goroutines and the connection monitor
 }
@@ -406,6 +487,10 @@ func New(client *clientv3.Client, opts *Options) (*Backend, error) {
 		held:    make(map[string]time.Time),
 		waits:   make(map[string]waitState),
 		reset:   make(chan struct{}),
+
+		sessions:   make(map[int64]*session),
+		hbSessions: make(map[int64]*hbSession),
+		owned:      make(map[clientv3.LeaseID]map[string]string),
 	}, nil
 }
 

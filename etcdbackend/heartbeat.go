@@ -22,6 +22,9 @@ type heartbeatBody struct {
 	// At is the writer's clock when the record was written (not when it
 	// was last kept alive). Informational.
 	At time.Time `json:"at"`
+	// Session marks a record on a heartbeat session of HeartbeatBatch,
+	// whose lease other records share: RemoveMember does not revoke it.
+	Session bool `json:"session,omitempty"`
 }
 
 // hbEntry is the etcd lease this backend keeps a heartbeat record alive
@@ -216,8 +219,9 @@ func (b *Backend) RemoveMember(ctx context.Context, key, id string) error {
 		return fail(ctx, op, err)
 	}
 	for _, kv := range resp.PrevKvs {
-		if kv.Lease == 0 {
-			continue
+		var body heartbeatBody
+		if kv.Lease == 0 || json.Unmarshal(kv.Value, &body) == nil && body.Session {
+			continue // the lease of a heartbeat session holds other records
 		}
 		if _, err := b.cli.Revoke(ctx, clientv3.LeaseID(kv.Lease)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return fail(ctx, op+": revoke lease", err)

@@ -160,6 +160,9 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		}
 	}
 
+	if !req.Detached {
+		return b.acquireOnSession(ctx, req, secs)
+	}
 	grant, err := b.cli.Grant(ctx, secs)
 	if err != nil {
 		return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q: grant lease", req.Key), err)
@@ -324,6 +327,9 @@ func (b *Backend) Renew(ctx context.Context, l backend.Lease) error {
 	if l.Entry != nil {
 		return b.renewEntry(ctx, l, id)
 	}
+	if onSession(l.Token) {
+		return b.renewOnSession(ctx, l, id)
+	}
 	resp, err := b.cli.Txn(ctx).If(b.ownerCheck(l, id)...).Commit()
 	if err != nil {
 		return fail(ctx, fmt.Sprintf("renew %q", l.Key), err)
@@ -361,6 +367,9 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	}
 	if l.Entry != nil {
 		return b.releaseEntry(ctx, l, id)
+	}
+	if onSession(l.Token) {
+		return b.releaseOnSession(ctx, l, id)
 	}
 	resp, err := b.cli.Txn(ctx).
 		If(b.ownerCheck(l, id)...).

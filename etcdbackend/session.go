@@ -1,0 +1,510 @@
+package etcdbackend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// session is the etcd lease that the plain acquisitions of one TTL share
+// (see the package doc, "Sessions").
+type session struct {
+	mu       sync.Mutex       // serialises grants; guards the fields below
+	id       clientv3.LeaseID // 0: none yet, or lost
+	ttl      int64            // granted TTL of id, in seconds
+	lastSent time.Time        // send time of the grant or last keep-alive of id that succeeded
+}
+
+// sessionState is what Acquire needs of a session: its lease, TTL, and
+// the send time of its last grant or keep-alive.
+type sessionState struct {
+	id       clientv3.LeaseID
+	ttl      int64
+	lastSent time.Time
+}
+
+// sessionFor returns the session of TTL secs, made on demand.
+func (b *Backend) sessionFor(secs int64) *session {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.sessions[secs]
+	if s == nil {
+		s = &session{}
+		b.sessions[secs] = s
+	}
+	return s
+}
+
+// sessionLease returns the session of TTL secs, granting its lease if there
+// is none or if, by the local clock, it has expired since its last
+// keep-alive.
+func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, error) {
+	s := b.sessionFor(secs)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.id != 0 && time.Since(s.lastSent) < time.Duration(s.ttl)*time.Second {
+		return sessionState{s.id, s.ttl, s.lastSent}, nil
+	}
+	sent := time.Now()
+	grant, err := b.cli.Grant(ctx, secs)
+	if err != nil {
+		return sessionState{}, err
+	}
+	if s.id != 0 {
+		b.forgetLease(s.id)
+	}
+	s.id, s.ttl, s.lastSent = grant.ID, grant.TTL, sent
+	return sessionState{s.id, s.ttl, s.lastSent}, nil
+}
+
+// sessionKept records a keep-alive of etcd lease id sent at sent that
+// succeeded, if id is a current session's lease.
+func (b *Backend) sessionKept(id clientv3.LeaseID, sent time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, s := range b.sessions {
+		s.mu.Lock()
+		if s.id == id && sent.After(s.lastSent) {
+			s.lastSent = sent
+		}
+		s.mu.Unlock()
+	}
+}
+
+// sessionLost forgets etcd lease id, found gone: the next acquisition on
+// its TTL grants a new session, and the keys that were on it are lost.
+func (b *Backend) sessionLost(id clientv3.LeaseID) {
+	b.mu.Lock()
+	for _, s := range b.sessions {
+		s.mu.Lock()
+		if s.id == id {
+			s.id = 0
+		}
+		s.mu.Unlock()
+	}
+	b.mu.Unlock()
+	b.forgetLease(id)
+}
+
+// own records that this Backend holds key on session lease id with token.
+func (b *Backend) own(id clientv3.LeaseID, key, token string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m := b.owned[id]
+	if m == nil {
+		m = make(map[string]string)
+		b.owned[id] = m
+	}
+	m[key] = token
+}
+
+// disown forgets key on session lease id if it is still held with token.
+func (b *Backend) disown(id clientv3.LeaseID, key, token string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m := b.owned[id]
+	if m[key] == token {
+		delete(m, key)
+		if len(m) == 0 {
+			delete(b.owned, id)
+		}
+	}
+}
+
+// forgetLease forgets every key held on session lease id.
+func (b *Backend) forgetLease(id clientv3.LeaseID) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.owned, id)
+}
+
+// owns reports whether this Backend acquired key with token on session
+// lease id, and whether it knows lease id at all.
+func (b *Backend) owns(id clientv3.LeaseID, key, token string) (owned, known bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m, known := b.owned[id]
+	return known && m[key] == token, known
+}
+
+// markerTTL is the TTL, in seconds, of the lease that the release markers
+// of session leases are attached to. A marker lease is used for half of it,
+// so a marker lasts at most markerTTL after its release, and releases grant
+// one at most every markerTTL/2.
+const markerTTL = 5
+
+// markerLease returns the etcd lease to attach the release markers of
+// session leases to, granting a new one when the current one has less than
+// half its TTL left by the local clock.
+func (b *Backend) markerLease(ctx context.Context) (clientv3.LeaseID, error) {
+	b.marker.mu.Lock()
+	defer b.marker.mu.Unlock()
+	if b.marker.id != 0 && time.Since(b.marker.lastSent) < markerTTL*time.Second/2 {
+		return b.marker.id, nil
+	}
+	sent := time.Now()
+	grant, err := b.cli.Grant(ctx, markerTTL)
+	if err != nil {
+		return 0, err
+	}
+	b.marker.id, b.marker.lastSent = grant.ID, sent
+	return grant.ID, nil
+}
+
+// markerLost forgets marker lease id, found gone.
+func (b *Backend) markerLost(id clientv3.LeaseID) {
+	b.marker.mu.Lock()
+	defer b.marker.mu.Unlock()
+	if b.marker.id == id {
+		b.marker.id = 0
+	}
+}
+
+// sessionTokenMark is the character after the time part of a token that
+// marks a lease on a session (a random part is lower-case hex).
+const sessionTokenMark = 's'
+
+// newSessionToken returns the token of an acquisition on session lease id:
+// like newToken, with the random part marked.
+func newSessionToken(id clientv3.LeaseID, acquiredAt time.Time) string {
+	return fmt.Sprintf("%016x-%016x-%c%s", uint64(id), uint64(acquiredAt.UnixNano()), sessionTokenMark, backend.NewToken())
+}
+
+// onSession reports whether token was made by newSessionToken.
+func onSession(token string) bool {
+	return len(token) > 34 && token[33] == '-' && token[34] == sessionTokenMark
+}
+
+// acquireOnSession is Acquire of a lease that is not Detached: one
+// transaction attaching the key to the session lease of its TTL (granted
+// first, once per session). When etcd says the session lease is gone, it is
+// granted again and the transaction retried, once.
+func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireRequest, secs int64) (backend.Lease, error) {
+	for attempt := 0; ; attempt++ {
+		sent := time.Now()
+		s, err := b.sessionLease(ctx, secs)
+		if err != nil {
+			return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q: grant session lease", req.Key), err)
+		}
+		full := time.Duration(s.ttl) * time.Second
+		// A key attached to the session ends with it: at the receipt of
+		// the session's last grant or keep-alive plus its TTL, which may
+		// come before this acquisition's send time plus the TTL asked
+		// for. Then a keep-alive goes with the transaction (sent with it,
+		// not before it: no round trip added), after sent, so the key
+		// lasts a full TTL from sent once it succeeds.
+		var (
+			kaErr error
+			kaOK  bool
+			wg    sync.WaitGroup
+		)
+		left := full - sent.Sub(s.lastSent)
+		needKA := left < req.TTL
+		if needKA {
+			wg.Go(func() {
+				kaSent := time.Now()
+				if _, kaErr = b.cli.KeepAliveOnce(ctx, s.id); kaErr == nil {
+					kaOK = true
+					b.sessionKept(s.id, kaSent)
+				}
+			})
+		}
+		token := newSessionToken(s.id, sent)
+		value, err := encodeRecord(token, req.HolderID, recordBody{AcquiredAt: sent, Metadata: req.Metadata})
+		if err != nil {
+			wg.Wait()
+			return backend.Lease{}, fmt.Errorf("etcdbackend: acquire %q: encode record: %w", req.Key, err)
+		}
+		lease, err := b.putOnLease(ctx, req, s.id, full, token, value)
+		wg.Wait()
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(kaErr, rpctypes.ErrLeaseNotFound) {
+			if err == nil {
+				// The key went on a lease that has just gone: it is gone
+				// with it.
+				err = fmt.Errorf("etcdbackend: acquire %q: session lease gone: %w", req.Key, rpctypes.ErrLeaseNotFound)
+			}
+			b.sessionLost(s.id)
+			if attempt == 0 && ctx.Err() == nil {
+				continue
+			}
+			return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q", req.Key), err)
+		}
+		var he *backend.HeldError
+		if err != nil && !errors.As(err, &he) {
+			// The outcome is unknown: the key may be on the session,
+			// held by nobody, and the session would keep it alive.
+			b.cleanUp(req.Key, s.id, token, req.HolderID)
+		}
+		if err != nil {
+			return backend.Lease{}, err
+		}
+		switch {
+		case kaOK:
+		case !needKA:
+			// The key ends when the session does, at least req.TTL
+			// after sent.
+			lease.TTL = min(lease.TTL, left)
+		default:
+			// The key may end before req.TTL has passed since sent: give
+			// it up, as for an unknown outcome.
+			b.cleanUp(req.Key, s.id, token, req.HolderID)
+			return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q: keep-alive of the session", req.Key), kaErr)
+		}
+		b.own(s.id, req.Key, token)
+		return lease, nil
+	}
+}
+
+// putOnLease runs Acquire's transaction putting value, the record of req
+// with token, attached to etcd lease id of TTL ttl. A held key is a
+// *backend.HeldError.
+func (b *Backend) putOnLease(ctx context.Context, req backend.AcquireRequest, id clientv3.LeaseID, ttl time.Duration, token, value string) (backend.Lease, error) {
+	resp, err := b.cli.Txn(ctx).
+		If(b.freeCheck(req.Key)...).
+		Then(clientv3.OpPut(b.leaseKey(req.Key), value, clientv3.WithLease(id))).
+		Else(b.holderReads(req.Key)...).
+		Commit()
+	if err != nil {
+		return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q", req.Key), err)
+	}
+	if !resp.Succeeded {
+		return backend.Lease{}, b.heldError(ctx, req.Key, resp, 0)
+	}
+	b.setSeenHeld(req.Key, false)
+	return backend.Lease{
+		Key:      req.Key,
+		HolderID: req.HolderID,
+		Token:    token,
+		Term:     uint64(resp.Header.Revision),
+		TTL:      ttl,
+	}, nil
+}
+
+// cleanUpRetry is the pause between two attempts of cleanUp.
+const cleanUpRetry = time.Second
+
+// cleanUp deletes, in the background, the record that an acquisition whose
+// outcome is unknown may have written on session lease id, retrying until
+// it is done, the session lease is gone (and the record with it) or the
+// Backend is closed.
+func (b *Backend) cleanUp(key string, id clientv3.LeaseID, token, holderID string) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.watches.Add(1)
+	b.mu.Unlock()
+	go func() {
+		defer b.watches.Done()
+		k := b.leaseKey(key)
+		h := recordHeader(token, holderID)
+		for {
+			ctx, cancel := context.WithTimeout(b.life, b.timeout)
+			_, err := b.cli.Txn(ctx).
+				If(
+					clientv3.Compare(clientv3.LeaseValue(k), "=", id),
+					clientv3.Compare(clientv3.Value(k), ">", h),
+					clientv3.Compare(clientv3.Value(k), "<", h[:len(h)-1]+"\x0b"),
+				).
+				Then(clientv3.OpDelete(k)).
+				Commit()
+			cancel()
+			if err == nil || b.life.Err() != nil {
+				return
+			}
+			select {
+			case <-b.life.Done():
+				return
+			case <-time.After(cleanUpRetry):
+			}
+		}
+	}()
+}
+
+// releaseOnSession is Release of a lease on a session: one owner-checked
+// transaction that deletes the record and writes its release marker on the
+// marker lease. The session lease stays. When etcd says the marker lease is
+// gone, a new one is granted and the transaction retried, once.
+func (b *Backend) releaseOnSession(ctx context.Context, l backend.Lease, id clientv3.LeaseID) error {
+	for attempt := 0; ; attempt++ {
+		mid, err := b.markerLease(ctx)
+		if err != nil {
+			return fail(ctx, fmt.Sprintf("release %q: grant marker lease", l.Key), err)
+		}
+		resp, err := b.cli.Txn(ctx).
+			If(b.ownerCheck(l, id)...).
+			Then(
+				clientv3.OpDelete(b.leaseKey(l.Key)),
+				clientv3.OpPut(b.releaseMarker(l.Key), "released", clientv3.WithLease(mid)),
+			).
+			Commit()
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && attempt == 0 {
+			b.markerLost(mid)
+			continue
+		}
+		if err != nil {
+			return fail(ctx, fmt.Sprintf("release %q", l.Key), err)
+		}
+		b.disown(id, l.Key, l.Token)
+		if !resp.Succeeded {
+			return fmt.Errorf("etcdbackend: release %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
+		}
+		return nil
+	}
+}
+
+// renewOnSession is Renew of a lease on a session: the owner-checked
+// read-only transaction and a keep-alive of the session lease, sent
+// together.
+func (b *Backend) renewOnSession(ctx context.Context, l backend.Lease, id clientv3.LeaseID) error {
+	var (
+		check *clientv3.TxnResponse
+		err   error
+		wg    sync.WaitGroup
+	)
+	wg.Go(func() { check, err = b.cli.Txn(ctx).If(b.ownerCheck(l, id)...).Commit() })
+	kaErr := b.keepSession(ctx, id)
+	wg.Wait()
+	switch {
+	case errors.Is(kaErr, backend.ErrLeaseLost):
+		return fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, kaErr)
+	case err != nil:
+		return fail(ctx, fmt.Sprintf("renew %q", l.Key), err)
+	case !check.Succeeded:
+		b.disown(id, l.Key, l.Token)
+		return fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
+	case kaErr != nil:
+		return fail(ctx, fmt.Sprintf("renew %q: keep-alive", l.Key), kaErr)
+	}
+	return nil
+}
+
+// keepSession sends a keep-alive of session lease id. A lease etcd no
+// longer has is lost with every key on it: the error wraps
+// backend.ErrLeaseLost.
+func (b *Backend) keepSession(ctx context.Context, id clientv3.LeaseID) error {
+	sent := time.Now()
+	_, err := b.cli.KeepAliveOnce(ctx, id)
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		b.sessionLost(id)
+		return fmt.Errorf("session lease expired: %w", backend.ErrLeaseLost)
+	case err != nil:
+		return err
+	}
+	b.sessionKept(id, sent)
+	return nil
+}
+
+var _ backend.BatchRenewer = (*Backend)(nil)
+
+// RenewBatch implements backend.BatchRenewer. The leases on one session of
+// this Backend cost two requests together, sent at once, however many they
+// are: a keep-alive of the session lease, and a look-up of the keys attached
+// to it (a lease TimeToLive with its keys; no raft write). Each lease is
+// then checked on its own: it is renewed when its key is attached to the
+// session and this Backend acquired that key with the lease's token and has
+// neither released it nor found it lost since; otherwise it is lost (a key
+// deleted by hand, taken by another holder, or acquired again here after
+// such a deletion), alone. A session lease etcd no longer has loses every
+// key on it. Any other lease (Detached, an entry of backend.Modes, or on a
+// session this Backend does not know) is renewed by Renew, up to 16 at a
+// time.
+//
+// Why the local record of tokens is an owner check: only this Backend
+// attaches keys to its session leases (their IDs are its own grants), and
+// it records the token of each key it attaches, in the same step, before it
+// can be renewed; a key attached to the session therefore holds the record
+// this Backend wrote last for it, whose token it knows.
+func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
+	errs := make([]error, len(leases))
+	ctx, cancel, err := b.begin(ctx, "renew")
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	defer cancel()
+	bySession := make(map[clientv3.LeaseID][]int)
+	var single []int
+	for i, l := range leases {
+		if err := l.Validate(); err != nil {
+			errs[i] = fmt.Errorf("etcdbackend: renew: %w", err)
+			continue
+		}
+		if err := checkKey(l.Key); err != nil {
+			errs[i] = fmt.Errorf("etcdbackend: renew: %w", err)
+			continue
+		}
+		id, ok := parseToken(l.Token)
+		if l.Entry != nil || !ok || !onSession(l.Token) {
+			single = append(single, i)
+			continue
+		}
+		if _, known := b.owns(id, l.Key, l.Token); !known {
+			single = append(single, i)
+			continue
+		}
+		bySession[id] = append(bySession[id], i)
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, maxParallelLookups)
+	for _, i := range single {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = b.Renew(ctx, leases[i])
+		})
+	}
+	for id, items := range bySession {
+		wg.Go(func() { b.renewSession(ctx, id, leases, items, errs) })
+	}
+	wg.Wait()
+	return errs
+}
+
+// renewSession renews leases[i] for each i of items, all on session lease
+// id, setting errs[i]; see RenewBatch.
+func (b *Backend) renewSession(ctx context.Context, id clientv3.LeaseID, leases []backend.Lease, items []int, errs []error) {
+	var (
+		ttl    *clientv3.LeaseTimeToLiveResponse
+		ttlErr error
+		wg     sync.WaitGroup
+	)
+	wg.Go(func() { ttl, ttlErr = b.cli.TimeToLive(ctx, id, clientv3.WithAttachedKeys()) })
+	kaErr := b.keepSession(ctx, id)
+	wg.Wait()
+	var attached map[string]bool
+	if kaErr == nil && ttlErr == nil {
+		attached = make(map[string]bool, len(ttl.Keys))
+		for _, k := range ttl.Keys {
+			attached[string(k)] = true
+		}
+	}
+	for _, i := range items {
+		l := leases[i]
+		switch {
+		case errors.Is(kaErr, backend.ErrLeaseLost):
+			errs[i] = fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, kaErr)
+		case kaErr != nil:
+			errs[i] = fail(ctx, fmt.Sprintf("renew %q: keep-alive", l.Key), kaErr)
+		case ttlErr != nil:
+			errs[i] = fail(ctx, fmt.Sprintf("renew %q: look up session keys", l.Key), ttlErr)
+		default:
+			owned, _ := b.owns(id, l.Key, l.Token)
+			if !owned || !attached[b.leaseKey(l.Key)] {
+				b.disown(id, l.Key, l.Token)
+				errs[i] = fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
+			}
+		}
+	}
+}

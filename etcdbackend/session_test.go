@@ -1,0 +1,453 @@
+package etcdbackend_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	sovereign "github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/etcdbackend"
+	"github.com/sovereign-go/sovereign/internal/electortest"
+)
+
+// sessionOf returns the etcd lease a key's record is attached to.
+func sessionOf(t *testing.T, cli *clientv3.Client, k string) clientv3.LeaseID {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), k)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("raw Get(%q): got %v, %v; want one record", k, resp, err)
+	}
+	return clientv3.LeaseID(resp.Kvs[0].Lease)
+}
+
+// TestSession: plain acquisitions of one TTL share one etcd lease, granted
+// once: an acquisition is one transaction (with a keep-alive of the
+// session sent together when the session has not been refreshed since the
+// acquisition was sent), a release one owner-checked transaction, with no
+// grant and no revocation; a Detached acquisition gets a lease of its own.
+func TestSession(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	prefix := newPrefix()
+	cli := newClient(t, nil, n.configure)
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	acquire := func(key string, detached bool) backend.Lease {
+		t.Helper()
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: 10 * time.Second, Detached: detached})
+		if err != nil {
+			t.Fatalf("Acquire(%q): %v", key, err)
+		}
+		if l.TTL != 10*time.Second {
+			t.Errorf("Acquire(%q): Lease.TTL %v, want 10s", key, l.TTL)
+		}
+		return l
+	}
+	expect := func(what string, want map[string]int64) {
+		t.Helper()
+		got := n.byMethod()
+		for m, w := range want {
+			if got[m] != w {
+				t.Errorf("%s: %s requests: got %d, want %d (all: %v)", what, m, got[m], w, got)
+			}
+		}
+		var total int64
+		for _, w := range want {
+			total += w
+		}
+		if n.total() != total {
+			t.Errorf("%s: got %d requests %v, want %d", what, n.total(), got, total)
+		}
+		n.reset()
+	}
+
+	n.reset()
+	l1 := acquire("one", false)
+	expect("first Acquire (grant of the session, txn)", map[string]int64{"LeaseGrant": 1, "Txn": 1})
+	l2 := acquire("two", false)
+	expect("second Acquire (txn, keep-alive of the session sent with it)", map[string]int64{"Txn": 1, "LeaseKeepAlive": 1})
+	if s1, s2 := sessionOf(t, cli, prefix+"one"), sessionOf(t, cli, prefix+"two"); s1 != s2 {
+		t.Errorf("two acquisitions of one TTL: etcd leases %x and %x, want one session", s1, s2)
+	}
+	if l1.Token == l2.Token {
+		t.Errorf("two acquisitions on one session share the token %q", l1.Token)
+	}
+	n.reset()
+	if err := b.Renew(ctx, l1); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	expect("Renew (txn and keep-alive, sent together)", map[string]int64{"Txn": 1, "LeaseKeepAlive": 1})
+	if err := b.Release(ctx, l1); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	expect("first Release (grant of the markers' lease, txn)", map[string]int64{"LeaseGrant": 1, "Txn": 1})
+	if err := b.Release(ctx, l2); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	expect("Release (txn)", map[string]int64{"Txn": 1})
+	// The session outlives its keys: the next acquisition grants nothing.
+	l3 := acquire("three", false)
+	expect("Acquire on an idle session (txn, keep-alive)", map[string]int64{"Txn": 1, "LeaseKeepAlive": 1})
+	if err := b.Renew(ctx, l1); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of a released lease on a live session: got %v, want ErrLeaseLost", err)
+	}
+	n.reset()
+
+	d := acquire("detached", true)
+	expect("Detached Acquire (grant, txn)", map[string]int64{"LeaseGrant": 1, "Txn": 1})
+	if sessionOf(t, cli, prefix+"detached") == sessionOf(t, cli, prefix+"three") {
+		t.Error("a Detached lease is on the session")
+	}
+	n.reset()
+	if err := b.Release(ctx, d); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	expect("Detached Release (txn, revocation)", map[string]int64{"Txn": 1, "LeaseRevoke": 1})
+	if err := b.Release(ctx, l3); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
+
+// TestRenewBatch: 500 leases on one session are renewed with two requests
+// (a keep-alive of the session, a look-up of its keys), each checked on its
+// own: a key deleted by hand, and one taken by another holder after that,
+// are lost alone.
+func TestRenewBatch(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	prefix := newPrefix()
+	cli := newClient(t, nil, n.configure)
+	opts := &etcdbackend.Options{Prefix: prefix}
+	b := newBackend(t, cli, opts)
+	other := newBackend(t, newClient(t, nil, nil), opts)
+	const count = 500
+	leases := make([]backend.Lease, count)
+	for i := range leases {
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: fmt.Sprintf("batch/%d", i), HolderID: "a", TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		leases[i] = l
+	}
+	check := func(what string, lost map[int]bool) {
+		t.Helper()
+		n.reset()
+		errs := b.RenewBatch(ctx, leases)
+		if got := n.total(); got != 2 {
+			t.Errorf("%s: RenewBatch of %d leases: got %d requests %v, want 2", what, count, got, n.byMethod())
+		}
+		if len(errs) != count {
+			t.Fatalf("%s: got %d errors, want %d", what, len(errs), count)
+		}
+		for i, err := range errs {
+			switch {
+			case lost[i] && !errors.Is(err, backend.ErrLeaseLost):
+				t.Errorf("%s: lease %d: got %v, want ErrLeaseLost", what, i, err)
+			case !lost[i] && err != nil:
+				t.Errorf("%s: lease %d: got %v, want nil", what, i, err)
+			}
+		}
+	}
+	check("all held", nil)
+
+	// The keep-alive extended the session, hence every key on it.
+	id := sessionOf(t, cli, prefix+"batch/0")
+	ttl, err := cli.TimeToLive(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl.TTL < 9 {
+		t.Errorf("session TTL left after RenewBatch: %ds, want 9s or more", ttl.TTL)
+	}
+
+	if _, err := cli.Delete(ctx, prefix+"batch/7"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Delete(ctx, prefix+"batch/8"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Acquire(ctx, backend.AcquireRequest{Key: "batch/8", HolderID: "a", TTL: 10 * time.Second}); err != nil {
+		t.Fatalf("other's Acquire of a deleted key: %v", err)
+	}
+	lost := map[int]bool{7: true, 8: true}
+	check("two keys gone", lost)
+	// This Backend acquires key 7 again, on the same session: the old
+	// lease of that key stays lost.
+	l7, err := b.Acquire(ctx, backend.AcquireRequest{Key: "batch/7", HolderID: "a", TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("Acquire again: %v", err)
+	}
+	if sessionOf(t, cli, prefix+"batch/7") != id {
+		t.Fatal("the new acquisition is not on the session")
+	}
+	check("key 7 acquired again", lost)
+	if errs := b.RenewBatch(ctx, []backend.Lease{l7}); errs[0] != nil {
+		t.Errorf("RenewBatch of the new lease: %v", errs[0])
+	}
+	// Renew of one lease agrees.
+	if err := b.Renew(ctx, leases[7]); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of the old lease of key 7: got %v, want ErrLeaseLost", err)
+	}
+	if err := b.Renew(ctx, leases[9]); err != nil {
+		t.Errorf("Renew of lease 9: got %v, want nil", err)
+	}
+}
+
+// TestDetachedExpires: a Detached lease ends at its TTL when nobody renews
+// it, while a lease of the same TTL on the session, renewed, lives on.
+func TestDetachedExpires(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	cli := newClient(t, nil, nil)
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	w := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: prefix})
+	const ttl = 5 * time.Second
+	kept, err := b.Acquire(ctx, backend.AcquireRequest{Key: "kept", HolderID: "a", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := w.Watch(ctx, "detached")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := b.Acquire(ctx, backend.AcquireRequest{Key: "detached", HolderID: "a", TTL: ttl, Detached: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := nextEvent(t, events, "acquisition", 10*time.Second); e.Type != backend.EventChanged {
+		t.Fatalf("got %v, want %v", e.Type, backend.EventChanged)
+	}
+	start := time.Now()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case e := <-events:
+			if e.Type != backend.EventExpired {
+				t.Fatalf("got %v, want %v", e.Type, backend.EventExpired)
+			}
+			t.Logf("the Detached lease expired after %v", time.Since(start))
+			if err := b.Renew(ctx, kept); err != nil {
+				t.Errorf("Renew of the session's lease: %v", err)
+			}
+			if err := b.Renew(ctx, d); !errors.Is(err, backend.ErrLeaseLost) {
+				t.Errorf("Renew of the expired Detached lease: got %v, want ErrLeaseLost", err)
+			}
+			return
+		case <-tick.C:
+			if errs := b.RenewBatch(ctx, []backend.Lease{kept}); errs[0] != nil {
+				t.Fatalf("RenewBatch of the session's lease: %v", errs[0])
+			}
+			if time.Since(start) > 4*ttl {
+				t.Fatalf("the Detached lease is still there %v after its last renewal (TTL %v)", time.Since(start), ttl)
+			}
+		}
+	}
+}
+
+// TestSessionLost: when the session's etcd lease is gone (expired while the
+// store was unreachable, say; revoked here), every key on it is lost, and
+// the next acquisition gets a new session.
+func TestSessionLost(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	cli := newClient(t, nil, nil)
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	var leases []backend.Lease
+	for _, k := range []string{"a", "b", "c"} {
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: k, HolderID: "a", TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	id := sessionOf(t, cli, prefix+"a")
+	if _, err := cli.Revoke(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range b.RenewBatch(ctx, leases) {
+		if !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("RenewBatch: lease %d: got %v, want ErrLeaseLost", i, err)
+		}
+	}
+	if err := b.Renew(ctx, leases[0]); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew: got %v, want ErrLeaseLost", err)
+	}
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "a", HolderID: "a", TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("Acquire after the session was lost: %v", err)
+	}
+	if got := sessionOf(t, cli, prefix+"a"); got == id {
+		t.Errorf("the new acquisition is on the lost session %x", id)
+	}
+	if errs := b.RenewBatch(ctx, []backend.Lease{l}); errs[0] != nil {
+		t.Errorf("RenewBatch on the new session: %v", errs[0])
+	}
+
+	// Lost without this Backend noticing first: the acquisition's
+	// transaction finds the session lease gone, and is retried on a new one.
+	id = sessionOf(t, cli, prefix+"a")
+	if _, err := cli.Revoke(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: "d", HolderID: "a", TTL: 10 * time.Second}); err != nil {
+		t.Fatalf("Acquire on a session revoked unnoticed: %v", err)
+	}
+	if got := sessionOf(t, cli, prefix+"d"); got == id {
+		t.Errorf("the acquisition is on the revoked session %x", id)
+	}
+}
+
+// BenchmarkIdleRequests100 counts the etcd requests of two instances
+// running the same 100 elections, one leading them all, the other
+// following, at TTL 2 s (the elector's defaults otherwise: renewal every
+// 400 ms, heartbeat every second), over a 20-second window, reported per
+// minute for each instance.
+func BenchmarkIdleRequests100(b *testing.B) {
+	const (
+		window    = 20 * time.Second
+		elections = 100
+	)
+	prefix := newPrefix()
+	var rec electortest.Recorder
+	instance := func(id string) (*counter, []*sovereign.Elector) {
+		n := new(counter)
+		cfg := shared.ClientConfig()
+		n.configure(&cfg)
+		cli, err := clientv3.New(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		be, err := etcdbackend.New(cli, &etcdbackend.Options{Prefix: prefix})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() {
+			be.Close()
+			cli.Close()
+		})
+		var es []*sovereign.Elector
+		for i := range elections {
+			e, err := sovereign.New(be, fmt.Sprintf("e%d", i), id, &sovereign.Options{
+				TTL: 2 * time.Second, NoStartupJitter: true, Logger: electortest.Logger(),
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			rec.Campaign(b, e)
+			es = append(es, e)
+		}
+		return n, es
+	}
+	leaderN, leaders := instance("leader")
+	electortest.Eventually(b, "the first instance leads every election", func() bool {
+		return len(electortest.Leaders(leaders...)) == elections
+	})
+	followerN, _ := instance("follower")
+	<-time.After(3 * time.Second) // let the start-up traffic pass
+	perMinute := func(n int64) float64 { return float64(n) * float64(time.Minute) / float64(window) }
+	for b.Loop() {
+		leaderN.reset()
+		followerN.reset()
+		<-time.After(window)
+		b.ReportMetric(perMinute(leaderN.total()), "leader-requests/min")
+		b.ReportMetric(perMinute(followerN.total()), "follower-requests/min")
+		b.Logf("in %v: leader %v, follower %v", window, leaderN.byMethod(), followerN.byMethod())
+	}
+	if got := len(electortest.Leaders(leaders...)); got != elections {
+		b.Fatalf("the leader lost %d elections while idle", elections-got)
+	}
+}
+
+// TestHeartbeatBatch: the records of a batch share the heartbeat session of
+// their TTL: a batch of 300 costs a keep-alive and a look-up of the
+// session's keys, plus the rewrite of the records that went missing; a
+// record the Backend stops refreshing is deleted although the session
+// lives on; RemoveMember leaves the other records alone.
+func TestHeartbeatBatch(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	prefix := newPrefix()
+	cli := newClient(t, nil, n.configure)
+	opts := &etcdbackend.Options{Prefix: prefix}
+	b := newBackend(t, cli, opts)
+	other := newBackend(t, newClient(t, nil, nil), opts)
+	const count = 300
+	reqs := make([]backend.HeartbeatRequest, count)
+	for i := range reqs {
+		reqs[i] = backend.HeartbeatRequest{Key: fmt.Sprintf("hb/%d", i), ID: "a", TTL: 2 * time.Second}
+	}
+	batch := func(what string, reqs []backend.HeartbeatRequest, want map[string]int64) {
+		t.Helper()
+		n.reset()
+		for i, err := range b.HeartbeatBatch(ctx, reqs) {
+			if err != nil {
+				t.Fatalf("%s: heartbeat %d: %v", what, i, err)
+			}
+		}
+		got := n.byMethod()
+		var total int64
+		for m, w := range want {
+			total += w
+			if got[m] != w {
+				t.Errorf("%s: %s requests: got %d, want %d (all: %v)", what, m, got[m], w, got)
+			}
+		}
+		if n.total() != total {
+			t.Errorf("%s: got %d requests %v, want %d", what, n.total(), got, total)
+		}
+	}
+	members := func(key string) []backend.Member {
+		t.Helper()
+		ms, err := other.Members(ctx, key)
+		if err != nil {
+			t.Fatalf("Members(%q): %v", key, err)
+		}
+		return ms
+	}
+	batch("first batch (grant, 3 transactions of puts)", reqs, map[string]int64{"LeaseGrant": 1, "Txn": 3})
+	for _, k := range []string{"hb/0", "hb/299"} {
+		if ms := members(k); len(ms) != 1 || ms[0].ID != "a" {
+			t.Fatalf("Members(%q): got %+v, want a", k, ms)
+		}
+	}
+	batch("refresh (keep-alive, look-up)", reqs, map[string]int64{"LeaseKeepAlive": 1, "LeaseTimeToLive": 1})
+
+	if _, err := cli.Delete(ctx, prefix+"hb/5/heartbeat/a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.RemoveMember(ctx, "hb/6", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if ms := members("hb/7"); len(ms) != 1 {
+		t.Fatalf("RemoveMember of one record removed another: Members(hb/7) = %+v", ms)
+	}
+	batch("two records gone (keep-alive, look-up, one transaction)", reqs, map[string]int64{"LeaseKeepAlive": 1, "LeaseTimeToLive": 1, "Txn": 1})
+	for _, k := range []string{"hb/5", "hb/6"} {
+		if ms := members(k); len(ms) != 1 || ms[0].ID != "a" {
+			t.Fatalf("Members(%q) after the batch: got %+v, want a again", k, ms)
+		}
+	}
+
+	// Key 0 is no longer refreshed: its record goes within about a TTL,
+	// while the others' live on.
+	rest := reqs[1:]
+	start := time.Now()
+	for len(members("hb/0")) != 0 {
+		if time.Since(start) > 15*time.Second {
+			t.Fatal("the record of hb/0 is still there 15s after its last heartbeat (TTL 2s)")
+		}
+		for i, err := range b.HeartbeatBatch(ctx, rest) {
+			if err != nil {
+				t.Fatalf("heartbeat %d: %v", i+1, err)
+			}
+		}
+		<-time.After(200 * time.Millisecond) // the interval of a heartbeat loop
+	}
+	if ms := members("hb/1"); len(ms) != 1 {
+		t.Errorf("Members(hb/1): got %+v, want a", ms)
+	}
+}
