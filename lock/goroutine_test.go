@@ -47,7 +47,7 @@ func TestShortLocksStartNoGoroutine(t *testing.T) {
 }
 
 // Held locks run on timers: 100 locks held through ten renewals each (on a
-// backend that cannot watch, so no held-key watch) add no goroutine.
+// backend that cannot watch, so no reset watch) add no goroutine.
 func TestHeldLocksStartNoGoroutine(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memorybackend.NewStore()
@@ -90,4 +90,48 @@ func bubbleGoroutines() int {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
+}
+
+// Held locks share one watch: 100 locks held on a backend that can watch
+// add one goroutine and one subscription in all (the Locker's reset watch),
+// and releasing the last of them ends it.
+func TestHeldLocksShareOneWatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := client(t, store)
+		l := newLocker(t, c, "a", fastOpts())
+		base := bubbleGoroutines()
+		held := make([]*lock.Lock, 0, 100)
+		for i := range 100 {
+			lk, err := l.TryAcquire(t.Context(), fmt.Sprintf("k/%d", i), nil)
+			if err != nil {
+				t.Fatalf("TryAcquire: %v", err)
+			}
+			held = append(held, lk)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if n := bubbleGoroutines(); n != base+1 {
+			t.Errorf("goroutines while 100 locks are held: %d, want %d (one reset watch for all)", n, base+1)
+		}
+		if got := c.Calls()["Watch"]; got != 1 {
+			t.Errorf("Watch calls for 100 held locks: %d, want 1", got)
+		}
+		// A restart is noticed by every lock at once through that one watch.
+		store.Restart(nil)
+		at := time.Now()
+		for _, lk := range held {
+			<-lk.Done()
+		}
+		if d := time.Since(at); d != 0 {
+			t.Errorf("locks lost %v after the restart, want at once", d)
+		}
+		for _, lk := range held {
+			_ = lk.Release(t.Context())
+		}
+		synctest.Wait()
+		if n := bubbleGoroutines(); n != base {
+			t.Errorf("goroutines after every lock was released: %d, want %d", n, base)
+		}
+	})
 }

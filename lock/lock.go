@@ -26,7 +26,8 @@ type Lock struct {
 	acquiredAt time.Time
 
 	// stopLost unregisters the context.AfterFunc that reports a loss;
-	// watchT starts the held-key watch (nil when the backend cannot watch).
+	// watchT starts the Locker's reset watch once the lock has been held a
+	// quarter of RenewInterval (nil when the backend cannot watch).
 	// Both are set before the Lock is shared.
 	stopLost func() bool
 	watchT   *time.Timer
@@ -105,9 +106,9 @@ func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params
 	}
 	// A short lock starts no goroutine: the hold runs on timers, a loss is
 	// reported by a context.AfterFunc that Release unregisters, and the
-	// held-key watch starts only for a lock still held after a quarter of
-	// RenewInterval. l.monitors counts the hold until it has finished, the
-	// AfterFunc and the watch.
+	// Locker's one reset watch starts only once a lock is still held a
+	// quarter of RenewInterval after its acquisition. l.monitors counts
+	// the hold until it has finished, the AfterFunc and the watch timer.
 	l.monitors.Add(1)
 	lk.hold = keeper.Start(l.holdCtx, cfg, lease, sent)
 	l.monitors.Add(1)
@@ -121,7 +122,7 @@ func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params
 		l.monitors.Add(1)
 		lk.watchT = time.AfterFunc(p.renewInterval/4, func() {
 			defer l.monitors.Done()
-			lk.watchHeld()
+			l.startResetWatch()
 		})
 	}
 	l.locks[lk] = struct{}{}
@@ -156,24 +157,52 @@ func lostReason(r keeper.Reason) bool {
 	return r == keeper.Deadline || r == keeper.LeaseLost || r == keeper.MaxHold
 }
 
-// watchHeld asks for a renewal at once whenever the key's watch reports
-// anything (a reset, a release or expiry, another acquisition) or breaks,
-// until the hold steps down, so a store that restarted or a lock taken by
-// someone else is noticed within a round trip. It runs in the callback of a
-// timer set for a quarter of RenewInterval after the acquisition, which
-// Release stops, so short locks cost no subscription and no goroutine, and
-// it renews right after subscribing, which covers that first stretch.
-func (lk *Lock) watchHeld() {
-	ctx := lk.hold.Context()
-	if ctx.Err() != nil {
+// resetKey is the key the reset watch subscribes to. Nothing is stored
+// under it: the subscription is there to learn when the store's connection
+// broke or the store restarted, which every watch of a backend learns at
+// once (its channel closes, or an EventReset arrives).
+const resetKey = backend.LockKeyPrefix + ".sovereign/reset"
+
+// startResetWatch starts the Locker's reset watch unless it runs: one
+// subscription for every lock the Locker holds, however many, so that a
+// store that restarted (and may have lost them) is noticed within a round
+// trip: every held lock renews at once, and those the store lost step down.
+// It is started by a lock still held a quarter of RenewInterval after its
+// acquisition (short locks cost no subscription), and it ends when the
+// Locker holds no lock any more.
+func (l *Locker) startResetWatch() {
+	if l.watcher == nil || l.b.ValidateKey(resetKey) != nil {
 		return
 	}
-	sub := lk.l.subscribe(ctx, lk.lease.Key, lk.p.requestTimeout, lk.p.renewInterval)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.stopResets != nil || len(l.locks) == 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(l.closeCtx)
+	l.stopResets = cancel
+	l.monitors.Add(1)
+	go func() {
+		defer l.monitors.Done()
+		l.watchResets(ctx)
+	}()
+}
+
+// stopResetWatchLocked ends the reset watch when the Locker holds no lock.
+// l.mu must be held.
+func (l *Locker) stopResetWatchLocked() {
+	if l.stopResets != nil && len(l.locks) == 0 {
+		l.stopResets()
+		l.stopResets = nil
+	}
+}
+
+// watchResets renews every held lock at once whenever the reset watch
+// reports anything or breaks, until ctx ends. It renews right after
+// subscribing too, which covers the stretch before the subscription.
+func (l *Locker) watchResets(ctx context.Context) {
+	sub := l.subscribe(ctx, resetKey, l.opts.RequestTimeout, l.opts.RenewInterval)
 	defer sub.stop()
-	// Other Shared holders come and go on the key all the time and threaten
-	// nothing; a Shared holder renews only when the watch reports a reset or
-	// breaks (the store may have lost its entry).
-	shared := lk.p.mode == Shared
 	first := true
 	for ctx.Err() == nil {
 		sub.ensure()
@@ -182,7 +211,7 @@ func (lk *Lock) watchHeld() {
 		}
 		if sub.ch != nil && (sub.resubbed || first) {
 			sub.resubbed, first = false, false
-			lk.hold.RenewNow() // changes may have been missed
+			l.renewAll() // changes may have been missed
 		}
 		var (
 			retry <-chan time.Time
@@ -195,17 +224,28 @@ func (lk *Lock) watchHeld() {
 		select {
 		case <-ctx.Done():
 		case <-retry:
-		case ev, ok := <-sub.ch:
+		case _, ok := <-sub.ch:
 			if !ok {
 				sub.closed()
 			}
-			if !ok || !shared || ev.Type == backend.EventReset {
-				lk.hold.RenewNow()
-			}
+			l.renewAll()
 		}
 		if t != nil {
 			t.Stop()
 		}
+	}
+}
+
+// renewAll asks every held lock for a renewal at once.
+func (l *Locker) renewAll() {
+	l.mu.Lock()
+	holds := make([]*keeper.Hold, 0, len(l.locks))
+	for lk := range l.locks {
+		holds = append(holds, lk.hold)
+	}
+	l.mu.Unlock()
+	for _, h := range holds {
+		h.RenewNow()
 	}
 }
 
@@ -398,6 +438,7 @@ func (lk *Lock) Release(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	delete(l.locks, lk)
+	l.stopResetWatchLocked()
 	l.mu.Unlock()
 	l.wakeLocal(lk.key)
 	r, cause := lk.hold.Reason()

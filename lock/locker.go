@@ -275,9 +275,12 @@ type Locker struct {
 	closing chan struct{}        // closed when Close has finished; nil before Close
 	locks   map[*Lock]struct{}   // locks handed out and not yet released
 	queues  map[string]*keyQueue // local waiters per lock key
+	// stopResets ends the reset watch (see watchResets); nil while it
+	// does not run.
+	stopResets context.CancelFunc
 
 	ops      sync.WaitGroup // calls in flight, Do functions included
-	monitors sync.WaitGroup // per started lock: its hold until finished, its loss report, its watch
+	monitors sync.WaitGroup // per started lock: its hold until finished, its loss report, its watch timer; the reset watch
 }
 
 // New returns a Locker that acquires locks on b as holder id (shown to
