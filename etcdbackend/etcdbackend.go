@@ -44,9 +44,19 @@
 // internal/keeper), and a renewal still checks its own key (below), so
 // losing one key never keeps or drops another. An acquisition whose
 // outcome is unknown (a timeout) may have put a key on the session that
-// nobody will renew or release: the Backend deletes it in the background,
+// nobody will renew or release, and a Release that failed leaves its key
+// there while its caller may give up on it (the elector does, after a
+// failed verification): the Backend deletes such a key in the background,
 // owner-checked by its token, retrying each second until done, until the
-// session lease has gone, or until Close.
+// session lease has gone, or until Close. A caller that drops a lease
+// without releasing it, and without stopping its renewals, would keep its
+// key alive as long as the session lives; the lease keeper never does.
+//
+// Backend implements backend.AcquireConfirmer: Acquire's reply is that of
+// the transaction that compared the key free and wrote the record,
+// committed through raft as one step, so the elector's double verification
+// checks that reply instead of reading the key back (a linearizable read
+// right after it would return the same record).
 //
 // When the session lease is lost (it expired while the store was
 // unreachable, or etcd restarted without its data), every key on it is

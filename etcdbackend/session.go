@@ -290,10 +290,12 @@ func (b *Backend) putOnLease(ctx context.Context, req backend.AcquireRequest, id
 // cleanUpRetry is the pause between two attempts of cleanUp.
 const cleanUpRetry = time.Second
 
-// cleanUp deletes, in the background, the record that an acquisition whose
-// outcome is unknown may have written on session lease id, retrying until
-// it is done, the session lease is gone (and the record with it) or the
-// Backend is closed.
+// cleanUp deletes, in the background, the record with token that an
+// acquisition whose outcome is unknown may have written on session lease
+// id, or that a Release that failed has left there, retrying until it is
+// done, the session lease is gone (and the record with it) or the Backend
+// is closed. Nothing would end such a record otherwise: the session lives
+// on as long as other keys on it are renewed.
 func (b *Backend) cleanUp(key string, id clientv3.LeaseID, token, holderID string) {
 	b.mu.Lock()
 	if b.closed {
@@ -317,7 +319,8 @@ func (b *Backend) cleanUp(key string, id clientv3.LeaseID, token, holderID strin
 				Then(clientv3.OpDelete(k)).
 				Commit()
 			cancel()
-			if err == nil || b.life.Err() != nil {
+			if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || b.life.Err() != nil {
+				b.disown(id, key, token)
 				return
 			}
 			select {
@@ -337,6 +340,7 @@ func (b *Backend) releaseOnSession(ctx context.Context, l backend.Lease, id clie
 	for attempt := 0; ; attempt++ {
 		mid, err := b.markerLease(ctx)
 		if err != nil {
+			b.cleanUp(l.Key, id, l.Token, l.HolderID) // as below
 			return fail(ctx, fmt.Sprintf("release %q: grant marker lease", l.Key), err)
 		}
 		resp, err := b.cli.Txn(ctx).
@@ -351,6 +355,11 @@ func (b *Backend) releaseOnSession(ctx context.Context, l backend.Lease, id clie
 			continue
 		}
 		if err != nil {
+			// The record may still be on the session, and a caller that
+			// gives up on it (the elector after a failed verification)
+			// would leave it there for as long as the session lives:
+			// delete it in the background too.
+			b.cleanUp(l.Key, id, l.Token, l.HolderID)
 			return fail(ctx, fmt.Sprintf("release %q", l.Key), err)
 		}
 		b.disown(id, l.Key, l.Token)
@@ -508,3 +517,13 @@ func (b *Backend) renewSession(ctx context.Context, id clientv3.LeaseID, leases 
 		}
 	}
 }
+
+var _ backend.AcquireConfirmer = (*Backend)(nil)
+
+// AcquireConfirms implements backend.AcquireConfirmer: Acquire's reply is
+// that of the transaction that compared the key free and put the record,
+// committed through raft as one step (its revision is the term), so a read
+// right after it, linearizable as well, would return the same record and
+// prove nothing more. The elector's double verification checks that reply
+// instead of sending a Get (a transaction and two lease look-ups).
+func (b *Backend) AcquireConfirms() bool { return true }

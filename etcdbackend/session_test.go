@@ -451,3 +451,50 @@ func TestHeartbeatBatch(t *testing.T) {
 		t.Errorf("Members(hb/1): got %+v, want a", ms)
 	}
 }
+
+// TestFailedReleaseCleanedUp: a Release of a lease on a session that fails
+// (the store unreachable) leaves nothing on the session once the store is
+// back, although the caller gives up on it and other keys keep the session
+// alive: the Backend deletes the record in the background.
+func TestFailedReleaseCleanedUp(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	p := startProxy(t, shared.Endpoint(0))
+	cli := newClient(t, nil, func(cfg *clientv3.Config) { cfg.Endpoints = []string{p.endpoint()} })
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix, RequestTimeout: 500 * time.Millisecond})
+	raw := newClient(t, nil, nil)
+	kept, err := b.Acquire(ctx, backend.AcquireRequest{Key: "kept", HolderID: "a", TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "abandoned", HolderID: "a", TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.setCut(true)
+	if err := b.Release(ctx, l); err == nil || errors.Is(err, backend.ErrLeaseLost) {
+		t.Fatalf("Release with the store unreachable: got %v, want a failure", err)
+	}
+	p.setCut(false)
+	start := time.Now()
+	for {
+		// The session lives on: "kept" is renewed.
+		if err := b.Renew(ctx, kept); err != nil && time.Since(start) > 10*time.Second {
+			t.Fatalf("Renew of the kept lease: %v", err)
+		}
+		resp, err := raw.Get(ctx, prefix+"abandoned", clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Count == 0 {
+			break
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Fatal("the record of the failed Release is still on the session 20s later")
+		}
+		<-time.After(200 * time.Millisecond) // polling an observable condition
+	}
+	if err := b.Renew(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of the abandoned lease: got %v, want ErrLeaseLost", err)
+	}
+}
