@@ -48,7 +48,12 @@
 // there while its caller may give up on it (the elector does, after a
 // failed verification): the Backend deletes such a key in the background,
 // owner-checked by its token, retrying each second until done, until the
-// session lease has gone, or until Close. A caller that drops a lease
+// session lease has gone, or until Close. An acquisition whose caller gave
+// up after its transaction was sent may still commit after that clean-up
+// found nothing to delete: RenewBatch, which reads the keys attached to
+// the session anyway, deletes every key on it that this Backend neither
+// holds nor is acquiring (created at or before that read, and still on the
+// session). A caller that drops a lease
 // without releasing it, and without stopping its renewals, would keep its
 // key alive as long as the session lives; the lease keeper never does.
 //
@@ -446,6 +451,10 @@ type Backend struct {
 	// acquired on it and has not released or found lost (RenewBatch's
 	// owner check).
 	owned map[clientv3.LeaseID]map[string]string
+	// pending counts, by key, the acquisitions on a session in flight
+	// (from before their transaction is sent until they are recorded in
+	// owned or have failed): RenewBatch's sweep of orphans skips them.
+	pending map[string]int
 
 	marker struct {
 		mu       sync.Mutex       // serialises grants; guards the fields below
@@ -501,6 +510,7 @@ func New(client *clientv3.Client, opts *Options) (*Backend, error) {
 		sessions:   make(map[int64]*session),
 		hbSessions: make(map[int64]*hbSession),
 		owned:      make(map[clientv3.LeaseID]map[string]string),
+		pending:    make(map[string]int),
 	}, nil
 }
 

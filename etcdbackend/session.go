@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -103,6 +104,36 @@ func (b *Backend) own(id clientv3.LeaseID, key, token string) {
 		b.owned[id] = m
 	}
 	m[key] = token
+}
+
+// setPending adds d to the acquisitions of key in flight.
+func (b *Backend) setPending(key string, d int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n := b.pending[key] + d; n > 0 {
+		b.pending[key] = n
+	} else {
+		delete(b.pending, key)
+	}
+}
+
+// orphans returns the keys among attached (etcd keys on session lease id)
+// that this Backend neither holds on it nor is acquiring.
+func (b *Backend) orphans(id clientv3.LeaseID, attached [][]byte) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for _, k := range attached {
+		key, ok := strings.CutPrefix(string(k), b.prefix)
+		if !ok {
+			continue
+		}
+		if _, held := b.owned[id][key]; held || b.pending[key] > 0 {
+			continue
+		}
+		out = append(out, string(k))
+	}
+	return out
 }
 
 // disown forgets key on session lease id if it is still held with token.
@@ -222,6 +253,7 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 			wg.Wait()
 			return backend.Lease{}, fmt.Errorf("etcdbackend: acquire %q: encode record: %w", req.Key, err)
 		}
+		b.setPending(req.Key, 1)
 		lease, err := b.putOnLease(ctx, req, s.id, full, token, value)
 		wg.Wait()
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(kaErr, rpctypes.ErrLeaseNotFound) {
@@ -231,6 +263,7 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 				err = fmt.Errorf("etcdbackend: acquire %q: session lease gone: %w", req.Key, rpctypes.ErrLeaseNotFound)
 			}
 			b.sessionLost(s.id)
+			b.setPending(req.Key, -1)
 			if attempt == 0 && ctx.Err() == nil {
 				continue
 			}
@@ -243,6 +276,7 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 			b.cleanUp(req.Key, s.id, token, req.HolderID)
 		}
 		if err != nil {
+			b.setPending(req.Key, -1)
 			return backend.Lease{}, err
 		}
 		switch {
@@ -255,9 +289,11 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 			// The key may end before req.TTL has passed since sent: give
 			// it up, as for an unknown outcome.
 			b.cleanUp(req.Key, s.id, token, req.HolderID)
+			b.setPending(req.Key, -1)
 			return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q: keep-alive of the session", req.Key), kaErr)
 		}
 		b.own(s.id, req.Key, token)
+		b.setPending(req.Key, -1)
 		return lease, nil
 	}
 }
@@ -499,6 +535,12 @@ func (b *Backend) renewSession(ctx context.Context, id clientv3.LeaseID, leases 
 			attached[string(k)] = true
 		}
 	}
+	var orphans []string
+	if attached != nil {
+		// Looked up after the reply: an acquisition committed before the
+		// look-up is recorded in owned by now, or still pending.
+		orphans = b.orphans(id, ttl.Keys)
+	}
 	for _, i := range items {
 		l := leases[i]
 		switch {
@@ -515,6 +557,36 @@ func (b *Backend) renewSession(ctx context.Context, id clientv3.LeaseID, leases 
 				errs[i] = fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
 			}
 		}
+	}
+	if len(orphans) > 0 {
+		b.deleteOrphans(ctx, id, orphans, ttl.Revision)
+	}
+}
+
+// deleteOrphans deletes the etcd keys orphans from session lease id, each
+// only while it is still on that lease and was created at or before
+// revision rev (the look-up that found it), so a key acquired since is
+// left alone. Such a key is held by nobody: its acquisition was given up
+// by its caller after its transaction was sent (a timeout) and committed
+// later, after the background clean-up of that acquisition had found
+// nothing to delete. The session would keep it alive, the key held by
+// nobody, for as long as it lives.
+func (b *Backend) deleteOrphans(ctx context.Context, id clientv3.LeaseID, orphans []string, rev int64) {
+	var ops []clientv3.Op
+	for _, k := range orphans {
+		ops = append(ops, clientv3.OpTxn(
+			[]clientv3.Cmp{
+				clientv3.Compare(clientv3.LeaseValue(k), "=", id),
+				clientv3.Compare(clientv3.CreateRevision(k), "<", rev+1),
+			},
+			[]clientv3.Op{clientv3.OpDelete(k)}, nil))
+	}
+	for len(ops) > 0 {
+		n := min(len(ops), txnBatchOps)
+		if _, err := b.cli.Txn(ctx).Then(ops[:n]...).Commit(); err != nil {
+			return // the next batch tries again
+		}
+		ops = ops[n:]
 	}
 }
 

@@ -498,3 +498,47 @@ func TestFailedReleaseCleanedUp(t *testing.T) {
 		t.Errorf("Renew of the abandoned lease: got %v, want ErrLeaseLost", err)
 	}
 }
+
+// TestOrphanSwept: a key on the session that this Backend neither holds nor
+// is acquiring (an acquisition given up by its caller whose transaction
+// committed late; written by hand here) is deleted by the next RenewBatch,
+// instead of living as long as the session; the held keys stay.
+func TestOrphanSwept(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	cli := newClient(t, nil, nil)
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	var leases []backend.Lease
+	for _, k := range []string{"a", "b"} {
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: k, HolderID: "a", TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	id := sessionOf(t, cli, prefix+"a")
+	if _, err := cli.Put(ctx, prefix+"orphan", "x", clientv3.WithLease(id)); err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range b.RenewBatch(ctx, leases) {
+		if err != nil {
+			t.Errorf("RenewBatch: lease %d: %v", i, err)
+		}
+	}
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, kv := range resp.Kvs {
+		keys = append(keys, string(kv.Key)[len(prefix):])
+	}
+	if want := []string{"a", "b"}; fmt.Sprint(keys) != fmt.Sprint(want) {
+		t.Errorf("keys after RenewBatch: got %q, want %q (the orphan deleted)", keys, want)
+	}
+	for i, err := range b.RenewBatch(ctx, leases) {
+		if err != nil {
+			t.Errorf("second RenewBatch: lease %d: %v", i, err)
+		}
+	}
+}
