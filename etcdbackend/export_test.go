@@ -9,22 +9,26 @@ var TxnOps = txnOps
 // however many keys were used).
 func SharedLeases(b *Backend) map[int64]bool {
 	out := make(map[int64]bool)
-	b.mu.Lock()
-	for _, s := range b.sessions {
+	for _, s := range b.sessionList() {
 		s.mu.Lock()
 		if s.id != 0 {
 			out[int64(s.id)] = true
 		}
 		s.mu.Unlock()
 	}
+	b.mu.Lock()
+	hbs := make([]*hbSession, 0, len(b.hbSessions))
 	for _, s := range b.hbSessions {
-		s.mu.Lock()
-		if s.id != 0 {
-			out[int64(s.id)] = true
-		}
-		s.mu.Unlock()
+		hbs = append(hbs, s)
 	}
 	b.mu.Unlock()
+	for _, s := range hbs {
+		s.mu.Lock()
+		if s.id != 0 {
+			out[int64(s.id)] = true
+		}
+		s.mu.Unlock()
+	}
 	b.marker.mu.Lock()
 	if b.marker.id != 0 {
 		out[int64(b.marker.id)] = true

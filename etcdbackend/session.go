@@ -68,9 +68,7 @@ func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, e
 // sessionKept records a keep-alive of etcd lease id sent at sent that
 // succeeded, if id is a current session's lease.
 func (b *Backend) sessionKept(id clientv3.LeaseID, sent time.Time) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, s := range b.sessions {
+	for _, s := range b.sessionList() {
 		s.mu.Lock()
 		if s.id == id && sent.After(s.lastSent) {
 			s.lastSent = sent
@@ -79,18 +77,28 @@ func (b *Backend) sessionKept(id clientv3.LeaseID, sent time.Time) {
 	}
 }
 
+// sessionList returns the sessions. A session's mu is never locked with
+// b.mu held (sessionLease holds it across a grant, and takes b.mu).
+func (b *Backend) sessionList() []*session {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]*session, 0, len(b.sessions))
+	for _, s := range b.sessions {
+		out = append(out, s)
+	}
+	return out
+}
+
 // sessionLost forgets etcd lease id, found gone: the next acquisition on
 // its TTL grants a new session, and the keys that were on it are lost.
 func (b *Backend) sessionLost(id clientv3.LeaseID) {
-	b.mu.Lock()
-	for _, s := range b.sessions {
+	for _, s := range b.sessionList() {
 		s.mu.Lock()
 		if s.id == id {
 			s.id = 0
 		}
 		s.mu.Unlock()
 	}
-	b.mu.Unlock()
 	b.forgetLease(id)
 }
 
