@@ -598,7 +598,10 @@ func (b *Backend) deleteOrphans(ctx context.Context, id clientv3.LeaseID, orphan
 	}
 }
 
-var _ backend.AcquireConfirmer = (*Backend)(nil)
+var (
+	_ backend.AcquireConfirmer = (*Backend)(nil)
+	_ backend.ExpiryReporter   = (*Backend)(nil)
+)
 
 // AcquireConfirms implements backend.AcquireConfirmer: Acquire's reply is
 // that of the transaction that compared the key free and put the record,
@@ -607,3 +610,9 @@ var _ backend.AcquireConfirmer = (*Backend)(nil)
 // prove nothing more. The elector's double verification checks that reply
 // instead of sending a Get (a transaction and two lease look-ups).
 func (b *Backend) AcquireConfirms() bool { return true }
+
+// ReportsExpiry implements backend.ExpiryReporter: a watch delivers every
+// deletion of the watched key, an expiry included (EventExpired), and sends
+// EventReset or closes when its stream or the client's connection breaks,
+// so a follower with a live watch need not poll for the leader's expiry.
+func (b *Backend) ReportsExpiry() bool { return true }
