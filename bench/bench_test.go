@@ -571,6 +571,8 @@ func TestPlotsMerge(t *testing.T) {
 	r1 := newResults()
 	r1.point("elections-heap", colSovRedis, 100, 7)
 	r1.point("elections-heap", colSovRedis, 1000, 8)
+	r1.point("elections-requests", colSovRedis, 100, 0.5) // another panel, same points
+	r1.point("elections-requests", colSovRedis, 1000, 0.6)
 	r1.fail(colSovEtcd, manySpec{false, "etcd", 10000})
 	if _, err := r1.writePlots(dir); err != nil {
 		t.Fatal(err)
@@ -587,6 +589,11 @@ func TestPlotsMerge(t *testing.T) {
 	}
 	if len(got) != 2 || got[100] != 7 || got[1000] != 9 {
 		t.Errorf("got Redis heap points %v, want 100:7 (stored) and 1000:9 (re-measured)", got)
+	}
+	// The stored request point at 100 stays (every panel of a stored point
+	// survives the merge); the one at 1,000 goes with its re-measured count.
+	if got := r2.curves["elections-requests"][colSovRedis]; len(got) != 1 || got[0] != (point{100, 0.5}) {
+		t.Errorf("got stored request points %v, want only {100 0.5}", got)
 	}
 	if n := len(r2.failed["elections"][colSovEtcd]); n != 0 {
 		t.Errorf("got %d etcd failures, want 0: the run at 10,000 succeeded since", n)

@@ -63,19 +63,30 @@ func (r *results) mergePlotData(dir string) error {
 	if err := json.Unmarshal(b, &d); err != nil {
 		return fmt.Errorf("%s: %w", filepath.Join(dir, "data.json"), err)
 	}
-	measured := func(chart, col string, x float64) bool {
-		scope, _, _ := strings.Cut(chart, "-")
-		if slices.Contains(r.failed[scope][col], x) {
-			return true
-		}
-		for _, p := range costPanels {
-			for _, q := range r.curves[scope+"-"+p.key][col] {
-				if q.x == x {
-					return true
-				}
+	// What this run measured, before anything stored is added to r.
+	type key struct {
+		scope, col string
+		x          float64
+	}
+	mine := make(map[key]bool)
+	for scope, m := range r.failed {
+		for col, ns := range m {
+			for _, n := range ns {
+				mine[key{scope, col, n}] = true
 			}
 		}
-		return false
+	}
+	for chart, m := range r.curves {
+		scope, _, _ := strings.Cut(chart, "-")
+		for col, ps := range m {
+			for _, q := range ps {
+				mine[key{scope, col, q.x}] = true
+			}
+		}
+	}
+	measured := func(chart, col string, x float64) bool {
+		scope, _, _ := strings.Cut(chart, "-")
+		return mine[key{scope, col, x}]
 	}
 	for chart, m := range d.Curves {
 		for col, ps := range m {
