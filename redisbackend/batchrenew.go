@@ -3,6 +3,7 @@ package redisbackend
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -88,7 +89,7 @@ return out
 
 // RenewBatch implements backend.BatchRenewer: one script per hash slot (one
 // for every key on a single server) of at most 256 keys, all sent in one
-// pipeline. Leases of Modes entries, and every lease when WaitReplicas is
+// pipeline (on a Cluster, one round trip per master). Leases of Modes entries, and every lease when WaitReplicas is
 // set (a renewal then waits for replicas), are renewed one by one with
 // Renew.
 func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
@@ -195,18 +196,37 @@ type batchScriptCall struct {
 	items []int
 }
 
-// groupTag is what decides a key's placement: its hash tag on a Cluster,
-// and nothing (one group) on a single server.
+// groupTag is what decides a key's placement: its hash slot on a Cluster
+// (keys with different hash tags may share a slot, and one script may
+// touch every key of a slot), and nothing (one group) on a single server.
 func (b *Backend) groupTag(key string) string {
 	if b.cluster == nil {
 		return ""
 	}
+	return strconv.Itoa(int(keySlot(key)))
+}
+
+// keySlot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of its hash
+// tag (the part between the first '{' and the next '}', when not empty) or
+// of the whole key, modulo 16384.
+func keySlot(key string) uint16 {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			return key[i+1 : i+1+j]
+			key = key[i+1 : i+1+j]
 		}
 	}
-	return key
+	var crc uint16
+	for k := 0; k < len(key); k++ {
+		crc ^= uint16(key[k]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc % 16384
 }
 
 // group returns the index in calls of the open group for key, or -1 when

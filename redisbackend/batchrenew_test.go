@@ -176,3 +176,46 @@ func TestHeartbeatBatch(t *testing.T) {
 		})
 	}
 }
+
+// TestRenewBatchGroupsBySlot: on a Cluster, keys of different hash tags that
+// share a slot are renewed by one script: as many scripts as distinct slots
+// (as the server computes them with CLUSTER KEYSLOT), and no CROSSSLOT
+// error, which a script mixing slots would get.
+func TestRenewBatchGroupsBySlot(t *testing.T) {
+	srv := testredis.StartConfig(t, testredis.Config{Cluster: true})
+	c := srv.NewClusterClient(t, nil)
+	b := newBackend(t, c, nil)
+	ctx := context.Background()
+	const n = 3000 // over 16384 slots: many slots hold two or more keys
+	leases := make([]backend.Lease, n)
+	slots := map[int64]bool{}
+	for i := range leases {
+		key := fmt.Sprintf("election-%d", i)
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "me", TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i] = l
+		slot, err := c.ClusterKeySlot(ctx, "sovereign:{"+key+"}").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots[slot] = true
+	}
+	if len(slots) >= n {
+		t.Fatalf("%d keys in %d slots: the test needs keys that share slots", n, len(slots))
+	}
+	if errs := b.RenewBatch(ctx, leases[:1]); errs[0] != nil { // loads the script
+		t.Fatal(errs[0])
+	}
+	var hook countingHook
+	c.AddHook(&hook)
+	for i, err := range b.RenewBatch(ctx, leases) {
+		if err != nil {
+			t.Fatalf("lease %d: %v", i, err)
+		}
+	}
+	if hook.n != len(slots) {
+		t.Errorf("renewing %d leases in %d slots sent %d scripts, want one per slot", n, len(slots), hook.n)
+	}
+}
