@@ -91,8 +91,8 @@ func (bt *batcher) flush() {
 	}
 }
 
-// send runs batch as one pipeline of EVALSHA, then EVAL for each call the
-// server did not know the script of.
+// send runs the calls of batch whose context has not ended as one
+// pipeline (evalPipeline).
 func (bt *batcher) send(batch []*batchCall) {
 	live := batch[:0:0]
 	for _, c := range batch {
@@ -108,34 +108,50 @@ func (bt *batcher) send(batch []*batchCall) {
 	}
 	ctx, cancel := batchContext(live)
 	defer cancel()
-	p := bt.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(live))
+	scripts := make([]scriptCall, len(live))
 	for i, c := range live {
-		cmds[i] = c.script.EvalSha(ctx, p, c.keys, c.args...)
+		scripts[i] = scriptCall{script: c.script, keys: c.keys, args: c.args}
+	}
+	for i, cmd := range evalPipeline(ctx, bt.client, scripts) {
+		live[i].v, live[i].err = cmd.Result()
+	}
+	for _, c := range live {
+		close(c.done)
+	}
+}
+
+// scriptCall is one script to run with its keys and arguments.
+type scriptCall struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+}
+
+// evalPipeline runs calls as one pipeline of EVALSHA, then, in a second
+// pipeline, EVAL for each call whose script the server did not know
+// (NOSCRIPT: after SCRIPT FLUSH or a restart). It returns each call's
+// command, in order.
+func evalPipeline(ctx context.Context, c Client, calls []scriptCall) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(calls))
+	p := c.Pipeline()
+	for i, sc := range calls {
+		cmds[i] = sc.script.EvalSha(ctx, p, sc.keys, sc.args...)
 	}
 	_, _ = p.Exec(ctx)
 	var retry []int
 	for i, cmd := range cmds {
 		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 			retry = append(retry, i)
-			continue
 		}
-		live[i].v, live[i].err = cmd.Result()
 	}
 	if len(retry) > 0 {
-		p := bt.client.Pipeline()
+		p := c.Pipeline()
 		for _, i := range retry {
-			c := live[i]
-			cmds[i] = c.script.Eval(ctx, p, c.keys, c.args...)
+			cmds[i] = calls[i].script.Eval(ctx, p, calls[i].keys, calls[i].args...)
 		}
 		_, _ = p.Exec(ctx)
-		for _, i := range retry {
-			live[i].v, live[i].err = cmds[i].Result()
-		}
 	}
-	for _, c := range live {
-		close(c.done)
-	}
+	return cmds
 }
 
 // batchContext bounds a pipeline by the latest deadline of its calls (none

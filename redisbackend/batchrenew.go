@@ -239,8 +239,8 @@ func (b *Backend) group(calls []batchScriptCall, groups map[string]int, key stri
 	return g
 }
 
-// runBatch sends calls as one pipeline (EVALSHA, then EVAL for those the
-// server did not know the script of) and reports each item's status.
+// runBatch sends calls as one pipeline (evalPipeline) and reports each
+// item's status.
 func (b *Backend) runBatch(ctx context.Context, s *redis.Script, calls []batchScriptCall, report func(item int, reply any, err error)) {
 	if len(calls) == 0 {
 		return
@@ -248,25 +248,11 @@ func (b *Backend) runBatch(ctx context.Context, s *redis.Script, calls []batchSc
 	replies := make([][]any, len(calls))
 	callErrs := make([]error, len(calls))
 	err := b.bounded(ctx, func(ctx context.Context) error {
-		cmds := make([]*redis.Cmd, len(calls))
-		p := b.client.Pipeline()
+		scripts := make([]scriptCall, len(calls))
 		for i, c := range calls {
-			cmds[i] = s.EvalSha(ctx, p, c.keys, c.args...)
+			scripts[i] = scriptCall{script: s, keys: c.keys, args: c.args}
 		}
-		_, _ = p.Exec(ctx)
-		var retry []int
-		for i, cmd := range cmds {
-			if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-				retry = append(retry, i)
-			}
-		}
-		if len(retry) > 0 {
-			p := b.client.Pipeline()
-			for _, i := range retry {
-				cmds[i] = s.Eval(ctx, p, calls[i].keys, calls[i].args...)
-			}
-			_, _ = p.Exec(ctx)
-		}
+		cmds := evalPipeline(ctx, b.client, scripts)
 		for i, cmd := range cmds {
 			v, err := cmd.Result()
 			if err != nil {

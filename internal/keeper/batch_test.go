@@ -144,3 +144,40 @@ func TestHungBatchStepsDownAtDeadline(t *testing.T) {
 		}
 	})
 }
+
+// A store that restarts without its data loses every lease: each batched
+// hold steps down with LeaseLost at its next batch, within one interval;
+// and a same-ID twin that takes a lost key afterwards is never renewed by
+// the old hold's batch.
+func TestBatchAfterDataLoss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		b := &batching{Backend: c}
+		hs := startN(t, b, config(b), 10, time.Millisecond)
+		store.Restart(&memorybackend.RestartOptions{})
+		at := time.Now()
+		// A twin with the same holder ID takes key k0 at once.
+		twin, err := c.Acquire(t.Context(), backend.AcquireRequest{Key: "k0", HolderID: "a", TTL: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, h := range hs {
+			<-h.Done()
+			if r, _ := h.Reason(); r != keeper.LeaseLost {
+				t.Errorf("hold %d: reason %v, want LeaseLost", i, r)
+			}
+		}
+		if d := time.Since(at); d > 200*time.Millisecond {
+			t.Errorf("holds stepped down %v after the data loss, want within one RenewInterval (200ms)", d)
+		}
+		for _, h := range hs {
+			release(t, h)
+		}
+		r, err := c.Get(t.Context(), "k0")
+		if err != nil || r.Token != twin.Token {
+			t.Errorf("twin's lease after the old holds released: %+v, %v; want it untouched", r, err)
+		}
+	})
+}
