@@ -3,6 +3,7 @@ package sovereign_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -168,11 +169,13 @@ func TestPausedLeaderIsNotLeaderAfterDeadline(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer e.Close()
-		var leaderCtx context.Context
+		var (
+			leaderCtx context.Context
+			once      sync.Once
+		)
 		acquired := make(chan struct{})
 		go e.Run(t.Context(), func(ctx context.Context) error {
-			leaderCtx = ctx
-			close(acquired)
+			once.Do(func() { leaderCtx = ctx; close(acquired) })
 			<-ctx.Done()
 			return nil
 		})
@@ -185,6 +188,10 @@ func TestPausedLeaderIsNotLeaderAfterDeadline(t *testing.T) {
 				<-release // ignores ctx: the loop goroutine is stuck here
 				return nil, false
 			}
+			// The whole process is paused: it cannot campaign again either
+			// (its release after stepping down frees the key, and a new
+			// term at the same instant as the checks below would race them).
+			h.onAcquire = func(context.Context, backend.AcquireRequest) { <-release }
 		})
 		time.Sleep(400 * time.Millisecond)
 		if !e.IsLeader() {
