@@ -14,14 +14,15 @@ type idleRates struct {
 	leader, follower float64
 }
 
-// idle measures, at default options, the backend requests per minute of an
+// idle measures, at lease TTL ttl for every implementation (Sovereign's
+// other options at their defaults), the backend requests per minute of an
 // idle leader and an idle follower of one election: Sovereign on Redis
 // (counted at the server with MONITOR, so pub/sub health-check pings count
 // too), Sovereign on etcd and etcd concurrency.Election (counted with gRPC
 // interceptors: unary calls plus messages sent on streams). All three run
 // at once over the same window, after settle.
-func (e *env) idle(settle, window time.Duration) (map[string]idleRates, error) {
-	name := e.name("idle")
+func (e *env) idle(ttl, settle, window time.Duration) (map[string]idleRates, error) {
+	name := e.name(fmt.Sprintf("idle%d", int(ttl/time.Second)))
 	var sov []*sovCandidate
 	var els []*elCandidate
 	defer func() {
@@ -34,7 +35,7 @@ func (e *env) idle(settle, window time.Duration) (map[string]idleRates, error) {
 	}()
 	for _, k := range []kind{kindRedis, kindEtcd} {
 		for _, id := range []string{"a", "b"} {
-			c, err := e.newSovCandidate(k, name+"-"+string(k), fmt.Sprintf("%s-%s-%s", name, k, id), sovereign.Options{})
+			c, err := e.newSovCandidate(k, name+"-"+string(k), fmt.Sprintf("%s-%s-%s", name, k, id), sovereign.Options{TTL: ttl})
 			if err != nil {
 				return nil, err
 			}
@@ -43,7 +44,7 @@ func (e *env) idle(settle, window time.Duration) (map[string]idleRates, error) {
 	}
 	pfx := name + "-election"
 	for _, id := range []string{"a", "b"} {
-		c, err := e.newElCandidate(pfx, id, 0)
+		c, err := e.newElCandidate(pfx, id, int(ttl/time.Second))
 		if err != nil {
 			return nil, err
 		}

@@ -29,6 +29,7 @@ type config struct {
 	ttl          time.Duration
 	idleSettle   time.Duration
 	idleWindow   time.Duration
+	idleTTLs     []time.Duration
 	many         []manySpec
 	manyTTL      time.Duration
 	manyJitter   time.Duration
@@ -122,6 +123,8 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.ttl, "ttl", 2*time.Second, "lease/session TTL of the hand-over and crash scenarios (whole seconds, for etcd)")
 	fs.DurationVar(&c.idleSettle, "idle-settle", 12*time.Second, "wait before counting idle requests")
 	fs.DurationVar(&c.idleWindow, "idle-window", time.Minute, "window over which idle requests are counted (scaled to a minute)")
+	idleTTLs := fs.String("idle-ttl", "10s,2s", "comma-separated TTLs of the idle scenario, each used by every implementation "+
+		"(Sovereign Options.TTL, etcd session TTL; whole seconds); 10s is Sovereign's default")
 	many := fs.String("many", "memory/redis/cluster/etcd/election:1000/10000",
 		"many-elections runs: comma-separated kinds:counts, each '/'-separated, kinds memory, redis, cluster (Redis Cluster), etcd (Sovereign) "+
 			"or election (etcd concurrency.Election); e.g. redis/etcd:100/1000")
@@ -156,6 +159,13 @@ func parseFlags(args []string) (config, error) {
 		c.manySettle, c.manyWindow, c.manyWindows = 3*time.Second, 3*time.Second, 1
 		c.lockDur = 500 * time.Millisecond
 		c.handoffN = 10
+	}
+	for _, f := range strings.Split(*idleTTLs, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(f))
+		if err != nil || d < time.Second || d%time.Second != 0 {
+			return c, fmt.Errorf("-idle-ttl %q: want whole seconds, at least 1s (etcd leases count in seconds)", f)
+		}
+		c.idleTTLs = append(c.idleTTLs, d)
 	}
 	c.only = make(map[string]bool)
 	for _, s := range strings.Split(*only, ",") {
@@ -234,14 +244,16 @@ func run(cfg config) error {
 		}
 	}
 	if cfg.only["idle"] {
-		progress("idle requests: settle %v, window %v", cfg.idleSettle, cfg.idleWindow)
-		m, err := e.idle(cfg.idleSettle, cfg.idleWindow)
-		if err != nil {
-			return err
-		}
-		for _, col := range []string{colSovRedis, colSovEtcd, colElection} {
-			r.add("Idle leader: backend requests/min (default options)", col, "%.1f", m[col].leader)
-			r.add("Idle follower: backend requests/min (default options)", col, "%.1f", m[col].follower)
+		for _, ttl := range cfg.idleTTLs {
+			progress("idle requests at TTL %v: settle %v, window %v", ttl, cfg.idleSettle, cfg.idleWindow)
+			m, err := e.idle(ttl, cfg.idleSettle, cfg.idleWindow)
+			if err != nil {
+				return err
+			}
+			for _, col := range []string{colSovRedis, colSovEtcd, colElection} {
+				r.add(fmt.Sprintf("Idle leader: backend requests/min (TTL %v)", ttl), col, "%.1f", m[col].leader)
+				r.add(fmt.Sprintf("Idle follower: backend requests/min (TTL %v)", ttl), col, "%.1f", m[col].follower)
+			}
 		}
 	}
 	if cfg.only["lock"] {
@@ -468,7 +480,8 @@ func notes(cfg config, r *results) {
 			"crash → the next leader's acquisition − TTL, i.e. the delay beyond the lease's expiry.", cfg.ttl)
 	}
 	if cfg.only["idle"] {
-		r.note("Idle: two candidates of one election at default options (Sovereign TTL 10 s; etcd session TTL 60 s), counted over %v after %v "+
+		r.note("Idle: two candidates of one election at the row's TTL for everyone (Sovereign Options.TTL, other options at their "+
+			"defaults; etcd concurrency.Election's session TTL), counted over %v after %v "+
 			"of settling, scaled to a minute. Redis: commands counted at the server with MONITOR (each EVALSHA is one; pub/sub PINGs count); "+
 			"etcd: gRPC unary calls plus messages sent on streams.", cfg.idleWindow, cfg.idleSettle)
 	}
