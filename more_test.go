@@ -302,7 +302,7 @@ func TestBadOptions(t *testing.T) {
 		{"name reserved for locks", mem, "lock/x", "a", nil, `names beginning with "lock/" are reserved`},
 		{"TTL below the backend's minimum", limited{mem}, "e", "a", &sovereign.Options{TTL: 500 * time.Millisecond}, "TTL (500ms) is below the backend's minimum of 1s"},
 		{"name the backend cannot store", limited{mem}, "jobs/heartbeat/x", "a", nil, `election name "jobs/heartbeat/x" cannot be stored by this backend`},
-		{"TTL far too short", mem, "e", "a", &sovereign.Options{TTL: 100 * time.Microsecond}, "RenewInterval (20µs) must be at least 100µs"},
+		{"TTL far too short", mem, "e", "a", &sovereign.Options{TTL: 100 * time.Microsecond}, "RenewInterval (33.333µs) must be at least 100µs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, err := sovereign.New(tc.b, tc.elect, tc.id, tc.opts)
@@ -320,7 +320,7 @@ func TestBadOptions(t *testing.T) {
 			t.Fatal(err)
 		}
 		o := e.Options()
-		want := sovereign.Options{TTL: 10 * time.Second, RenewDeadline: 7 * time.Second, RenewInterval: 2 * time.Second,
+		want := sovereign.Options{TTL: 10 * time.Second, RenewDeadline: 7 * time.Second, RenewInterval: 10 * time.Second / 3,
 			RequestTimeout: 2 * time.Second, HeartbeatInterval: 5 * time.Second, HeartbeatTTL: 15 * time.Second,
 			StartupJitter: 250 * time.Millisecond, ResignSitOut: 2 * time.Second}
 		o.Logger = nil

@@ -47,14 +47,17 @@ type Options struct {
 	RenewDeadline time.Duration
 
 	// RenewInterval is how often the leader renews its lease. Must be less
-	// than RenewDeadline; a failed renewal is retried after a quarter of it.
-	// Default: 1/5 of TTL (2 s).
+	// than RenewDeadline; a failed renewal is retried after a quarter of it,
+	// so with the defaults a renewal that times out (RequestTimeout 2 s) is
+	// still retried before RenewDeadline.
+	// Default: 1/3 of TTL (3.3 s), the cadence of an etcd session's
+	// keep-alive.
 	RenewInterval time.Duration
 
 	// RequestTimeout bounds every backend call. A leader's calls are also cut
 	// at its renew deadline, so a hung backend never delays a step-down. Must
 	// be less than RenewDeadline.
-	// Default: RenewInterval (2 s).
+	// Default: 1/5 of TTL (2 s), at most RenewInterval.
 	RequestTimeout time.Duration
 
 	// HeartbeatInterval is how often every instance, leader or not, refreshes
@@ -84,7 +87,7 @@ type Options struct {
 
 	// ResignSitOut is how long an elector that resigned waits before it
 	// campaigns again, so that another candidate takes over.
-	// Default: RenewInterval (2 s).
+	// Default: 1/5 of TTL (2 s), at most RenewInterval.
 	ResignSitOut time.Duration
 
 	// Metadata is stored with the lease and shown to anyone who reads the
@@ -132,10 +135,10 @@ func (o *Options) withDefaults() (Options, error) {
 		r.RenewDeadline = r.TTL * 7 / 10
 	}
 	if r.RenewInterval == 0 {
-		r.RenewInterval = r.TTL / 5
+		r.RenewInterval = r.TTL / 3
 	}
 	if r.RequestTimeout == 0 {
-		r.RequestTimeout = r.RenewInterval
+		r.RequestTimeout = min(r.TTL/5, r.RenewInterval)
 	}
 	if r.HeartbeatInterval == 0 {
 		r.HeartbeatInterval = r.TTL / 2
@@ -150,7 +153,7 @@ func (o *Options) withDefaults() (Options, error) {
 		r.StartupJitter = 0
 	}
 	if r.ResignSitOut == 0 {
-		r.ResignSitOut = r.RenewInterval
+		r.ResignSitOut = min(r.TTL/5, r.RenewInterval)
 	}
 	if r.Logger == nil {
 		r.Logger = slog.Default()
