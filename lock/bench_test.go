@@ -2,6 +2,12 @@ package lock_test
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,4 +57,79 @@ func BenchmarkPair(b *testing.B) {
 			}
 		}
 	})
+}
+
+// batchingMemory is a memory backend that renews in batches, as Redis and
+// etcd do, so that held locks go through the keeper's shared scheduler.
+type batchingMemory struct {
+	*memorybackend.Backend
+	batches atomic.Int64
+}
+
+func (m *batchingMemory) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
+	m.batches.Add(1)
+	errs := make([]error, len(leases))
+	for i, l := range leases {
+		errs[i] = m.Backend.Renew(ctx, l)
+	}
+	return errs
+}
+
+// BenchmarkHeld measures what N locks held by one process cost at rest, in
+// real time, on the memory backend renewing in batches (no network, so the
+// figures are the client's alone): CPU, goroutines, heap, batch calls.
+//
+//	SOVEREIGN_HELD_N=100000 go test -run '^$' -bench BenchmarkHeld -benchtime 1x ./lock
+//
+// SOVEREIGN_HELD_N sets the number of locks (default 10000).
+func BenchmarkHeld(b *testing.B) {
+	n := 10000
+	if v := os.Getenv("SOVEREIGN_HELD_N"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil {
+			b.Fatalf("SOVEREIGN_HELD_N: %v", err)
+		}
+	}
+	for range b.N {
+		heldRun(b, n)
+	}
+}
+
+func heldRun(b *testing.B, n int) {
+	m := &batchingMemory{Backend: memorybackend.New()}
+	defer m.Close()
+	l, err := lock.New(m, "me", &lock.Options{TTL: 10 * time.Second, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	held := make([]*lock.Lock, n)
+	for i := range held {
+		if held[i], err = l.TryAcquire(context.Background(), fmt.Sprintf("held/%d", i), nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	time.Sleep(3 * time.Second) // settle: a measurement's window, not synchronisation
+	const window = 10 * time.Second
+	c0, n0 := cpuTime(), m.batches.Load()
+	time.Sleep(window)
+	c1, n1 := cpuTime(), m.batches.Load()
+	for i, lk := range held {
+		if !lk.Held() {
+			b.Fatalf("lock %d of %d not held at the end", i, n)
+		}
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(100*float64(c1-c0)/float64(window), "client-%core")
+	b.ReportMetric(float64(n1-n0)*float64(time.Second)/float64(window), "batches/s")
+	b.ReportMetric(float64(runtime.NumGoroutine()), "goroutines")
+	b.ReportMetric(float64(ms.HeapAlloc>>20), "heap-MiB")
+}
+
+// cpuTime is the CPU time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

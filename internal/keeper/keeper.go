@@ -14,25 +14,37 @@
 // when a renewal hangs, and Held checks the monotonic clock on every call, so
 // a paused process answers false as soon as it runs again.
 //
+// A hold on a backend that renews one lease per call has one timer, armed for
+// the earliest of its deadline, its next renewal and MaxHold, and no
+// goroutine: the timer's callback renews, and a renewal's goroutine exists
+// only while it runs.
+//
 // On a backend that renews in batches (backend.BatchRenewer), the periodic
-// renewals of every hold with the same RenewInterval are scheduled on one
-// grid of instants (multiples of the interval, never later than one
-// interval after the previous renewal) and sent together, one batch call
-// per instant (package internal/coalesce): an instance holding thousands of
-// leases sends one request per interval (per slot, on Redis Cluster). Each
-// lease is still checked on its own, and each hold's deadline counts from
-// its own call, made before the batch was sent.
+// renewals of every hold with the same backend and RenewInterval are driven
+// by one shared scheduler: one timer wakes it at each instant of a grid
+// (multiples of the interval, never later than one interval after the
+// previous renewal), and its one goroutine, which exists only while it runs,
+// sends every hold due with one batch call (in chunks of
+// coalesce.MaxBatch): an instance holding thousands of leases sends one
+// request per interval (per slot, on Redis Cluster) and keeps no timer,
+// context or goroutine per lease. Each lease is still checked on its own:
+// one the store lost steps down alone, and each hold's deadline counts from
+// the send time of the batch call that covered it. The deadlines live in
+// buckets (one per batch call and deadline) watched by the scheduler's one
+// deadline timer, which runs apart from the batch calls: a hold whose batch
+// hangs steps down at its own deadline.
 //
 // Ending a hold has two steps. Step-down (the deadline passes, the store says
 // the lease is lost, MaxHold passes, or the owner calls Stop or Release)
 // cancels the context at once; renewals go on, so the lease stays the
 // holder's while its work winds down. Release, called once that work has
-// returned, stops renewing and deletes the lease, owner-checked. A release
-// that fails because the store is unreachable is retried in the background
-// (owner-checked, so a late one is harmless) until it succeeds, the store
-// reports the lease gone, or the parent context given to Start ends: a store
-// that comes back with the lease (etcd restores leases with a full TTL after
-// a restart) is not left holding it for a dead owner.
+// returned, stops renewing and deletes the lease, owner-checked; a renewal
+// in flight, alone or in a batch, is waited for first, so none is sent after
+// it. A release that fails because the store is unreachable is retried in
+// the background (owner-checked, so a late one is harmless) until it
+// succeeds, the store reports the lease gone, or the parent context given to
+// Start ends: a store that comes back with the lease (etcd restores leases
+// with a full TTL after a restart) is not left holding it for a dead owner.
 package keeper
 
 import (
@@ -40,12 +52,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"reflect"
 	"sync"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
-	"github.com/sovereign-go/sovereign/internal/coalesce"
 )
 
 // Reason says why a hold stepped down.
@@ -82,6 +92,24 @@ func (r Reason) String() string {
 	return fmt.Sprintf("Reason(%d)", int(r))
 }
 
+// Owner receives a hold's events. It is an alternative to Config's callback
+// fields that costs no closure per hold (a lock passes itself); when both
+// are set, the callback fields are used. Its methods must not block.
+type Owner interface {
+	// Cause returns the context cause for a step-down of reason r (err is
+	// the error that caused it, if any).
+	Cause(r Reason, err error) error
+	// SteppedDown is called once, after the hold stepped down and its
+	// context (if one was made) was cancelled, from the goroutine that
+	// stepped it down.
+	SteppedDown(r Reason, cause error)
+	// Failed is called for every failed renewal or release attempt (op is
+	// "renew" or "release").
+	Failed(op string, err error)
+	// Finished is called once the hold has finished, as Config.OnFinished.
+	Finished()
+}
+
 // Config configures a Hold. Every duration must be positive except MaxHold;
 // the owner validates them.
 type Config struct {
@@ -98,8 +126,11 @@ type Config struct {
 	// MaxHold, when positive, steps down and stops renewing this long after
 	// the acquisition was sent.
 	MaxHold time.Duration
+	// Owner, if not nil, receives the hold's events (see Owner).
+	Owner Owner
 	// Cause returns the context cause for a step-down of reason r (err is
-	// the error that caused it, if any). Nil: an error naming the reason.
+	// the error that caused it, if any). Nil: Owner.Cause, or an error
+	// naming the reason.
 	Cause func(r Reason, err error) error
 	// OnError, if not nil, is called for every failed renewal or release
 	// attempt (op is "renew" or "release"). It must not block.
@@ -117,20 +148,20 @@ type Config struct {
 // Hold keeps one lease. Its methods are safe for concurrent use.
 //
 // A Hold has no goroutine of its own: its renewals, its deadline and MaxHold
-// run in timer callbacks (a renewal's goroutine exists only while it runs),
-// Release runs in the caller's goroutine, and only a release that failed
-// starts a goroutine, to retry it.
+// run in timer callbacks (its own timer's, or its scheduler's), Release runs
+// in the caller's goroutine, and only a release that failed starts a
+// goroutine, to retry it. Its context and channels are made when first asked
+// for.
 type Hold struct {
 	cfg      Config
-	batch    backend.BatchRenewer // non-nil: periodic renewals go in batches, on the grid
+	sch      *scheduler // non-nil: periodic renewals go through a shared scheduler, in batches
 	lease    backend.Lease
 	acquired time.Time // when the acquisition was sent
 	parent   context.Context
-	ctx      context.Context
-	cancel   context.CancelCauseFunc
-	finished chan struct{} // closed once nothing of the hold runs any more
 
 	mu        sync.Mutex // guards the fields below
+	ctx       context.Context
+	cancel    context.CancelCauseFunc // nil until Context is first called
 	deadline  time.Time
 	lastSent  time.Time // send time of the last successful acquire or renewal
 	failures  int       // consecutive failed renewals
@@ -139,49 +170,59 @@ type Hold struct {
 	reason    Reason
 	cause     error
 	lost      bool          // the store said the lease is gone: nothing to renew or release
-	timer     *time.Timer   // the deadline
-	renewT    *time.Timer   // the next periodic renewal; nil with NoRenew
-	maxT      *time.Timer   // MaxHold; nil without
+	timer     *time.Timer   // own timer: deadline, renewal and MaxHold; with a scheduler MaxHold only (nil without)
+	nextRenew time.Time     // without a scheduler: when the next periodic renewal is due
+	maxDone   bool          // MaxHold has passed
 	renewOn   bool          // renewals go on: not NoRenew, MaxHold not passed, not releasing
-	renewing  bool          // a renewal callback runs
+	renewing  bool          // a renewal of this hold's own runs
 	kicked    bool          // RenewNow was called while a renewal ran: renew again after it
-	renewDone chan struct{} // closed when the running renewal callback ends
+	renewWait chan struct{} // made by Release waiting for a renewal of its own; closed when it ends
 	releasing bool          // Release has begun: no renewal starts any more
-	relDone   chan struct{} // closed when the first Release has its result
+	relOver   bool          // the first Release has its result
+	relWait   chan struct{} // made by a second Release call; closed with relOver
 	relResult error
+	done      bool          // the hold has finished
+	finished  chan struct{} // made by Finished; closed once done
+
+	m member // guarded by sch.mu
 }
 
 // Start keeps lease, acquired by a request sent at sent, until Release. parent
 // bounds only the background retries of a failed release; ending it does not
 // step down (the owner calls Stop or Release for that).
 func Start(parent context.Context, cfg Config, lease backend.Lease, sent time.Time) *Hold {
-	ctx, cancel := context.WithCancelCause(context.Background())
 	h := &Hold{
 		cfg:      cfg,
 		lease:    lease,
 		acquired: sent,
 		parent:   parent,
-		ctx:      ctx,
-		cancel:   cancel,
-		finished: make(chan struct{}),
 		lastSent: sent,
-		relDone:  make(chan struct{}),
 		renewOn:  !cfg.NoRenew,
-	}
-	if br, ok := cfg.Backend.(backend.BatchRenewer); ok && reflect.TypeOf(cfg.Backend).Comparable() {
-		h.batch = br
+		m:        member{idx: -1},
 	}
 	h.deadline = h.deadlineFor(sent)
-	// The callbacks take h.mu first, so none of them runs before the timers
-	// are all set.
-	h.mu.Lock()
-	h.timer = time.AfterFunc(time.Until(h.deadline), func() { h.stepDown(Deadline, nil, nil) })
+	now := time.Now()
 	if !cfg.NoRenew {
-		h.renewT = time.AfterFunc(h.nextRenewal(), h.tick)
+		if s := schedulerFor(cfg.Backend, cfg.RenewInterval); s != nil {
+			for !s.add(h, now) {
+				// That scheduler went idle and was dropped: take the next.
+				s = schedulerFor(cfg.Backend, cfg.RenewInterval)
+			}
+			if cfg.MaxHold > 0 {
+				// The callback takes h.mu first, so it never runs before
+				// the timer is set.
+				h.mu.Lock()
+				h.timer = time.AfterFunc(h.acquired.Add(cfg.MaxHold).Sub(now), h.fire)
+				h.mu.Unlock()
+			}
+			return h
+		}
+		h.nextRenew = now.Add(cfg.RenewInterval)
 	}
-	if cfg.MaxHold > 0 {
-		h.maxT = time.AfterFunc(time.Until(h.acquired.Add(cfg.MaxHold)), h.maxHold)
-	}
+	// The callback takes h.mu first, so it never runs before h is set.
+	h.mu.Lock()
+	h.timer = time.AfterFunc(time.Hour, h.fire)
+	h.armLocked(now)
 	h.mu.Unlock()
 	return h
 }
@@ -190,16 +231,39 @@ func Start(parent context.Context, cfg Config, lease backend.Lease, sent time.Ti
 func (h *Hold) Lease() backend.Lease { return h.lease }
 
 // Context returns a context cancelled at step-down, with the step-down's
-// cause (context.Cause).
-func (h *Hold) Context() context.Context { return h.ctx }
+// cause (context.Cause). It is made on the first call; after step-down that
+// call returns a context already cancelled with the cause.
+func (h *Hold) Context() context.Context {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ctx == nil {
+		h.ctx, h.cancel = context.WithCancelCause(context.Background())
+		if h.stepped {
+			// No one else holds this context yet: cancelling it under h.mu
+			// runs nothing.
+			h.cancel(h.cause)
+		}
+	}
+	return h.ctx
+}
 
 // Done is closed at step-down.
-func (h *Hold) Done() <-chan struct{} { return h.ctx.Done() }
+func (h *Hold) Done() <-chan struct{} { return h.Context().Done() }
 
 // Finished is closed once nothing of the hold runs any more: after Release
 // has returned, any renewal in flight has ended, and any background release
 // retries have ended.
-func (h *Hold) Finished() <-chan struct{} { return h.finished }
+func (h *Hold) Finished() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.finished == nil {
+		h.finished = make(chan struct{})
+		if h.done {
+			close(h.finished)
+		}
+	}
+	return h.finished
+}
 
 // Held reports whether the hold has not stepped down and its deadline has
 // not passed, checking the clocks now: the monotonic clock, and the wall
@@ -289,10 +353,16 @@ func (h *Hold) Stop(cause error) bool {
 
 // RenewNow asks for a renewal as soon as possible, for instance because the
 // store may have restarted and lost the lease. It does not block: it starts
-// the renewal in a goroutine, or, when one is running, has it renew once
-// more when it ends. It does nothing once renewals have stopped (NoRenew,
-// MaxHold, Release, or the store reported the lease gone).
+// the renewal in a goroutine (or, on a backend that renews in batches, wakes
+// the scheduler, which renews every hold asked for in one batch), or, when
+// one is running, has it renew once more when it ends. It does nothing once
+// renewals have stopped (NoRenew, MaxHold, Release, or the store reported
+// the lease gone).
 func (h *Hold) RenewNow() {
+	if h.sch != nil {
+		h.sch.renewNow(h)
+		return
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
@@ -300,8 +370,7 @@ func (h *Hold) RenewNow() {
 	case h.renewing:
 		h.kicked = true
 	default:
-		h.renewT.Stop() // the renewal re-arms it
-		h.startRenewing()
+		h.renewing = true
 		go h.renewLoop()
 	}
 }
@@ -316,7 +385,7 @@ func (h *Hold) Extend(ctx context.Context) error {
 		_, cause := h.Reason()
 		return cause
 	}
-	err := h.renew(ctx, false)
+	err := h.renew(ctx)
 	if !h.Held() { // cut at the deadline, or landed after it: too late
 		_, cause := h.Reason()
 		return cause
@@ -370,36 +439,46 @@ func (h *Hold) SetMetadata(ctx context.Context, md map[string]string) error {
 
 // Release steps down (reason Released) unless the hold already stepped down,
 // stops renewing and deletes the lease, owner-checked, bounded by ctx and
-// RequestTimeout. It runs in the caller's goroutine; a renewal in flight is
-// waited for first (it is bounded by RequestTimeout), so no renewal is sent
-// after the release. It returns nil when the lease was deleted, an error
-// wrapping backend.ErrLeaseLost when the store no longer held it (it had been
-// lost), or the store's error; in that last case the release is retried in
-// the background until it succeeds, the store reports the lease gone, or the
-// parent context ends. Later calls return the first call's result.
+// RequestTimeout. It runs in the caller's goroutine; a renewal in flight
+// (alone, or in a batch) is waited for first (it is bounded by
+// RequestTimeout), so no renewal is sent after the release. It returns nil
+// when the lease was deleted, an error wrapping backend.ErrLeaseLost when the
+// store no longer held it (it had been lost), or the store's error; in that
+// last case the release is retried in the background until it succeeds, the
+// store reports the lease gone, or the parent context ends. Later calls
+// return the first call's result.
 func (h *Hold) Release(ctx context.Context) error {
 	h.stepDown(Released, nil, nil)
 	h.mu.Lock()
 	if h.releasing {
-		h.mu.Unlock()
-		<-h.relDone
-		h.mu.Lock()
+		if !h.relOver {
+			if h.relWait == nil {
+				h.relWait = make(chan struct{})
+			}
+			w := h.relWait
+			h.mu.Unlock()
+			<-w
+			h.mu.Lock()
+		}
 		defer h.mu.Unlock()
 		return h.relResult
 	}
 	h.releasing, h.renewOn, h.kicked = true, false, false
-	if h.renewT != nil {
-		h.renewT.Stop()
-	}
-	if h.maxT != nil {
-		h.maxT.Stop()
-	}
-	var inFlight chan struct{}
+	var inFlight <-chan struct{}
 	if h.renewing {
-		inFlight = h.renewDone
+		if h.renewWait == nil {
+			h.renewWait = make(chan struct{})
+		}
+		inFlight = h.renewWait
 	}
+	h.armLocked(time.Now())
 	lost := h.lost
 	h.mu.Unlock()
+	if h.sch != nil {
+		if f := h.sch.remove(h); f != nil {
+			inFlight = f
+		}
+	}
 	if inFlight != nil {
 		<-inFlight
 		lost = h.isLost()
@@ -414,8 +493,10 @@ func (h *Hold) Release(ctx context.Context) error {
 	}
 	retry := err != nil && !errors.Is(err, backend.ErrLeaseLost)
 	h.mu.Lock()
-	h.relResult = err
-	close(h.relDone)
+	h.relResult, h.relOver = err, true
+	if h.relWait != nil {
+		close(h.relWait)
+	}
 	h.mu.Unlock()
 	if retry {
 		go h.retryRelease()
@@ -443,50 +524,99 @@ func (h *Hold) retryRelease() {
 
 // finish closes Finished and calls OnFinished.
 func (h *Hold) finish() {
-	close(h.finished)
-	if h.cfg.OnFinished != nil {
+	h.mu.Lock()
+	h.done = true
+	if h.finished != nil {
+		close(h.finished)
+	}
+	h.mu.Unlock()
+	switch {
+	case h.cfg.OnFinished != nil:
 		h.cfg.OnFinished()
+	case h.cfg.Owner != nil:
+		h.cfg.Owner.Finished()
 	}
 }
 
-// startRenewing marks a renewal callback running. h.mu must be held.
-func (h *Hold) startRenewing() {
-	h.renewing = true
-	h.renewDone = make(chan struct{})
+// fire is the callback of the hold's own timer: it steps down at the
+// deadline or at MaxHold, starts a periodic renewal when one is due (and
+// runs it in this goroutine), and re-arms the timer for what comes next.
+// Every decision is taken under h.mu against the clock, so a callback that
+// runs early or twice does no harm.
+func (h *Hold) fire() {
+	h.mu.Lock()
+	now := time.Now()
+	var (
+		deadline = !h.stepped && !now.Before(h.deadline) && h.sch == nil
+		maxHold  = h.cfg.MaxHold > 0 && !h.maxDone && !now.Before(h.acquired.Add(h.cfg.MaxHold))
+		leave    = false // the hold leaves its scheduler: MaxHold stops renewals
+		renew    = false
+	)
+	if maxHold {
+		h.maxDone = true
+		leave = h.sch != nil && h.renewOn
+		h.renewOn, h.kicked = false, false
+	}
+	if h.sch == nil && h.renewOn && !h.lost && !h.renewing && !now.Before(h.nextRenew) {
+		h.renewing, renew = true, true
+	}
+	h.armLocked(now)
+	h.mu.Unlock()
+	if leave {
+		h.sch.remove(h)
+	}
+	// The deadline comes first when both are due: the hold is no longer
+	// certain of its lease, whatever MaxHold says.
+	if deadline {
+		h.stepDown(Deadline, nil, nil)
+	}
+	if maxHold {
+		h.stepDown(MaxHold, nil, nil)
+	}
+	if renew {
+		h.renewLoop()
+	}
 }
 
-// tick is the periodic renewal timer's callback.
-func (h *Hold) tick() {
-	h.mu.Lock()
-	if !h.renewOn || h.lost || h.renewing {
-		// Stopped, or a RenewNow renewal runs and re-arms the timer.
-		h.mu.Unlock()
+// armLocked sets the hold's own timer for the earliest event still to come:
+// the deadline (until step-down), the next periodic renewal (while none
+// runs) and MaxHold; on a hold with a scheduler, MaxHold only. h.mu must be
+// held.
+func (h *Hold) armLocked(now time.Time) {
+	if h.timer == nil {
 		return
 	}
-	h.startRenewing()
-	h.mu.Unlock()
-	h.renewLoop()
-}
-
-// maxHold is the MaxHold timer's callback: renewals stop, then the hold
-// steps down.
-func (h *Hold) maxHold() {
-	h.mu.Lock()
-	h.renewOn, h.kicked = false, false
-	if h.renewT != nil {
-		h.renewT.Stop()
+	var next time.Time
+	at := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
 	}
-	h.mu.Unlock()
-	h.stepDown(MaxHold, nil, nil)
+	if h.cfg.MaxHold > 0 && !h.maxDone && (h.renewOn || !h.stepped) {
+		at(h.acquired.Add(h.cfg.MaxHold))
+	}
+	if h.sch == nil {
+		if !h.stepped {
+			at(h.deadline)
+		}
+		if h.renewOn && !h.lost && !h.renewing {
+			at(h.nextRenew)
+		}
+	}
+	if next.IsZero() {
+		h.timer.Stop()
+		return
+	}
+	h.timer.Reset(next.Sub(now))
 }
 
 // renewLoop renews once, again while RenewNow asked for more during the
-// renewal, then re-arms the periodic timer and ends the renewal callback.
-// The caller has called startRenewing.
+// renewal, then schedules the next periodic renewal. The caller has set
+// h.renewing.
 func (h *Hold) renewLoop() {
 	for {
 		h.Held() // steps down first if the wall clock passed the deadline
-		err := h.renew(context.Background(), true)
+		err := h.renew(context.Background())
 		h.mu.Lock()
 		if h.kicked && h.renewOn && !h.lost {
 			h.kicked = false
@@ -494,44 +624,29 @@ func (h *Hold) renewLoop() {
 			continue
 		}
 		h.kicked = false
-		if h.renewOn && !h.lost {
-			switch {
-			case err == nil:
-				h.renewT.Reset(h.nextRenewal())
-			case errors.Is(err, backend.ErrLeaseLost):
-				// Nothing left to renew.
-			default:
-				h.renewT.Reset(h.cfg.RenewInterval / 4)
-			}
+		now := time.Now()
+		switch {
+		case err == nil:
+			h.nextRenew = now.Add(h.cfg.RenewInterval)
+		case errors.Is(err, backend.ErrLeaseLost):
+			// Nothing left to renew.
+		default:
+			h.nextRenew = now.Add(h.cfg.RenewInterval / 4)
 		}
 		h.renewing = false
-		close(h.renewDone)
+		if h.renewWait != nil {
+			close(h.renewWait)
+			h.renewWait = nil
+		}
+		h.armLocked(now)
 		h.mu.Unlock()
 		return
 	}
 }
 
-// renewals batches the periodic renewals of every hold of a process on one
-// backend: holds that renew on the same grid (see nextRenewal) fall due
-// together and go out in one BatchRenewer call.
-var renewals coalesce.Registry[backend.Backend, backend.Lease]
-
-// nextRenewal returns how long until the next periodic renewal: one
-// RenewInterval, or, on a backend that renews in batches, until the next
-// instant on the grid of RenewInterval, which is never later, so that the
-// holds of one interval renew together.
-func (h *Hold) nextRenewal() time.Duration {
-	if h.batch == nil {
-		return h.cfg.RenewInterval
-	}
-	return coalesce.Grid(time.Now(), h.cfg.RenewInterval)
-}
-
-// renew sends one owner-checked renewal and updates the deadline. A
-// periodic renewal (batch) on a backend that renews in batches goes out
-// with the others due at the same time; the send time that counts is still
-// this call's, which is no later than the batch's.
-func (h *Hold) renew(ctx context.Context, batch bool) error {
+// renew sends one owner-checked renewal of this lease alone and updates the
+// deadline.
+func (h *Hold) renew(ctx context.Context) error {
 	s := time.Now()
 	dl := s.Add(h.cfg.RequestTimeout)
 	h.mu.Lock()
@@ -540,12 +655,7 @@ func (h *Hold) renew(ctx context.Context, batch bool) error {
 	}
 	h.mu.Unlock()
 	cctx, cancel := context.WithDeadline(ctx, dl)
-	var err error
-	if batch && h.batch != nil {
-		err = renewals.Do(cctx, h.cfg.Backend, h.batch.RenewBatch, h.lease)
-	} else {
-		err = h.cfg.Backend.Renew(cctx, h.lease)
-	}
+	err := h.cfg.Backend.Renew(cctx, h.lease)
 	cancel()
 	switch {
 	case err == nil:
@@ -555,42 +665,57 @@ func (h *Hold) renew(ctx context.Context, batch bool) error {
 	case errors.Is(err, backend.ErrLeaseLost):
 		h.markLost(err)
 	default:
-		h.mu.Lock()
-		h.failures++
-		// A call cut at the deadline says only that time ran out; keep the
-		// error that explains why the earlier ones failed.
-		if h.lastErr == nil || !errors.Is(err, context.DeadlineExceeded) {
-			h.lastErr = err
-		}
-		h.mu.Unlock()
-		if h.cfg.OnError != nil {
-			h.cfg.OnError("renew", err)
-		}
+		h.failed(err)
 	}
 	return err
 }
 
+// failed records a renewal that failed for a reason other than the lease
+// being gone.
+func (h *Hold) failed(err error) {
+	h.mu.Lock()
+	h.failures++
+	// A call cut at the deadline says only that time ran out; keep the
+	// error that explains why the earlier ones failed.
+	if h.lastErr == nil || !errors.Is(err, context.DeadlineExceeded) {
+		h.lastErr = err
+	}
+	h.mu.Unlock()
+	h.onError("renew", err)
+}
+
+func (h *Hold) onError(op string, err error) {
+	switch {
+	case h.cfg.OnError != nil:
+		h.cfg.OnError(op, err)
+	case h.cfg.Owner != nil:
+		h.cfg.Owner.Failed(op, err)
+	}
+}
+
 // renewed records a renewal sent at s and moves the deadline, unless the
 // hold already stepped down or its deadline passed (then the deadline timer
-// steps down: a late success never revives a hold).
-func (h *Hold) renewed(s time.Time) {
+// steps down: a late success never revives a hold). It returns the new
+// deadline, or the zero time when the deadline did not move.
+func (h *Hold) renewed(s time.Time) time.Time {
 	h.mu.Lock()
 	h.failures, h.lastErr = 0, nil
 	if s.After(h.lastSent) {
 		h.lastSent = s
 	}
 	nd := h.deadlineFor(h.lastSent)
-	extended := false
-	if !h.stepped && time.Now().Before(h.deadline) && nd.After(h.deadline) && h.timer.Stop() {
-		h.deadline = nd
-		h.timer.Reset(time.Until(nd))
-		extended = true
+	var moved time.Time
+	if now := time.Now(); !h.stepped && now.Before(h.deadline) && nd.After(h.deadline) {
+		h.deadline, moved = nd, nd
+		if h.sch == nil {
+			h.armLocked(now)
+		}
 	}
-	dl := h.deadline
 	h.mu.Unlock()
-	if extended && h.cfg.OnRenew != nil {
-		h.cfg.OnRenew(s, dl)
+	if !moved.IsZero() && h.cfg.OnRenew != nil {
+		h.cfg.OnRenew(s, moved)
 	}
+	return moved
 }
 
 func (h *Hold) deadlineFor(sent time.Time) time.Time {
@@ -609,13 +734,17 @@ func (h *Hold) isLost() bool {
 func (h *Hold) markLost(err error) {
 	h.mu.Lock()
 	h.lost = true
+	h.armLocked(time.Now())
 	h.mu.Unlock()
+	if h.sch != nil {
+		h.sch.remove(h)
+	}
 	h.stepDown(LeaseLost, err, nil)
 }
 
 // stepDown ends the hold once: the deadline stops moving, Held turns false,
 // then the context is cancelled. cause, when not nil, is the context's cause;
-// otherwise Config.Cause builds it.
+// otherwise Config.Cause (or Owner.Cause) builds it.
 func (h *Hold) stepDown(r Reason, err, cause error) bool {
 	h.mu.Lock()
 	if h.stepped {
@@ -626,21 +755,31 @@ func (h *Hold) stepDown(r Reason, err, cause error) bool {
 		err = h.lastErr
 	}
 	if cause == nil {
-		if h.cfg.Cause != nil {
+		switch {
+		case h.cfg.Cause != nil:
 			cause = h.cfg.Cause(r, err)
-		} else if err != nil {
+		case h.cfg.Owner != nil:
+			cause = h.cfg.Owner.Cause(r, err)
+		case err != nil:
 			cause = fmt.Errorf("keeper: %s: %w", r, err)
-		} else {
+		default:
 			cause = fmt.Errorf("keeper: %s", r)
 		}
 	}
 	h.stepped, h.reason, h.cause = true, r, cause
-	h.timer.Stop()
-	if now := time.Now(); now.Before(h.deadline) {
+	now := time.Now()
+	if now.Before(h.deadline) {
 		h.deadline = now
 	}
+	h.armLocked(now)
+	cancel := h.cancel
 	h.mu.Unlock()
-	h.cancel(cause)
+	if cancel != nil {
+		cancel(cause)
+	}
+	if h.cfg.Owner != nil {
+		h.cfg.Owner.SteppedDown(r, cause)
+	}
 	return true
 }
 
@@ -648,8 +787,8 @@ func (h *Hold) releaseOnce(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.RequestTimeout)
 	defer cancel()
 	err := h.cfg.Backend.Release(ctx, h.lease)
-	if err != nil && !errors.Is(err, backend.ErrLeaseLost) && h.cfg.OnError != nil {
-		h.cfg.OnError("release", err)
+	if err != nil && !errors.Is(err, backend.ErrLeaseLost) {
+		h.onError("release", err)
 	}
 	return err
 }
