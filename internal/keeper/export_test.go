@@ -1,6 +1,10 @@
 package keeper
 
-import "time"
+import (
+	"time"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
 
 // SetWallClock replaces the wall clock for a test and returns a function
 // that restores it.
@@ -8,4 +12,16 @@ func SetWallClock(f func() time.Time) (restore func()) {
 	old := wallNow
 	wallNow = f
 	return func() { wallNow = old }
+}
+
+// Schedulers returns how many schedulers the process keeps for b.
+func Schedulers(b backend.Backend) int {
+	n := 0
+	schedulers.Range(func(k, _ any) bool {
+		if k.(schedKey).b == b {
+			n++
+		}
+		return true
+	})
+	return n
 }

@@ -1,0 +1,336 @@
+package keeper_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/keeper"
+	"github.com/sovereign-go/sovereign/memorybackend"
+)
+
+// keyed is a memory backend that renews in batches and counts, per key,
+// the renewals its batches carried.
+type keyed struct {
+	*memorybackend.Backend
+	mu      sync.Mutex
+	batches int
+	renews  map[string]int
+	back    time.Time // when the last batch returned
+}
+
+func (b *keyed) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
+	b.mu.Lock()
+	b.batches++
+	if b.renews == nil {
+		b.renews = make(map[string]int)
+	}
+	for _, l := range leases {
+		b.renews[l.Key]++
+	}
+	b.mu.Unlock()
+	errs := make([]error, len(leases))
+	for i, l := range leases {
+		errs[i] = b.Backend.Renew(ctx, l)
+	}
+	b.mu.Lock()
+	b.back = time.Now()
+	b.mu.Unlock()
+	return errs
+}
+
+func (b *keyed) counts() (batches int, renews map[string]int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := make(map[string]int, len(b.renews))
+	for k, v := range b.renews {
+		r[k] = v
+	}
+	return b.batches, r
+}
+
+// acquire acquires key on b and keeps it.
+func acquire(t *testing.T, b backend.Backend, cfg keeper.Config, key string) *keeper.Hold {
+	t.Helper()
+	sent := time.Now()
+	l, err := b.Acquire(t.Context(), backend.AcquireRequest{Key: key, HolderID: "a", TTL: cfg.TTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keeper.Start(t.Context(), cfg, l, sent)
+}
+
+// Holds renewed in batches cost no goroutine at rest and one in all while a
+// batch hangs, however many there are: one scheduler drives them.
+func TestBatchedHoldsShareOneGoroutine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &keyed{Backend: c}
+		cfg := config(b)
+		base := bubbleGoroutines()
+		hs := make([]*keeper.Hold, 300)
+		for i := range hs {
+			hs[i] = acquire(t, b, cfg, fmt.Sprintf("k%d", i))
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if n := bubbleGoroutines(); n != base {
+			t.Errorf("goroutines while 300 batched holds are held: %d, want %d (none)", n, base)
+		}
+		if batches, _ := b.counts(); batches != 10 {
+			t.Errorf("batch calls in 2s: %d, want 10 (one per 200ms instant for all 300 holds)", batches)
+		}
+		// The next instant is at 2.2s: its batch hangs until its 200ms
+		// timeout.
+		c.Hang()
+		time.Sleep(250 * time.Millisecond)
+		synctest.Wait()
+		if n := bubbleGoroutines(); n != base+1 {
+			t.Errorf("goroutines while the batch of 300 holds hangs: %d, want %d (the scheduler's one)", n, base+1)
+		}
+		c.Heal()
+		for _, h := range hs {
+			release(t, h)
+		}
+		if n := keeper.Schedulers(b); n != 1 {
+			t.Errorf("schedulers right after the last release: %d, want 1 (dropped at the next instant)", n)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if n := keeper.Schedulers(b); n != 0 {
+			t.Errorf("schedulers one interval after the last release: %d, want 0", n)
+		}
+	})
+}
+
+// While a batch hangs, each hold steps down at its own deadline, to the
+// instant: a hold started later than another, in the same batch, steps down
+// after the other's earlier deadline fired; and holds a batch renewed share
+// the deadline counted from that batch's send time.
+func TestHungBatchEachAtItsOwnDeadline(t *testing.T) {
+	t.Run("first batch", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			c := memorybackend.NewStore().Client()
+			defer c.Close()
+			b := &keyed{Backend: c}
+			cfg := config(b)
+			t0 := time.Now() // on the grid: the first batch is at +200ms
+			a := acquire(t, b, cfg, "a")
+			time.Sleep(150 * time.Millisecond)
+			bb := acquire(t, b, cfg, "b")
+			time.Sleep(40 * time.Millisecond)
+			c.Hang() // before the first batch, which carries both
+			<-a.Done()
+			if d := time.Since(t0); d != 700*time.Millisecond {
+				t.Errorf("a stepped down at +%v, want +700ms (its own deadline)", d)
+			}
+			if !bb.Held() {
+				t.Error("b stepped down with a, before its own deadline")
+			}
+			<-bb.Done()
+			if d := time.Since(t0); d != 850*time.Millisecond {
+				t.Errorf("b stepped down at +%v, want +850ms (its own deadline)", d)
+			}
+			for _, h := range []*keeper.Hold{a, bb} {
+				if r, _ := h.Reason(); r != keeper.Deadline {
+					t.Errorf("reason %v, want Deadline", r)
+				}
+			}
+			if batches, renews := b.counts(); batches == 0 || renews["a"] != renews["b"] {
+				t.Errorf("%d batches, renewals %v: want a and b in the same batches", batches, renews)
+			}
+			c.Heal()
+			release(t, a)
+			release(t, bb)
+		})
+	})
+	t.Run("after renewals", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			c := memorybackend.NewStore().Client()
+			defer c.Close()
+			b := &keyed{Backend: c}
+			cfg := config(b)
+			t0 := time.Now()
+			a := acquire(t, b, cfg, "a")
+			time.Sleep(150 * time.Millisecond)
+			bb := acquire(t, b, cfg, "b")
+			time.Sleep(100 * time.Millisecond) // past the batch at +200ms
+			for _, h := range []*keeper.Hold{a, bb} {
+				if st := h.Status(); !st.LastRenewal.Equal(t0.Add(200 * time.Millisecond)) {
+					t.Fatalf("last renewal at +%v, want +200ms (the batch's send time)", st.LastRenewal.Sub(t0))
+				}
+			}
+			c.Hang()
+			<-a.Done()
+			<-bb.Done()
+			if d := time.Since(t0); d != 900*time.Millisecond {
+				t.Errorf("stepped down at +%v, want +900ms (the batch at +200ms + RenewDeadline)", d)
+			}
+			c.Heal()
+			release(t, a)
+			release(t, bb)
+		})
+	})
+}
+
+// A Release while its hold's batch is in flight waits for the batch, so no
+// renewal of it is sent after Release returns; the other holds of the batch
+// are renewed on as before.
+func TestReleaseAmidBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		b := &keyed{Backend: c}
+		cfg := config(b)
+		t0 := time.Now()
+		hs := []*keeper.Hold{acquire(t, b, cfg, "k0"), acquire(t, b, cfg, "k1"), acquire(t, b, cfg, "k2")}
+		c.SetLatency(80 * time.Millisecond)
+		time.Sleep(250 * time.Millisecond) // the batch sent at +200ms is in flight
+		if _, renews := b.counts(); renews["k1"] != 1 {
+			t.Fatalf("renewals of k1 by +250ms: %d, want 1 (in flight)", renews["k1"])
+		}
+		if err := hs[1].Release(context.Background()); err != nil {
+			t.Fatalf("Release amid a batch: %v", err)
+		}
+		// It waited for the batch, then released (80ms).
+		b.mu.Lock()
+		back := b.back
+		b.mu.Unlock()
+		if back.Sub(t0) <= 250*time.Millisecond || time.Since(back) != 80*time.Millisecond {
+			t.Errorf("batch returned at +%v, Release at +%v: want Release one call (80ms) after the batch in flight returned", back.Sub(t0), time.Since(t0))
+		}
+		<-hs[1].Finished()
+		_, before := b.counts()
+		time.Sleep(2 * time.Second)
+		_, after := b.counts()
+		if after["k1"] != before["k1"] {
+			t.Errorf("renewals of k1 after its Release returned: %d, want 0", after["k1"]-before["k1"])
+		}
+		if after["k0"]-before["k0"] < 9 {
+			t.Errorf("renewals of k0 in the 2s after k1's release: %d, want about 10", after["k0"]-before["k0"])
+		}
+		other := store.Client()
+		defer other.Close()
+		if _, err := other.Get(t.Context(), "k1"); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("k1 after Release: %v, want ErrNotHeld", err)
+		}
+		for _, i := range []int{0, 2} {
+			if !hs[i].Held() {
+				t.Errorf("hold k%d: not held after another hold of its batch was released", i)
+			}
+		}
+		c.SetLatency(0)
+		release(t, hs[0])
+		release(t, hs[2])
+	})
+}
+
+// After a store restart, RenewNow on every batched hold sends one batch for
+// all of them, and each steps down on its own answer.
+func TestBatchedRenewNow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		b := &keyed{Backend: c}
+		cfg := config(b)
+		hs := make([]*keeper.Hold, 100)
+		for i := range hs {
+			hs[i] = acquire(t, b, cfg, fmt.Sprintf("k%d", i))
+		}
+		time.Sleep(50 * time.Millisecond)
+		before, _ := b.counts()
+		store.Restart(nil)
+		at := time.Now()
+		for _, h := range hs {
+			h.RenewNow()
+		}
+		for _, h := range hs {
+			<-h.Done()
+			if r, _ := h.Reason(); r != keeper.LeaseLost {
+				t.Errorf("reason %v, want LeaseLost", r)
+			}
+		}
+		if d := time.Since(at); d != 0 {
+			t.Errorf("stepped down %v after RenewNow, want at once", d)
+		}
+		if after, _ := b.counts(); after-before != 1 {
+			t.Errorf("batch calls for 100 RenewNow: %d, want 1", after-before)
+		}
+		for _, h := range hs {
+			release(t, h)
+		}
+	})
+}
+
+// MaxHold on a batched hold steps down at MaxHold and takes the hold out of
+// the batches, so the store ends the lease one TTL later.
+func TestBatchedMaxHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &keyed{Backend: c}
+		cfg := config(b)
+		cfg.MaxHold = 1100 * time.Millisecond
+		t0 := time.Now()
+		h := acquire(t, b, cfg, "k")
+		other := acquire(t, b, config(b), "other")
+		<-h.Done()
+		if d := time.Since(t0); d != cfg.MaxHold {
+			t.Errorf("stepped down at +%v, want MaxHold (%v)", d, cfg.MaxHold)
+		}
+		if r, _ := h.Reason(); r != keeper.MaxHold {
+			t.Errorf("reason %v, want MaxHold", r)
+		}
+		_, before := b.counts()
+		time.Sleep(cfg.TTL + time.Millisecond)
+		_, after := b.counts()
+		if after["k"] != before["k"] {
+			t.Errorf("renewals after MaxHold: %d, want 0", after["k"]-before["k"])
+		}
+		if _, err := c.Get(t.Context(), "k"); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("one TTL after MaxHold: %v, want the lease expired", err)
+		}
+		if !other.Held() {
+			t.Error("the other hold stepped down")
+		}
+		release(t, h)
+		release(t, other)
+	})
+}
+
+// Extend on a batched hold moves its deadline past its batch's: a hung
+// batch then steps it down at the deadline Extend set, not the batch's.
+func TestBatchedExtendMovesTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &keyed{Backend: c}
+		cfg := config(b)
+		t0 := time.Now()
+		a := acquire(t, b, cfg, "a")
+		bb := acquire(t, b, cfg, "b")
+		time.Sleep(300 * time.Millisecond) // renewed by the batch at +200ms
+		if err := a.Extend(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		c.Hang()
+		<-bb.Done()
+		if d := time.Since(t0); d != 900*time.Millisecond {
+			t.Errorf("b stepped down at +%v, want +900ms", d)
+		}
+		<-a.Done()
+		if d := time.Since(t0); d != time.Second {
+			t.Errorf("a stepped down at +%v, want +1s (Extend at +300ms + 700ms)", d)
+		}
+		c.Heal()
+		release(t, a)
+		release(t, bb)
+	})
+}
