@@ -49,7 +49,7 @@ type Elector struct {
 	bus     *bus
 
 	cmds chan resignRequest
-	wake chan backend.Event // watch notifications for the loop; capacity 1
+	w    watchState // the subscription to the key; the loop goroutine's alone
 	// watching is true while a watch that delivers every expiry
 	// (backend.ExpiryReporter) is established, so a follower need not poll.
 	watching atomic.Bool
@@ -107,7 +107,6 @@ func New(b backend.Backend, name, id string, opts *Options) (*Elector, error) {
 		log:  log,
 		bus:  newBus(log, func() { o.Metrics.EventsDropped(name, 1) }),
 		cmds: make(chan resignRequest),
-		wake: make(chan backend.Event, 1),
 		done: make(chan struct{}),
 	}
 	e.watcher, _ = b.(backend.Watcher)
@@ -172,12 +171,9 @@ func (e *Elector) start(ctx context.Context, fn func(context.Context) error) err
 	go func() {
 		defer e.wg.Done()
 		defer close(e.done)
-		var watcher sync.WaitGroup
-		defer watcher.Wait()
-		defer e.cancel() // stops the watcher when the loop ends
-		if e.watcher != nil {
-			watcher.Go(func() { e.watch(ctx) })
-		}
+		defer e.w.wg.Wait() // a subscription being established
+		defer e.w.stopRetry()
+		defer e.cancel() // ends the subscription when the loop ends
 		e.loop(ctx, fn)
 	}()
 	return nil
@@ -378,53 +374,6 @@ func (e *Elector) failed(msg string, err error) {
 	e.bus.publish(ElectionFailed{Err: fmt.Errorf("%s: %w", msg, err)})
 }
 
-// watch keeps a backend watch on the election key for as long as ctx lives,
-// forwarding events to the loop. After every (re)subscription it wakes the
-// loop once, since changes may have been missed while unsubscribed.
-func (e *Elector) watch(ctx context.Context) {
-	var (
-		failures   int
-		subscribed bool // a subscription was established before
-	)
-	for ctx.Err() == nil {
-		ch, err := e.watcher.Watch(ctx, e.name)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			failures++
-			e.log.Warn("sovereign: watch failed", "err", err)
-			if !sleep(ctx, e.backoff(failures)) {
-				return
-			}
-			continue
-		}
-		failures = 0
-		if er, ok := e.watcher.(backend.ExpiryReporter); ok && er.ReportsExpiry() {
-			e.watching.Store(true)
-		}
-		// Changes may have been missed while unsubscribed; after a broken
-		// subscription the store may also have restarted and lost data.
-		typ := backend.EventChanged
-		if subscribed {
-			typ = backend.EventReset
-		}
-		subscribed = true
-		e.notify(backend.Event{Key: e.name, Type: typ})
-		for ev := range ch {
-			e.notify(ev)
-		}
-		e.watching.Store(false)
-	}
-}
-
-func (e *Elector) notify(ev backend.Event) {
-	select {
-	case e.wake <- ev:
-	default: // a wake-up is already pending; it covers this one
-	}
-}
-
 // backoff returns the delay before retry number n (1-based) after backend
 // errors: exponential from RenewInterval/8 up to RenewInterval, with jitter.
 func (e *Elector) backoff(n int) time.Duration {
@@ -434,19 +383,4 @@ func (e *Elector) backoff(n int) time.Duration {
 	}
 	d = min(d, e.opts.RenewInterval)
 	return d/2 + rand.N(d/2+1)
-}
-
-// sleep waits for d or until ctx ends, and reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -157,13 +157,16 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 			} else {
 				stepDown(ReasonResigned, nil)
 			}
-		case ev := <-e.wake:
-			// A re-established watch (the store may have restarted and lost
-			// the lease) or someone else's acquisition (it may have): renew
-			// now, so a lost lease is noticed within a round trip.
-			if ev.Type == backend.EventReset || ev.Type == backend.EventChanged {
-				hold.RenewNow()
+		case wev, ok := <-e.w.ch:
+			if ev, woke := e.watchReceived(ctx, wev, ok); woke {
+				e.leaderWatchEvent(hold, ev)
 			}
+		case r := <-e.w.ready:
+			if ev, woke := e.watchEstablished(ctx, r); woke {
+				e.leaderWatchEvent(hold, ev)
+			}
+		case <-e.w.retryC:
+			e.watchRetry(ctx)
 		case <-hbTimer.C:
 			// Heartbeats are information (members, the leader's last sign of
 			// life); a failure is reported but never ends leadership.
@@ -189,4 +192,14 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 		p.released <- relErr
 	}
 	return reason
+}
+
+// leaderWatchEvent acts on a watch event while leading: after a
+// re-established watch (the store may have restarted and lost the lease) or
+// someone else's acquisition (it may have), renew now, so a lost lease is
+// noticed within a round trip.
+func (e *Elector) leaderWatchEvent(hold *keeper.Hold, ev backend.Event) {
+	if ev.Type == backend.EventReset || ev.Type == backend.EventChanged {
+		hold.RenewNow()
+	}
 }

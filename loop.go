@@ -38,6 +38,7 @@ type loopState struct {
 func (e *Elector) loop(ctx context.Context, fn func(context.Context) error) {
 	ls := &loopState{}
 	defer e.stopped()
+	e.startWatch(ctx) // before the first attempt, so no release is missed
 	if j := e.opts.StartupJitter; j > 0 {
 		until := time.Now().Add(rand.N(j + 1))
 		for ctx.Err() == nil && time.Now().Before(until) {
@@ -301,8 +302,16 @@ func (e *Elector) waitUntil(ctx context.Context, t time.Time) (ev backend.Event,
 			return ev, false
 		case <-timer.C:
 			return ev, false
-		case ev = <-e.wake:
-			return ev, true
+		case wev, ok := <-e.w.ch:
+			if ev, woke = e.watchReceived(ctx, wev, ok); woke {
+				return ev, true
+			}
+		case r := <-e.w.ready:
+			if ev, woke = e.watchEstablished(ctx, r); woke {
+				return ev, true
+			}
+		case <-e.w.retryC:
+			e.watchRetry(ctx)
 		case req := <-e.cmds:
 			req.reply(ErrNotLeader, ErrNotLeader)
 		}
