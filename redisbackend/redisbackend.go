@@ -595,8 +595,8 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	lease, term, hb := b.leaseKeys(req.Key)
 	token := backend.NewToken()
 	ttl := ttlMillis(req.TTL)
-	args := make([]any, 0, 6+2*len(req.Metadata))
-	args = append(args, req.HolderID, token, ttl, ttlMillis(b.termKeep), b.publishCmd, b.channel(req.Key))
+	args := make([]any, 0, 5+2*len(req.Metadata))
+	args = append(args, req.HolderID, token, ttl, ttlMillis(b.termKeep), b.publishCmd)
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
 	}
@@ -696,7 +696,7 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 		return b.releaseEntry(ctx, l)
 	}
 	lease, _, _ := b.leaseKeys(l.Key)
-	reply, _, err := b.run(ctx, releaseScript, false, []string{lease}, l.HolderID, l.Token, b.publishCmd, b.channel(l.Key))
+	reply, _, err := b.run(ctx, releaseScript, false, []string{lease}, l.HolderID, l.Token, b.publishCmd)
 	if err != nil {
 		return fmt.Errorf("redisbackend: release %q: %w", l.Key, err)
 	}

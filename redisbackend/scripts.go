@@ -29,8 +29,12 @@ import "github.com/redis/go-redis/v9"
 // the error. Each reads the server's clock (TIME) at most once.
 //
 // The helpers are split so that each script defines only what it uses:
-// every EVALSHA runs its script's top level, helper definitions included,
-// and the hot scripts (acquire, renew, release) run all the time.
+// every EVALSHA runs its script's top level, and each helper defined there
+// is a closure made (and later collected) on every run. The hot scripts
+// (acquire, renew, release) therefore define none on their way to success:
+// their common case is written out at the top level with no helper, and
+// the helpers are defined inside the branches that need them (a key held
+// by entries of backend.Modes, foreign data, a lost lease).
 const (
 	luaBase = `
 local function now_ms()
@@ -58,26 +62,6 @@ local function call_chunked(cmd, k, list)
   for i = 1, #list, 4000 do
     redis.call(cmd, k, unpack(list, i, math.min(i + 3999, #list)))
   end
-end
-`
-	luaReadLease = `
--- read_lease reads the lease hash at k with one HGETALL. It returns the
--- fields by name and the HGETALL reply; nil fields when k does not exist
--- (Redis keeps no empty hash) and, fourth, true when k holds entries of
--- backend.Modes (the marker field modes; see modes_scripts.go) instead of a
--- plain lease; or nil, nil and the WRONGTYPE reply when k holds foreign
--- data.
-local function read_lease(k)
-  local h = redis.pcall('HGETALL', k)
-  if failed(h) then return nil, nil, foreign(k) end
-  if #h == 0 then return nil, h, nil end
-  local f = {}
-  for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
-  if not f['holder'] or not f['token'] or not tonumber(f['term'] or '') then
-    if f['modes'] == '1' then return nil, h, nil, true end
-    return nil, nil, {'WRONGTYPE', k, no_lease_fields}
-  end
-  return f, h, nil
 end
 `
 	luaCheckOwner = `
@@ -122,54 +106,53 @@ local function set_state(k)
   return 'ok'
 end
 `
-	luaRecord = `
--- max_term is the largest integer a Lua number holds exactly (2^53 - 1).
-local max_term = 9007199254740991
--- record returns status followed by the record of the lease at lease,
--- whose fields f and HGETALL reply h read_lease returned.
-local function record(status, lease, hbbase, f, h)
-  local out = {status, f['holder'], f['token'], f['term'], f['acquired_at'] or '0',
-    f['renewed_at'] or '0', redis.call('PTTL', lease), -1, -1, -1}
-  -- The holder's heartbeat, when it is a record of ours; foreign data
-  -- there is not reported here.
-  local hbk = hbbase .. f['holder']
-  local v = redis.pcall('HMGET', hbk, 'at', 'ttl')
-  if not failed(v) and tonumber(v[1] or '') and tonumber(v[2] or '') then
-    out[8] = v[1]
-    out[9] = v[2]
-    out[10] = redis.call('PTTL', hbk)
-  end
-  for i = 1, #h, 2 do
-    if string.sub(h[i], 1, 5) == 'meta:' then
-      out[#out + 1] = string.sub(h[i], 6)
-      out[#out + 1] = h[i + 1]
-    end
-  end
-  return out
-end
-`
 )
 
 // luaPrelude holds every helper, for the scripts that run rarely.
-const luaPrelude = luaBase + luaChunked + luaReadLease + luaCheckOwner + luaHeartbeatState + luaRecord
+const luaPrelude = luaBase + luaChunked + luaCheckOwner + luaHeartbeatState
 
 // acquireScript: KEYS lease, term, heartbeat base; ARGV holder, token,
 // ttl ms, term counter lifetime ms (TermRetention), publish command (empty
-// for none), channel, then metadata name/value pairs. Returns OK and the new
-// term as a decimal string, or HELD and the holder's record.
+// for none), then metadata name/value pairs. The watch channel is the lease
+// hash's name followed by ":events". Returns OK and the new term as a
+// decimal string, or HELD and the holder's record.
 //
 // On a free key it makes seven calls: HGETALL (the key is free), GET (the
 // counter), TIME, SET PX (the counter), HSET (every field at once), PEXPIRE
 // and PUBLISH (the watch contract promises an event for every acquisition;
-// without subscribers it costs a dictionary lookup). A key held by entries
-// of backend.Modes (holders, or intents of locks below) returns HELDM with
-// the record of each; the helpers that read entries are defined inside
-// that branch, so the way to success costs what it did.
-var acquireScript = redis.NewScript(luaBase + luaChunked + luaReadLease + luaRecord + `
-local f, h, bad, modes = read_lease(KEYS[1])
-if bad then return bad end
-if f then return record('HELD', KEYS[1], KEYS[3], f, h) end
-if modes then
+// without subscribers it costs a dictionary lookup), and defines no helper.
+// On a key held by a plain lease it makes three or four: HGETALL, PTTL, and
+// HMGET (and PTTL) of the holder's heartbeat. A key held by entries of
+// backend.Modes (holders, or intents of locks below) returns HELDM with the
+// record of each; the helpers that read entries are defined inside that
+// branch, so the way to success costs what it did.
+var acquireScript = redis.NewScript(`
+local h = redis.pcall('HGETALL', KEYS[1])
+if h['err'] or #h > 0 then
+  local f = {}
+  for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+  if f['holder'] and f['token'] and tonumber(f['term'] or '') then
+    -- Held: the holder's record (see the top of this file).
+    local out = {'HELD', f['holder'], f['token'], f['term'], f['acquired_at'] or '0',
+      f['renewed_at'] or '0', redis.call('PTTL', KEYS[1]), -1, -1, -1}
+    -- The holder's heartbeat, when it is a record of ours; foreign data
+    -- there is not reported here (HMGET's error reply has no [1]).
+    local hbk = KEYS[3] .. f['holder']
+    local v = redis.pcall('HMGET', hbk, 'at', 'ttl')
+    if tonumber(v[1] or '') and tonumber(v[2] or '') then
+      out[8], out[9], out[10] = v[1], v[2], redis.call('PTTL', hbk)
+    end
+    for i = 1, #h, 2 do
+      if string.sub(h[i], 1, 5) == 'meta:' then
+        out[#out + 1] = string.sub(h[i], 6)
+        out[#out + 1] = h[i + 1]
+      end
+    end
+    return out
+  end
+` + luaBase + luaChunked + `
+  if failed(h) then return foreign(KEYS[1]) end
+  if f['modes'] ~= '1' then return {'WRONGTYPE', KEYS[1], no_lease_fields} end
 ` + modesLua + `
   local now = now_ms()
   local st, sbad = load(KEYS[1], now, h)
@@ -179,55 +162,79 @@ if modes then
   redis.call('DEL', KEYS[1])
 end
 local cur = redis.pcall('GET', KEYS[2])
-if failed(cur) then return foreign(KEYS[2]) end
 local n = 0
 if cur then
+  if type(cur) == 'table' then
+    local t = redis.call('TYPE', KEYS[2])
+    return {'WRONGTYPE', KEYS[2], 'a ' .. (t['ok'] or t)}
+  end
   if cur ~= '0' and not string.match(cur, '^[1-9]%d*$') then
     return {'WRONGTYPE', KEYS[2], 'a string that is not a non-negative integer'}
   end
   n = tonumber(cur)
-  if n >= max_term then return {'WRONGTYPE', KEYS[2], 'an integer at or above 2^53-1'} end
+  -- The largest integer a Lua number holds exactly is 2^53 - 1.
+  if n >= 9007199254740991 then return {'WRONGTYPE', KEYS[2], 'an integer at or above 2^53-1'} end
 end
 -- The term is the counter plus one, but at least the server's clock in
 -- microseconds (about 1.8e15, exact in a Lua number until 2^53, the year
 -- 2255): a counter that expired or was lost with the data starts again
 -- above every earlier term, as long as the clock is past the last
 -- acquisition (see Fencing terms in the package doc). The counter keeps the
--- term for ARGV[4] ms.
+-- term for ARGV[4] ms. string.format writes the integers as decimal
+-- digits, never with an exponent.
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
-local term = fmt(math.max(n + 1, sec * 1000000 + usec))
-local now = fmt(sec * 1000 + math.floor(usec / 1000))
+local term = string.format('%d', math.max(n + 1, sec * 1000000 + usec))
+local now = string.format('%d', sec * 1000 + math.floor(usec / 1000))
 redis.call('SET', KEYS[2], term, 'PX', ARGV[4])
-local fields = {'holder', ARGV[1], 'token', ARGV[2], 'term', term,
-  'acquired_at', now, 'renewed_at', now, 'ttl', ARGV[3]}
-for i = 7, #ARGV, 2 do
-  fields[#fields + 1] = 'meta:' .. ARGV[i]
-  fields[#fields + 1] = ARGV[i + 1]
+if #ARGV == 5 then
+  redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', ARGV[2], 'term', term,
+    'acquired_at', now, 'renewed_at', now, 'ttl', ARGV[3])
+else
+  local fields = {'holder', ARGV[1], 'token', ARGV[2], 'term', term,
+    'acquired_at', now, 'renewed_at', now, 'ttl', ARGV[3]}
+  for i = 6, #ARGV, 2 do
+    fields[#fields + 1] = 'meta:' .. ARGV[i]
+    fields[#fields + 1] = ARGV[i + 1]
+  end
+  -- A few thousand at a time: unpack is limited by Lua's C stack.
+  for i = 1, #fields, 4000 do
+    redis.call('HSET', KEYS[1], unpack(fields, i, math.min(i + 3999, #fields)))
+  end
 end
-call_chunked('HSET', KEYS[1], fields)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-if ARGV[5] ~= '' then redis.call(ARGV[5], ARGV[6], 'acquired:' .. term) end
+if ARGV[5] ~= '' then redis.call(ARGV[5], KEYS[1] .. ':events', 'acquired:' .. term) end
 return {'OK', term}
 `)
 
 // renewScript: KEYS lease; ARGV holder, token, ttl ms. Four calls: HMGET,
-// PEXPIRE, TIME, HSET.
-var renewScript = redis.NewScript(luaBase + luaCheckOwner + `
-local bad = check_owner(KEYS[1])
-if bad then return bad end
+// PEXPIRE, TIME, HSET; the owner check's helpers are defined only when the
+// lease is not the caller's.
+var renewScript = redis.NewScript(`
+local f = redis.pcall('HMGET', KEYS[1], 'holder', 'token', 'term', 'modes')
+if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or not tonumber(f[3] or '') then
+` + luaBase + luaCheckOwner + `
+  return check_owner(KEYS[1]) or {'LOST'}
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('HSET', KEYS[1], 'renewed_at', fmt(now_ms()), 'ttl', ARGV[3])
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'renewed_at',
+  string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)), 'ttl', ARGV[3])
 return {'OK'}
 `)
 
 // releaseScript: KEYS lease; ARGV holder, token, publish command (empty for
-// none), channel. Three calls: HMGET, DEL, PUBLISH.
-var releaseScript = redis.NewScript(luaBase + luaCheckOwner + `
-local bad, term = check_owner(KEYS[1])
-if bad then return bad end
+// none). The watch channel is the lease hash's name followed by ":events".
+// Three calls: HMGET, DEL, PUBLISH; the owner check's helpers are defined
+// only when the lease is not the caller's.
+var releaseScript = redis.NewScript(`
+local f = redis.pcall('HMGET', KEYS[1], 'holder', 'token', 'term', 'modes')
+if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or not tonumber(f[3] or '') then
+` + luaBase + luaCheckOwner + `
+  return check_owner(KEYS[1]) or {'LOST'}
+end
 redis.call('DEL', KEYS[1])
-if ARGV[3] ~= '' then redis.call(ARGV[3], ARGV[4], 'released:' .. term) end
+if ARGV[3] ~= '' then redis.call(ARGV[3], KEYS[1] .. ':events', 'released:' .. f[3]) end
 return {'OK'}
 `)
 
