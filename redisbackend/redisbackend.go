@@ -317,6 +317,10 @@ type Backend struct {
 	termKeep    time.Duration // Options.TermRetention
 	batch       *batcher      // pipelines concurrent calls; nil on a cluster client
 
+	// publishArg and termKeepArg are publishCmd and termKeep in
+	// milliseconds, as script arguments converted to interfaces once.
+	publishArg, termKeepArg any
+
 	closed atomic.Bool
 	hubs   hubs
 }
@@ -409,6 +413,7 @@ func New(client Client, opts *Options) (*Backend, error) {
 	case PubSubSharded:
 		b.publishCmd = "SPUBLISH"
 	}
+	b.publishArg, b.termKeepArg = b.publishCmd, ttlMillis(b.termKeep)
 	b.hubs.init()
 	return b, nil
 }
@@ -493,35 +498,44 @@ func (b *Backend) bounded(ctx context.Context, fn func(ctx context.Context) erro
 // the write (wrapping ErrNotReplicated). err is not nil when the script's
 // reply was not received.
 func (b *Backend) run(ctx context.Context, s *redis.Script, wait bool, keys []string, args ...any) (reply []any, waitErr, err error) {
+	if b.ctxAware || ctx.Done() == nil {
+		// The common case, on the calling goroutine without a closure.
+		return b.eval(ctx, s, wait, keys, args)
+	}
 	// The closure may still run after bounded returned at ctx's deadline, so
 	// it writes only its own variables, read here only after it returned.
 	var got []any
 	var gotWaitErr error
 	err = b.bounded(ctx, func(ctx context.Context) error {
-		var v any
-		var werr, err error
-		switch {
-		case wait:
-			v, werr, err = b.runWait(ctx, s, keys, args)
-		case b.batch != nil:
-			v, err = b.batch.do(ctx, s, keys, args)
-		default:
-			v, err = s.Run(ctx, b.client, keys, args...).Result()
-		}
-		if err != nil {
-			return err
-		}
-		arr, ok := v.([]any)
-		if !ok || len(arr) == 0 {
-			return fmt.Errorf("redisbackend: unexpected script reply %#v", v)
-		}
-		got, gotWaitErr = arr, werr
-		return nil
+		v, werr, err := b.eval(ctx, s, wait, keys, args)
+		got, gotWaitErr = v, werr
+		return err
 	})
 	if err != nil {
 		return nil, nil, err
 	}
 	return got, gotWaitErr, nil
+}
+
+// eval is run without the bound on its time.
+func (b *Backend) eval(ctx context.Context, s *redis.Script, wait bool, keys []string, args []any) (reply []any, waitErr, err error) {
+	var v any
+	switch {
+	case wait:
+		v, waitErr, err = b.runWait(ctx, s, keys, args)
+	case b.batch != nil:
+		v, err = b.batch.do(ctx, s, keys, args)
+	default:
+		v, err = s.Run(ctx, b.client, keys, args...).Result()
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	arr, ok := v.([]any)
+	if !ok || len(arr) == 0 {
+		return nil, nil, fmt.Errorf("redisbackend: unexpected script reply %#v", v)
+	}
+	return arr, waitErr, nil
 }
 
 // runWait sends EVALSHA and WAIT in one pipeline on the connection that
@@ -592,15 +606,15 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	if err := b.ValidateKey(req.Key); err != nil {
 		return backend.Lease{}, err
 	}
-	lease, term, hb := b.leaseKeys(req.Key)
+	lease := b.keyBase(req.Key)
 	token := backend.NewToken()
 	ttl := ttlMillis(req.TTL)
 	args := make([]any, 0, 5+2*len(req.Metadata))
-	args = append(args, req.HolderID, token, ttl, ttlMillis(b.termKeep), b.publishCmd)
+	args = append(args, req.HolderID, token, ttl, b.termKeepArg, b.publishArg)
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
 	}
-	reply, waitErr, err := b.run(ctx, acquireScript, b.waitN > 0, []string{lease, term, hb}, args...)
+	reply, waitErr, err := b.run(ctx, acquireScript, b.waitN > 0, []string{lease, lease + ":term"}, args...)
 	if err != nil {
 		return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
 	}
@@ -662,7 +676,7 @@ func (b *Backend) Renew(ctx context.Context, l backend.Lease) error {
 	if l.Entry != nil {
 		return b.renewEntry(ctx, l)
 	}
-	lease, _, _ := b.leaseKeys(l.Key)
+	lease := b.keyBase(l.Key)
 	reply, waitErr, err := b.run(ctx, renewScript, b.waitN > 0, []string{lease}, l.HolderID, l.Token, ttlMillis(l.TTL))
 	if err != nil {
 		return fmt.Errorf("redisbackend: renew %q: %w", l.Key, err)
@@ -695,8 +709,7 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	if l.Entry != nil {
 		return b.releaseEntry(ctx, l)
 	}
-	lease, _, _ := b.leaseKeys(l.Key)
-	reply, _, err := b.run(ctx, releaseScript, false, []string{lease}, l.HolderID, l.Token, b.publishCmd)
+	reply, _, err := b.run(ctx, releaseScript, false, []string{b.keyBase(l.Key)}, l.HolderID, l.Token, b.publishArg)
 	if err != nil {
 		return fmt.Errorf("redisbackend: release %q: %w", l.Key, err)
 	}
@@ -954,7 +967,7 @@ func (b *Backend) SetMetadata(ctx context.Context, l backend.Lease, md map[strin
 		}
 		return b.setEntryMetadata(ctx, l, md)
 	}
-	lease, _, _ := b.leaseKeys(l.Key)
+	lease := b.keyBase(l.Key)
 	args := make([]any, 0, 2+2*len(md))
 	args = append(args, l.HolderID, l.Token)
 	for k, v := range md {

@@ -111,11 +111,12 @@ end
 // luaPrelude holds every helper, for the scripts that run rarely.
 const luaPrelude = luaBase + luaChunked + luaCheckOwner + luaHeartbeatState
 
-// acquireScript: KEYS lease, term, heartbeat base; ARGV holder, token,
+// acquireScript: KEYS lease, term; ARGV holder, token,
 // ttl ms, term counter lifetime ms (TermRetention), publish command (empty
 // for none), then metadata name/value pairs. The watch channel is the lease
-// hash's name followed by ":events". Returns OK and the new term as a
-// decimal string, or HELD and the holder's record.
+// hash's name followed by ":events", the holder's heartbeat record its name
+// followed by ":heartbeat:<holder>" (only read). Returns OK and the new
+// term as a decimal string, or HELD and the holder's record.
 //
 // On a free key it makes seven calls: HGETALL (the key is free), GET (the
 // counter), TIME, SET PX (the counter), HSET (every field at once), PEXPIRE
@@ -137,7 +138,7 @@ if h['err'] or #h > 0 then
       f['renewed_at'] or '0', redis.call('PTTL', KEYS[1]), -1, -1, -1}
     -- The holder's heartbeat, when it is a record of ours; foreign data
     -- there is not reported here (HMGET's error reply has no [1]).
-    local hbk = KEYS[3] .. f['holder']
+    local hbk = KEYS[1] .. ':heartbeat:' .. f['holder']
     local v = redis.pcall('HMGET', hbk, 'at', 'ttl')
     if tonumber(v[1] or '') and tonumber(v[2] or '') then
       out[8], out[9], out[10] = v[1], v[2], redis.call('PTTL', hbk)
