@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"strings"
@@ -36,13 +37,16 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 	if err != nil {
 		return nil, err
 	}
-	ctx, end, err := l.begin(ctx)
+	// One context bounds the attempt and ends when Close begins.
+	ctx, cancel := context.WithTimeout(ctx, p.requestTimeout)
+	defer cancel()
+	id, err := l.beginTry(cancel)
 	if err != nil {
 		return nil, err
 	}
-	defer end()
-	lk, err = l.attempt(ctx, key, bk, p, "")
-	if err != nil && context.Cause(ctx) == ErrClosed {
+	lk, err = l.attempt(ctx, key, bk, p, "", true)
+	l.endTry(id)
+	if err != nil && l.closeCtx.Err() != nil {
 		return nil, fmt.Errorf("lock: acquire %q: %w", key, ErrClosed)
 	}
 	return lk, err
@@ -211,7 +215,7 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		if register {
 			id = waitID
 		}
-		lk, err := l.attempt(ctx, key, bk, p, id)
+		lk, err := l.attempt(ctx, key, bk, p, id, false)
 		if id != "" {
 			registered = true
 		}
@@ -347,7 +351,8 @@ func (l *Locker) gaveUp(ctx context.Context, op, key string, last *HeldError, la
 // lease it wrote, so reading it back from the same store would cost a round
 // trip per lock and prove nothing more. Call Lock.Verify before an
 // irreversible step to check the lock is still held.
-func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID string) (*Lock, error) {
+// When bounded, ctx already bounds the attempt by RequestTimeout.
+func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID string, bounded bool) (*Lock, error) {
 	req := backend.AcquireRequest{
 		Key: bk, HolderID: l.id, TTL: p.ttl, Metadata: p.metadata,
 		// A lock that stops renewing on its own (NoRenew, MaxHold) must
@@ -356,7 +361,10 @@ func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID s
 		Detached: p.noRenew || p.maxHold > 0,
 	}
 	sent := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, p.requestTimeout)
+	cctx, cancel := ctx, context.CancelFunc(nil)
+	if !bounded {
+		cctx, cancel = context.WithTimeout(ctx, p.requestTimeout)
+	}
 	var (
 		lease backend.Lease
 		err   error
@@ -368,7 +376,9 @@ func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID s
 	} else {
 		lease, err = l.b.Acquire(cctx, req)
 	}
-	cancel()
+	if cancel != nil {
+		cancel()
+	}
 	if err != nil {
 		var held *backend.HeldError
 		if errors.As(err, &held) {
@@ -380,7 +390,9 @@ func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID s
 	if err != nil {
 		return nil, err
 	}
-	l.log.Debug("lock: acquired", "key", key, "term", lease.Term, "mode", p.mode)
+	if l.log.Enabled(context.Background(), slog.LevelDebug) { // spares boxing the arguments
+		l.log.Debug("lock: acquired", "key", key, "term", lease.Term, "mode", p.mode)
+	}
 	return lk, nil
 }
 
@@ -682,11 +694,10 @@ func (l *Locker) dequeue(key string, w *waiter) {
 	}
 }
 
-// wakeLocal tells the head of key's local queue that this Locker released
-// the key, so it retries without waiting for the watch.
-func (l *Locker) wakeLocal(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// wakeLocalLocked tells the head of key's local queue that this Locker
+// released the key, so it retries without waiting for the watch. l.mu must
+// be held.
+func (l *Locker) wakeLocalLocked(key string) {
 	if q := l.queues[key]; q != nil && len(q.waiters) > 0 {
 		select {
 		case q.waiters[0].wake <- struct{}{}:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"sync"
 	"time"
@@ -21,16 +22,9 @@ type Lock struct {
 	key   string
 	lease backend.Lease
 	p     params
-	hold  *keeper.Hold // set before the Lock is shared
+	hold  keeper.Hold // started before the Lock is shared
 	// acquiredAt is when the acquisition was sent (monotonic clock).
 	acquiredAt time.Time
-
-	// stopLost unregisters the context.AfterFunc that reports a loss;
-	// watchT starts the Locker's reset watch once the lock has been held a
-	// quarter of RenewInterval (nil when the backend cannot watch).
-	// Both are set before the Lock is shared.
-	stopLost func() bool
-	watchT   *time.Timer
 
 	mu          sync.Mutex // guards the fields below
 	rec         backend.Record
@@ -90,11 +84,7 @@ func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params
 		RequestTimeout: p.requestTimeout,
 		NoRenew:        p.noRenew,
 		MaxHold:        p.maxHold,
-		Cause:          lk.cause,
-		OnError: func(op string, err error) {
-			l.log.Warn("lock: "+op+" failed", "key", key, "term", lease.Term, "err", err)
-		},
-		OnFinished: l.monitors.Done,
+		Owner:          (*holdOwner)(lk),
 	}
 	l.mu.Lock()
 	if l.closed {
@@ -104,30 +94,94 @@ func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params
 		_ = l.b.Release(ctx, lease)
 		return nil, fmt.Errorf("lock: acquire %q: %w", key, ErrClosed)
 	}
-	// A short lock starts no goroutine: the hold runs on timers, a loss is
-	// reported by a context.AfterFunc that Release unregisters, and the
-	// Locker's one reset watch starts only once a lock is still held a
-	// quarter of RenewInterval after its acquisition. l.monitors counts
-	// the hold until it has finished, the AfterFunc and the watch timer.
+	// A short lock starts no goroutine and sets no timer of its own but
+	// its hold's (none on a backend that renews in batches): a loss is
+	// reported by the hold's owner callback, and the Locker's one reset
+	// watch starts only once a lock is still held a quarter of
+	// RenewInterval after its acquisition (one Locker timer checks).
+	// l.monitors counts the hold until it has finished.
 	l.monitors.Add(1)
-	lk.hold = keeper.Start(l.holdCtx, cfg, lease, sent)
-	l.monitors.Add(1)
-	lk.stopLost = context.AfterFunc(lk.hold.Context(), func() {
-		defer l.monitors.Done()
-		if r, cause := lk.hold.Reason(); lostReason(r) {
-			lk.reportLost(r, cause)
-		}
-	})
-	if l.watcher != nil {
-		l.monitors.Add(1)
-		lk.watchT = time.AfterFunc(p.renewInterval/4, func() {
-			defer l.monitors.Done()
-			l.startResetWatch()
-		})
-	}
+	keeper.StartIn(&lk.hold, l.holdCtx, cfg, lease, sent)
 	l.locks[lk] = struct{}{}
+	l.armWatchLocked(sent.Add(p.renewInterval / 4))
 	l.mu.Unlock()
 	return lk, nil
+}
+
+// holdOwner is a Lock as the owner of its hold (keeper.Owner), so that the
+// hold's callbacks cost no closure and Lock's method set stays its own.
+type holdOwner Lock
+
+// Cause builds the context cause of a step-down.
+func (o *holdOwner) Cause(r keeper.Reason, err error) error { return (*Lock)(o).cause(r, err) }
+
+// SteppedDown reports a loss.
+func (o *holdOwner) SteppedDown(r keeper.Reason) {
+	if lostReason(r) {
+		lk := (*Lock)(o)
+		_, cause := lk.hold.Reason()
+		lk.reportLost(r, cause)
+	}
+}
+
+// Failed logs a failed renewal or release.
+func (o *holdOwner) Failed(op string, err error) {
+	o.l.log.Warn("lock: "+op+" failed", "key", o.key, "term", o.lease.Term, "err", err)
+}
+
+// Finished counts the hold out of the Locker's monitors.
+func (o *holdOwner) Finished() { o.l.monitors.Done() }
+
+// armWatchLocked has watchTick run at at (or earlier), unless the reset
+// watch runs or the backend cannot watch. l.mu must be held.
+func (l *Locker) armWatchLocked(at time.Time) {
+	switch {
+	case l.watcher == nil || l.closed || l.stopResets != nil:
+	case !l.watchArmed:
+		l.watchArmed, l.watchAt = true, at
+		l.monitors.Add(1) // done by watchTick, or by Close when it stops the timer
+		if l.watchT == nil {
+			l.watchT = time.AfterFunc(time.Until(at), l.watchTick)
+		} else {
+			l.watchT.Reset(time.Until(at))
+		}
+	case at.Before(l.watchAt) && l.watchT.Stop():
+		l.watchAt = at
+		l.watchT.Reset(time.Until(at))
+	}
+}
+
+// watchTick is the Locker's watch timer's callback: it starts the reset
+// watch when a lock has been held a quarter of its RenewInterval, or sets
+// the timer for when the first one will have been.
+func (l *Locker) watchTick() {
+	defer l.monitors.Done()
+	l.mu.Lock()
+	l.watchArmed = false
+	if l.closed || l.stopResets != nil {
+		l.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	var next time.Time
+	start := false
+	for lk := range l.locks {
+		at := lk.acquiredAt.Add(lk.p.renewInterval / 4)
+		if !now.Before(at) {
+			start = true
+			break
+		}
+		if next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	if !start && !next.IsZero() {
+		l.armWatchLocked(next)
+	}
+	l.mu.Unlock()
+	if start {
+		l.startResetWatch()
+	}
 }
 
 // reportLost reports a lock lost for reason r.
@@ -241,7 +295,7 @@ func (l *Locker) renewAll() {
 	l.mu.Lock()
 	holds := make([]*keeper.Hold, 0, len(l.locks))
 	for lk := range l.locks {
-		holds = append(holds, lk.hold)
+		holds = append(holds, &lk.hold)
 	}
 	l.mu.Unlock()
 	for _, h := range holds {
@@ -310,11 +364,8 @@ func (lk *Lock) Done() <-chan struct{} { return lk.hold.Done() }
 
 // Err returns nil while the lock's context is alive, and its cause after.
 func (lk *Lock) Err() error {
-	ctx := lk.hold.Context()
-	if ctx.Err() == nil {
-		return nil
-	}
-	return context.Cause(ctx)
+	_, cause := lk.hold.Reason()
+	return cause
 }
 
 // Held reports whether the lock is held now: not released, lost or stopped,
@@ -416,32 +467,20 @@ func (lk *Lock) Release(ctx context.Context) error {
 	first := !lk.released
 	lk.released = true
 	lk.mu.Unlock()
-	// The first call unregisters the loss report and the watch, so a lock
-	// released before either ran leaves no goroutine behind; a loss that
-	// the report missed is reported here.
-	report := false
-	if first {
-		if lk.watchT != nil && lk.watchT.Stop() {
-			l.monitors.Done()
-		}
-		if lk.stopLost() {
-			l.monitors.Done()
-			report = true
-		}
-	}
 	err := lk.hold.Release(ctx)
 	if first {
-		if r, cause := lk.hold.Reason(); report && lostReason(r) {
-			lk.reportLost(r, cause)
-		}
 		l.opts.Metrics.Released(l.opts.Class(lk.key), time.Since(lk.acquiredAt))
 	}
 	l.mu.Lock()
 	delete(l.locks, lk)
 	l.stopResetWatchLocked()
+	l.wakeLocalLocked(lk.key)
 	l.mu.Unlock()
-	l.wakeLocal(lk.key)
-	r, cause := lk.hold.Reason()
+	r := lk.hold.Stepped()
+	var cause error
+	if lostReason(r) {
+		_, cause = lk.hold.Reason()
+	}
 	switch {
 	case lostReason(r) && err != nil && !errors.Is(err, backend.ErrLeaseLost):
 		return fmt.Errorf("lock: release %q: %w (and the release failed: %w)", lk.key, cause, err)
@@ -454,6 +493,8 @@ func (lk *Lock) Release(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("lock: release %q: %w", lk.key, err)
 	}
-	l.log.Debug("lock: released", "key", lk.key, "term", lk.lease.Term)
+	if l.log.Enabled(context.Background(), slog.LevelDebug) { // spares boxing the arguments
+		l.log.Debug("lock: released", "key", lk.key, "term", lk.lease.Term)
+	}
 	return nil
 }

@@ -278,9 +278,19 @@ type Locker struct {
 	// stopResets ends the reset watch (see watchResets); nil while it
 	// does not run.
 	stopResets context.CancelFunc
+	// watchT runs watchTick, which starts the reset watch once a lock has
+	// been held a quarter of its RenewInterval; armed at watchAt while
+	// watchArmed.
+	watchT     *time.Timer
+	watchAt    time.Time
+	watchArmed bool
+	// tries cancels the TryAcquire calls in flight when Close begins, by
+	// call number.
+	tries  map[uint64]context.CancelFunc
+	tryNum uint64
 
 	ops      sync.WaitGroup // calls in flight, Do functions included
-	monitors sync.WaitGroup // per started lock: its hold until finished, its loss report, its watch timer; the reset watch
+	monitors sync.WaitGroup // per started lock: its hold until finished; the watch timer while armed; the reset watch
 }
 
 // New returns a Locker that acquires locks on b as holder id (shown to
@@ -305,6 +315,7 @@ func New(b backend.Backend, id string, opts *Options) (*Locker, error) {
 		log:    o.Logger.With("locker", id),
 		locks:  make(map[*Lock]struct{}),
 		queues: make(map[string]*keyQueue),
+		tries:  make(map[uint64]context.CancelFunc),
 	}
 	l.watcher, _ = b.(backend.Watcher)
 	l.modes, _ = b.(backend.Modes)
@@ -340,6 +351,13 @@ func (l *Locker) Close() error {
 	locks := make([]*Lock, 0, len(l.locks))
 	for lk := range l.locks {
 		locks = append(locks, lk)
+	}
+	for _, cancel := range l.tries {
+		cancel()
+	}
+	if l.watchArmed && l.watchT.Stop() {
+		l.watchArmed = false
+		l.monitors.Done()
 	}
 	l.mu.Unlock()
 
@@ -379,6 +397,28 @@ func (l *Locker) begin(ctx context.Context) (context.Context, func(), error) {
 		cancel(nil)
 		l.ops.Done()
 	}, nil
+}
+
+// beginTry registers a single-attempt call in flight, to be cancelled with
+// cancel when Close begins, and returns its number for endTry.
+func (l *Locker) beginTry(cancel context.CancelFunc) (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return 0, ErrClosed
+	}
+	l.ops.Add(1)
+	l.tryNum++
+	l.tries[l.tryNum] = cancel
+	return l.tryNum, nil
+}
+
+// endTry ends a call begun with beginTry.
+func (l *Locker) endTry(id uint64) {
+	l.mu.Lock()
+	delete(l.tries, id)
+	l.mu.Unlock()
+	l.ops.Done()
 }
 
 // Key joins parts with "/" into a lock key: Key("tally", "42") is

@@ -52,17 +52,22 @@ func DefaultClass(key string) string {
 // acquired reports an acquisition call's outcome to the metrics hook.
 func (l *Locker) acquired(key string, start time.Time, err error) {
 	result := "acquired"
-	var held *HeldError
-	switch {
-	case err == nil:
-	case errors.As(err, &held) && held.Err == nil:
-		result = "held"
-	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		result = "cancelled"
-	default:
-		result = "error"
+	if err != nil {
+		result = failure(err)
 	}
 	l.opts.Metrics.Acquired(l.opts.Class(key), result, time.Since(start))
+}
+
+// failure names an acquisition's failure for the metrics hook.
+func failure(err error) string {
+	var held *HeldError
+	switch {
+	case errors.As(err, &held) && held.Err == nil:
+		return "held"
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return "cancelled"
+	}
+	return "error"
 }
 
 // ErrUnhealthy is wrapped by the errors Check returns.

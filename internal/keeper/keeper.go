@@ -97,12 +97,14 @@ func (r Reason) String() string {
 // are set, the callback fields are used. Its methods must not block.
 type Owner interface {
 	// Cause returns the context cause for a step-down of reason r (err is
-	// the error that caused it, if any).
+	// the error that caused it, if any). It is called once, with the
+	// hold's lock held, when the cause is first needed: at step-down when
+	// the context was made, else by Reason, Status or Context.
 	Cause(r Reason, err error) error
-	// SteppedDown is called once, after the hold stepped down and its
-	// context (if one was made) was cancelled, from the goroutine that
-	// stepped it down.
-	SteppedDown(r Reason, cause error)
+	// SteppedDown is called once, after the hold stepped down for reason r
+	// and its context (if one was made) was cancelled, from the goroutine
+	// that stepped it down. Reason returns the cause.
+	SteppedDown(r Reason)
 	// Failed is called for every failed renewal or release attempt (op is
 	// "renew" or "release").
 	Failed(op string, err error)
@@ -168,7 +170,8 @@ type Hold struct {
 	lastErr   error     // last renewal error
 	stepped   bool
 	reason    Reason
-	cause     error
+	stepErr   error         // the error that caused the step-down, if any
+	cause     error         // built from reason and stepErr when first needed
 	lost      bool          // the store said the lease is gone: nothing to renew or release
 	timer     *time.Timer   // own timer: deadline, renewal and MaxHold; with a scheduler MaxHold only (nil without)
 	nextRenew time.Time     // without a scheduler: when the next periodic renewal is due
@@ -191,15 +194,16 @@ type Hold struct {
 // bounds only the background retries of a failed release; ending it does not
 // step down (the owner calls Stop or Release for that).
 func Start(parent context.Context, cfg Config, lease backend.Lease, sent time.Time) *Hold {
-	h := &Hold{
-		cfg:      cfg,
-		lease:    lease,
-		acquired: sent,
-		parent:   parent,
-		lastSent: sent,
-		renewOn:  !cfg.NoRenew,
-		m:        member{idx: -1},
-	}
+	h := new(Hold)
+	StartIn(h, parent, cfg, lease, sent)
+	return h
+}
+
+// StartIn is Start keeping the hold in h, a zero Hold (inside the owner's
+// own struct, say, to save an allocation), which must not be copied.
+func StartIn(h *Hold, parent context.Context, cfg Config, lease backend.Lease, sent time.Time) {
+	h.cfg, h.lease, h.acquired, h.parent = cfg, lease, sent, parent
+	h.lastSent, h.renewOn, h.m.idx = sent, !cfg.NoRenew, -1
 	h.deadline = h.deadlineFor(sent)
 	now := time.Now()
 	if !cfg.NoRenew {
@@ -215,7 +219,7 @@ func Start(parent context.Context, cfg Config, lease backend.Lease, sent time.Ti
 				h.timer = time.AfterFunc(h.acquired.Add(cfg.MaxHold).Sub(now), h.fire)
 				h.mu.Unlock()
 			}
-			return h
+			return
 		}
 		h.nextRenew = now.Add(cfg.RenewInterval)
 	}
@@ -224,7 +228,6 @@ func Start(parent context.Context, cfg Config, lease backend.Lease, sent time.Ti
 	h.timer = time.AfterFunc(time.Hour, h.fire)
 	h.armLocked(now)
 	h.mu.Unlock()
-	return h
 }
 
 // Lease returns the lease kept.
@@ -241,7 +244,7 @@ func (h *Hold) Context() context.Context {
 		if h.stepped {
 			// No one else holds this context yet: cancelling it under h.mu
 			// runs nothing.
-			h.cancel(h.cause)
+			h.cancel(h.causeLocked())
 		}
 	}
 	return h.ctx
@@ -332,7 +335,7 @@ func (h *Hold) Status() Status {
 		Failures:    h.failures,
 		LastError:   h.lastErr,
 		Reason:      h.reason,
-		Cause:       h.cause,
+		Cause:       h.causeLocked(),
 	}
 }
 
@@ -341,7 +344,35 @@ func (h *Hold) Status() Status {
 func (h *Hold) Reason() (Reason, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.reason, h.cause
+	return h.reason, h.causeLocked()
+}
+
+// Stepped returns why the hold stepped down; zero while it holds. Unlike
+// Reason it does not build the cause.
+func (h *Hold) Stepped() Reason {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.reason
+}
+
+// causeLocked returns the step-down's cause, building it on first use; nil
+// while the hold holds. h.mu must be held.
+func (h *Hold) causeLocked() error {
+	if !h.stepped || h.cause != nil {
+		return h.cause
+	}
+	r, err := h.reason, h.stepErr
+	switch {
+	case h.cfg.Cause != nil:
+		h.cause = h.cfg.Cause(r, err)
+	case h.cfg.Owner != nil:
+		h.cause = h.cfg.Owner.Cause(r, err)
+	case err != nil:
+		h.cause = fmt.Errorf("keeper: %s: %w", r, err)
+	default:
+		h.cause = fmt.Errorf("keeper: %s", r)
+	}
+	return h.cause
 }
 
 // Stop steps down with cause (the context's cause) unless the hold already
@@ -659,7 +690,7 @@ func (h *Hold) renew(ctx context.Context) error {
 	cancel()
 	switch {
 	case err == nil:
-		h.renewed(s)
+		h.renewed(s, time.Now())
 	case ctx.Err() != nil:
 		// The caller's context ended (Extend): not a store failure.
 	case errors.Is(err, backend.ErrLeaseLost):
@@ -693,11 +724,12 @@ func (h *Hold) onError(op string, err error) {
 	}
 }
 
-// renewed records a renewal sent at s and moves the deadline, unless the
-// hold already stepped down or its deadline passed (then the deadline timer
-// steps down: a late success never revives a hold). It returns the new
-// deadline, or the zero time when the deadline did not move.
-func (h *Hold) renewed(s time.Time) time.Time {
+// renewed records a renewal sent at s whose answer arrived by now, and
+// moves the deadline, unless the hold already stepped down or its deadline
+// had passed by now (then the deadline timer steps down: a late success
+// never revives a hold). It returns the new deadline, or the zero time when
+// the deadline did not move.
+func (h *Hold) renewed(s, now time.Time) time.Time {
 	h.mu.Lock()
 	h.failures, h.lastErr = 0, nil
 	if s.After(h.lastSent) {
@@ -705,7 +737,7 @@ func (h *Hold) renewed(s time.Time) time.Time {
 	}
 	nd := h.deadlineFor(h.lastSent)
 	var moved time.Time
-	if now := time.Now(); !h.stepped && now.Before(h.deadline) && nd.After(h.deadline) {
+	if !h.stepped && now.Before(h.deadline) && nd.After(h.deadline) {
 		h.deadline, moved = nd, nd
 		if h.sch == nil {
 			h.armLocked(now)
@@ -744,7 +776,7 @@ func (h *Hold) markLost(err error) {
 
 // stepDown ends the hold once: the deadline stops moving, Held turns false,
 // then the context is cancelled. cause, when not nil, is the context's cause;
-// otherwise Config.Cause (or Owner.Cause) builds it.
+// otherwise Config.Cause (or Owner.Cause) builds it, when first needed.
 func (h *Hold) stepDown(r Reason, err, cause error) bool {
 	h.mu.Lock()
 	if h.stepped {
@@ -754,31 +786,22 @@ func (h *Hold) stepDown(r Reason, err, cause error) bool {
 	if r == Deadline && err == nil {
 		err = h.lastErr
 	}
-	if cause == nil {
-		switch {
-		case h.cfg.Cause != nil:
-			cause = h.cfg.Cause(r, err)
-		case h.cfg.Owner != nil:
-			cause = h.cfg.Owner.Cause(r, err)
-		case err != nil:
-			cause = fmt.Errorf("keeper: %s: %w", r, err)
-		default:
-			cause = fmt.Errorf("keeper: %s", r)
-		}
-	}
-	h.stepped, h.reason, h.cause = true, r, cause
+	h.stepped, h.reason, h.stepErr, h.cause = true, r, err, cause
 	now := time.Now()
 	if now.Before(h.deadline) {
 		h.deadline = now
 	}
 	h.armLocked(now)
 	cancel := h.cancel
+	if cancel != nil {
+		cause = h.causeLocked()
+	}
 	h.mu.Unlock()
 	if cancel != nil {
 		cancel(cause)
 	}
 	if h.cfg.Owner != nil {
-		h.cfg.Owner.SteppedDown(r, cause)
+		h.cfg.Owner.SteppedDown(r)
 	}
 	return true
 }
