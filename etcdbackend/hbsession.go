@@ -10,6 +10,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/sovereign-go/sovereign/backend"
 )
@@ -19,12 +20,26 @@ var _ backend.BatchHeartbeater = (*Backend)(nil)
 // hbSession is the etcd lease that the heartbeat records of one TTL,
 // written by HeartbeatBatch, share.
 type hbSession struct {
-	mu       sync.Mutex           // serialises batches of this TTL; guards the fields below
-	id       clientv3.LeaseID     // 0: none yet, or lost
-	ttl      int64                // granted TTL of id, in seconds
-	lastSent time.Time            // send time of the grant or last keep-alive of id that succeeded
-	beats    map[string]time.Time // etcd key of each record on id → when this Backend last sent its heartbeat
+	mu       sync.Mutex                  // serialises batches of this TTL; guards the fields below
+	id       clientv3.LeaseID            // 0: none yet, or lost
+	ttl      int64                       // granted TTL of id, in seconds
+	lastSent time.Time                   // send time of the grant or last keep-alive of id that succeeded
+	lastLook time.Time                   // send time of the grant or last look-up of the keys on id that succeeded
+	prev     time.Time                   // start of the previous batch (zero: none yet)
+	gaps     [hbGapHistory]time.Duration // the last gaps between the starts of two batches, newest at gapNext-1
+	gapNext  int                         // where the next gap goes in gaps
+	beats    map[string]hbBeat           // etcd key of each record this Backend refreshes → its state
 }
+
+// hbBeat is what a heartbeat session knows of one record.
+type hbBeat struct {
+	at      time.Time // when this Backend was last asked to refresh the record
+	written bool      // the record is on the session lease: written by this Backend, or found there by the last look-up
+}
+
+// hbGapHistory is how many gaps between batches a heartbeat session
+// remembers: it expects the next batch within the longest of them.
+const hbGapHistory = 4
 
 // hbSessionFor returns the heartbeat session of TTL secs, made on demand.
 func (b *Backend) hbSessionFor(secs int64) *hbSession {
@@ -32,25 +47,107 @@ func (b *Backend) hbSessionFor(secs int64) *hbSession {
 	defer b.mu.Unlock()
 	s := b.hbSessions[secs]
 	if s == nil {
-		s = &hbSession{beats: make(map[string]time.Time)}
+		s = &hbSession{beats: make(map[string]hbBeat)}
 		b.hbSessions[secs] = s
 	}
 	return s
 }
 
+// hbSessionList returns the heartbeat sessions. A session's mu is never
+// locked with b.mu held.
+func (b *Backend) hbSessionList() []*hbSession {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]*hbSession, 0, len(b.hbSessions))
+	for _, s := range b.hbSessions {
+		out = append(out, s)
+	}
+	return out
+}
+
+// forgetBeat makes the heartbeat session whose lease is id forget etcd key
+// k, deleted from etcd (by RemoveMember): a later heartbeat of k writes it
+// again, in its batch.
+func (b *Backend) forgetBeat(id clientv3.LeaseID, k string) {
+	for _, s := range b.hbSessionList() {
+		s.mu.Lock()
+		if s.id == id {
+			delete(s.beats, k)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// nextGap records the start of a batch, now, and returns how soon the next
+// batch is expected: the longest of the last hbGapHistory gaps between two
+// batches, or 0 when none is known yet.
+func (s *hbSession) nextGap(now time.Time) time.Duration {
+	if !s.prev.IsZero() {
+		s.gaps[s.gapNext] = now.Sub(s.prev)
+		s.gapNext = (s.gapNext + 1) % hbGapHistory
+	}
+	s.prev = now
+	var gap time.Duration
+	for _, g := range s.gaps {
+		gap = max(gap, g)
+	}
+	return gap
+}
+
 // HeartbeatBatch implements backend.BatchHeartbeater: the records of one
 // TTL are attached to one etcd lease of this Backend (its heartbeat session
-// of that TTL), so a batch costs two requests sent together, however many
-// records it refreshes: a keep-alive of the session lease and a look-up of
-// the keys attached to it (no raft write). Records that are missing (deleted
-// by hand or by RemoveMember, or attached to another lease) are written
-// again, up to 128 per transaction; so are all of them when the session
-// lease has gone (a new one is granted). A record on the session that this
-// Backend has not been asked to refresh for a TTL is deleted in the same
-// transaction, so records of instances that stopped heartbeating end within
-// about a TTL although the session lives on; and the age a reader measures
-// (Members, Record.HeartbeatAge) is the age of the session's last
-// keep-alive, the last batch of this Backend.
+// of that TTL), and a batch sends at most two requests, at once, however
+// many records it refreshes: a keep-alive of the session lease, and a
+// look-up of the keys attached to it (no raft write); most batches of a
+// steady caller send none, or one.
+//
+// A heartbeat session expects the next batch within the longest of the last
+// four gaps between two batches (the caller's heartbeat interval, for an
+// elector), and sends:
+//
+//   - the keep-alive only when the lease, counted from the send time of its
+//     last keep-alive, would otherwise have less than a quarter of its TTL
+//     left at the next batch: the lease is kept alive with at least a
+//     quarter of its TTL to spare, and at most every three quarters of it
+//     (for the elector's defaults, heartbeats every TTL/2 with records of
+//     TTL+5 s: every 10 s at TTL 10 s instead of every 5 s; every 5 s at TTL
+//     2 s instead of every second);
+//   - the look-up only when the next batch would come more than the TTL
+//     minus half a gap after the last look-up: at least once per TTL
+//     (every 10 s at TTL 10 s, every 6 s at TTL 2 s).
+//
+// Between two look-ups a batch relies on what this Backend knows: it
+// writes a record that it has not written on the current lease, and nothing
+// else. The look-up repairs what others did: a record deleted by hand or by
+// the RemoveMember of another Backend, or overwritten and attached to
+// another lease, is written again by the first batch that looks up, so a
+// live instance's record is missing for less than the TTL (it was at most
+// one batch interval when every batch looked up), and a reader never finds
+// it missing for longer than HeartbeatTTL, the elector's LeaderStale
+// threshold. RemoveMember through this Backend takes effect at once: the
+// next batch writes the record again. A lost lease (etcd restarted without
+// its data, or the lease revoked by hand) is found by the next keep-alive or
+// look-up, so within three quarters of its TTL; a new one is granted and
+// every record of the batch written on it.
+//
+// The age of a record that Members and Record.HeartbeatAge report is the
+// age of the session lease's last keep-alive: up to three quarters of its
+// TTL for a live instance (it was at most one interval when every batch
+// sent a keep-alive), always less than the TTL. A batch that sends nothing
+// does not reach the store: it succeeds because the records live at least a
+// quarter of their TTL beyond the next expected batch, by this Backend's
+// last contact with the store. While the client's connection is not up
+// (gRPC's Ready state), every batch sends the keep-alive, so a batch fails
+// as before when the store cannot be reached instead of succeeding on what
+// this Backend last knew; a store that stops answering on a connection that
+// still looks up is found by the next keep-alive or look-up due.
+//
+// A record on the session that this Backend has not been asked to refresh
+// for a TTL is deleted by the next batch (owner-checked: only while it is
+// still on this session), so records of an instance that stopped
+// heartbeating end within about a TTL although the session lives on; all of
+// them end with the session lease, within its TTL of the last keep-alive,
+// once this Backend stops heartbeating (it is closed, or its process died).
 func (b *Backend) HeartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRequest) []error {
 	errs := make([]error, len(reqs))
 	ctx, cancel, err := b.begin(ctx, "heartbeat")
@@ -99,79 +196,175 @@ func (b *Backend) heartbeatSession(ctx context.Context, secs int64, reqs []backe
 	s := b.hbSessionFor(secs)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sent := time.Now()
-	var attached map[string]bool // nil: a new session, every record is written
-	if s.id != 0 && sent.Sub(s.lastSent) < time.Duration(s.ttl)*time.Second {
+	start := time.Now()
+	gap := s.nextGap(start)
+	for attempt := 0; ; attempt++ {
+		if err := s.refresh(ctx, b.cli, secs, start, gap); err != nil {
+			return err
+		}
+		err := b.writeBeats(ctx, s, start, reqs, items)
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && attempt == 0 && ctx.Err() == nil {
+			continue // the lease has gone since its last keep-alive: a new one
+		}
+		return err
+	}
+}
+
+// refresh keeps the session lease alive and looks up the keys attached to
+// it when they are due (see HeartbeatBatch), for a batch started at start,
+// the next one expected gap later (0: unknown, both are due). It grants a new
+// lease when there is none, or when the current one has gone (by the local
+// clock, the keep-alive or the look-up). It runs with s.mu held.
+func (s *hbSession) refresh(ctx context.Context, cli *clientv3.Client, secs int64, start time.Time, gap time.Duration) error {
+	ttl := time.Duration(s.ttl) * time.Second
+	if s.id != 0 && start.Sub(s.lastSent) < ttl {
+		needKA := gap == 0 || s.lastSent.Add(ttl).Sub(start.Add(gap)) < ttl/4
+		needLook := gap == 0 || start.Sub(s.lastLook)+gap > ttl-gap/2
+		if !needKA && !needLook && !ready(cli) {
+			// Not connected: the keep-alive, not what this Backend last
+			// knew, answers whether the store can be reached.
+			needKA = true
+		}
 		var (
-			ttl    *clientv3.LeaseTimeToLiveResponse
-			ttlErr error
-			wg     sync.WaitGroup
+			look     *clientv3.LeaseTimeToLiveResponse
+			kaErr    error
+			lookErr  error
+			kaSent   time.Time
+			lookSent time.Time
+			wg       sync.WaitGroup
+			id       = s.id
 		)
-		wg.Go(func() { ttl, ttlErr = b.cli.TimeToLive(ctx, s.id, clientv3.WithAttachedKeys()) })
-		_, kaErr := b.cli.KeepAliveOnce(ctx, s.id)
+		if needLook {
+			wg.Go(func() {
+				lookSent = time.Now()
+				look, lookErr = cli.TimeToLive(ctx, id, clientv3.WithAttachedKeys())
+			})
+		}
+		if needKA {
+			kaSent = time.Now()
+			_, kaErr = cli.KeepAliveOnce(ctx, id)
+		}
 		wg.Wait()
-		switch {
-		case errors.Is(kaErr, rpctypes.ErrLeaseNotFound):
-			s.id = 0
-		case kaErr != nil:
-			return kaErr
-		case ttlErr != nil:
-			return ttlErr
-		default:
-			s.lastSent = sent
-			attached = make(map[string]bool, len(ttl.Keys))
-			for _, k := range ttl.Keys {
-				attached[string(k)] = true
+		if errors.Is(kaErr, rpctypes.ErrLeaseNotFound) || errors.Is(lookErr, rpctypes.ErrLeaseNotFound) ||
+			needLook && lookErr == nil && look.TTL < 0 {
+			s.id = 0 // expired, or revoked: grant a new one
+		} else {
+			if needKA && kaErr == nil {
+				s.lastSent = kaSent
 			}
+			if needLook && lookErr == nil {
+				s.looked(look.Keys, lookSent, start)
+			}
+			return errors.Join(kaErr, lookErr)
 		}
 	}
-	if attached == nil {
-		grant, err := b.cli.Grant(ctx, secs)
-		if err != nil {
-			return fmt.Errorf("grant heartbeat session: %w", err)
-		}
-		s.id, s.ttl, s.lastSent = grant.ID, grant.TTL, sent
-		clear(s.beats)
-		attached = make(map[string]bool)
+	s.id = 0
+	sent := time.Now()
+	grant, err := cli.Grant(ctx, secs)
+	if err != nil {
+		return fmt.Errorf("grant heartbeat session: %w", err)
 	}
-	var ops []clientv3.Op
+	s.id, s.ttl, s.lastSent, s.lastLook = grant.ID, grant.TTL, sent, sent
+	clear(s.beats)
+	return nil
+}
+
+// ready reports whether cli's connection is up (gRPC's Ready state).
+func ready(cli *clientv3.Client) bool {
+	conn := cli.ActiveConnection()
+	return conn != nil && conn.GetState() == connectivity.Ready
+}
+
+// looked records a look-up of the keys attached to the session lease, sent
+// at sent during the batch started at start: a record this Backend refreshes
+// is written again unless it is among them, and a key among them that this
+// Backend does not refresh (a transaction whose outcome was unknown, a
+// RemoveMember racing a batch) is deleted unless refreshed within a TTL. It
+// runs with s.mu held.
+func (s *hbSession) looked(keys [][]byte, sent, start time.Time) {
+	s.lastLook = sent
+	attached := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		attached[string(k)] = true
+		if _, ok := s.beats[string(k)]; !ok {
+			s.beats[string(k)] = hbBeat{at: start, written: true}
+		}
+	}
+	for k, beat := range s.beats {
+		beat.written = attached[k]
+		s.beats[k] = beat
+	}
+}
+
+// writeBeats writes the records of reqs[i], i in items, that are not on the
+// session lease, and deletes (owner-checked) those this Backend has not been
+// asked to refresh for a TTL, in transactions of up to txnBatchOps
+// operations. It runs with s.mu held.
+func (b *Backend) writeBeats(ctx context.Context, s *hbSession, start time.Time, reqs []backend.HeartbeatRequest, items []int) error {
+	type change struct {
+		k   string
+		put bool // put: written once committed; else: forgotten once committed
+	}
+	var (
+		ops     []clientv3.Op
+		changes []change
+		queued  = make(map[string]bool)
+	)
 	for _, i := range items {
 		r := reqs[i]
 		k := b.heartbeatKey(r.Key, r.ID)
-		s.beats[k] = sent
-		if attached[k] {
-			continue
+		beat := s.beats[k]
+		beat.at = start
+		s.beats[k] = beat
+		if beat.written || queued[k] {
+			continue // a key twice in one batch is written once
 		}
-		value, err := json.Marshal(heartbeatBody{ID: r.ID, At: sent, Session: true})
+		value, err := json.Marshal(heartbeatBody{ID: r.ID, At: start, Session: true})
 		if err != nil {
 			return err
 		}
 		ops = append(ops, clientv3.OpPut(k, string(value), clientv3.WithLease(s.id)))
-		attached[k] = true // a key twice in one batch is written once
+		changes = append(changes, change{k, true})
+		queued[k] = true
 	}
 	stale := time.Duration(s.ttl) * time.Second
-	for k, at := range s.beats {
-		if sent.Sub(at) < stale {
+	for k, beat := range s.beats {
+		if start.Sub(beat.at) < stale {
 			continue
 		}
-		delete(s.beats, k)
-		if attached[k] {
-			// Deleted only while still on this session: a record
-			// written since by anyone else stays.
-			ops = append(ops, clientv3.OpTxn(
-				[]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(k), "=", s.id)},
-				[]clientv3.Op{clientv3.OpDelete(k)}, nil))
+		if !beat.written {
+			delete(s.beats, k)
+			continue
 		}
+		// Deleted only while still on this session: a record written
+		// since by anyone else stays.
+		ops = append(ops, clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(k), "=", s.id)},
+			[]clientv3.Op{clientv3.OpDelete(k)}, nil))
+		changes = append(changes, change{k, false})
 	}
 	for len(ops) > 0 {
 		n := min(len(ops), txnBatchOps)
 		if _, err := b.cli.Txn(ctx).Then(ops[:n]...).Commit(); err != nil {
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 				s.id = 0
+			} else {
+				// The transaction may have committed: the next batch
+				// looks the keys up.
+				s.lastLook = time.Time{}
 			}
 			return err
 		}
-		ops = ops[n:]
+		for _, c := range changes[:n] {
+			if c.put {
+				beat := s.beats[c.k]
+				beat.written = true
+				s.beats[c.k] = beat
+			} else {
+				delete(s.beats, c.k)
+			}
+		}
+		ops, changes = ops[n:], changes[n:]
 	}
 	return nil
 }

@@ -200,7 +200,12 @@ func (b *Backend) Members(ctx context.Context, key string) ([]backend.Member, er
 
 // RemoveMember deletes the heartbeat record of instance id for key and
 // revokes its lease, so an instance that is still alive notices on its next
-// Heartbeat and writes its record again. It is not an error if there is none.
+// Heartbeat and writes its record again. A record on a heartbeat session
+// (HeartbeatBatch) is deleted and its session lease, which holds other
+// records, left alone: the next batch of this Backend that refreshes it
+// writes it again, that of another Backend once it looks its session's keys
+// up (within the session's TTL; see HeartbeatBatch). It is not an error if
+// there is none.
 func (b *Backend) RemoveMember(ctx context.Context, key, id string) error {
 	if err := checkKey(key); err != nil {
 		return fmt.Errorf("etcdbackend: remove member: %w", err)
@@ -220,8 +225,15 @@ func (b *Backend) RemoveMember(ctx context.Context, key, id string) error {
 	}
 	for _, kv := range resp.PrevKvs {
 		var body heartbeatBody
-		if kv.Lease == 0 || json.Unmarshal(kv.Value, &body) == nil && body.Session {
-			continue // the lease of a heartbeat session holds other records
+		if kv.Lease == 0 {
+			continue
+		}
+		if json.Unmarshal(kv.Value, &body) == nil && body.Session {
+			// The lease of a heartbeat session holds other records. If
+			// it is one of this Backend's, its next batch writes the
+			// record again should the instance still heartbeat.
+			b.forgetBeat(clientv3.LeaseID(kv.Lease), string(kv.Key))
+			continue
 		}
 		if _, err := b.cli.Revoke(ctx, clientv3.LeaseID(kv.Lease)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return fail(ctx, op+": revoke lease", err)
