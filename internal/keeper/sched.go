@@ -61,6 +61,7 @@ type member struct {
 	due    time.Time // the next renewal is due (zero: at once)
 	flight *flight   // the batch call covering the hold, while in flight
 	kick   bool      // RenewNow during that call: renew again after it
+	dl     time.Time // the deadline as last set here; Extend may have moved it later
 	b      *bucket   // the bucket watching the hold's deadline; nil when none
 	bidx   int       // index in b.holds
 }
@@ -70,14 +71,17 @@ type flight struct {
 	done chan struct{} // closed once its results are recorded
 }
 
-// bucket is a set of holds whose deadlines are no earlier than at.
+// bucket is a set of holds whose deadlines are no earlier than at. A hold
+// leaving it leaves a nil entry (so that leaving touches no other hold);
+// a bucket lives until its last hold has left, at most until the latest
+// deadline among them.
 type bucket struct {
 	at    time.Time
-	holds []*Hold // nil entries are holds gone from a sorted bucket
-	dls   []time.Time
+	holds []*Hold
+	dls   []time.Time // sorted: the deadline of each entry
 	live  int
 	head  int  // sorted: the first entry not yet stepped down
-	sort  bool // sorted by deadline (dls); removal leaves a nil entry
+	sort  bool // sorted by deadline (dls)
 	hidx  int  // index in the heap; -1 when not in it
 }
 
@@ -126,6 +130,7 @@ func (s *scheduler) add(h *Hold, now time.Time) bool {
 	if s.startB == nil || s.startB.hidx < 0 || s.startB.sort || !next.Equal(s.startAt) {
 		s.startB, s.startAt = &bucket{at: h.deadline, hidx: -1}, next
 	}
+	h.m.dl = h.deadline
 	s.watchLocked(h, s.startB, h.deadline)
 	if !s.running {
 		s.armGridLocked(next, now)
@@ -214,11 +219,10 @@ func (s *scheduler) run() {
 			due = append(due, h)
 			// A wall clock past the deadline (a suspended machine) steps
 			// the hold down before its renewal could move the deadline.
-			h.mu.Lock()
-			if !h.stepped && (!now.Before(h.deadline) || !wall.Before(h.deadline.Round(0))) {
+			// Held checks the deadline itself (Extend may have moved it).
+			if !now.Before(h.m.dl) || !wall.Before(h.m.dl.Round(0)) {
 				down = append(down, h)
 			}
-			h.mu.Unlock()
 		}
 		if len(due) == 0 {
 			break
@@ -274,6 +278,7 @@ func (s *scheduler) send(chunk []*Hold, leases []backend.Lease, results []outcom
 	ctx, cancel := context.WithDeadline(context.Background(), sent.Add(timeout))
 	errs := s.br.RenewBatch(ctx, leases)
 	cancel()
+	back := time.Now() // the answers arrived by then
 	for i, h := range chunk {
 		var err error
 		if i < len(errs) {
@@ -284,7 +289,7 @@ func (s *scheduler) send(chunk []*Hold, leases []backend.Lease, results []outcom
 		var o outcome
 		switch {
 		case err == nil:
-			o.ok, o.moved = true, h.renewed(sent)
+			o.ok, o.moved = true, h.renewed(sent, back)
 		case errors.Is(err, backend.ErrLeaseLost):
 			o.lost = true
 			h.markLost(err) // leaves the scheduler
@@ -319,6 +324,7 @@ func (s *scheduler) send(chunk []*Hold, leases []backend.Lease, results []outcom
 			if b == nil || !b.at.Equal(o.moved) {
 				b = &bucket{at: o.moved, hidx: -1}
 			}
+			h.m.dl = o.moved
 			s.unwatchLocked(h)
 			s.watchLocked(h, b, o.moved)
 		}
@@ -359,17 +365,8 @@ func (s *scheduler) unwatchLocked(h *Hold) {
 	if b == nil {
 		return
 	}
-	i := h.m.bidx
+	b.holds[h.m.bidx] = nil
 	h.m.b = nil
-	if b.sort {
-		b.holds[i] = nil
-	} else {
-		last := len(b.holds) - 1
-		b.holds[i] = b.holds[last]
-		b.holds[i].m.bidx = i
-		b.holds[last] = nil
-		b.holds = b.holds[:last]
-	}
 	b.live--
 	if b.live == 0 && b.hidx >= 0 {
 		heap.Remove(&s.buckets, b.hidx)
@@ -409,6 +406,7 @@ func (s *scheduler) fireDeadlines() {
 				down = append(down, h)
 			default:
 				// Extend moved it since: watch it at its new deadline.
+				h.m.dl = dl
 				s.watchLocked(h, &bucket{hidx: -1}, dl)
 			}
 		}
@@ -438,6 +436,9 @@ func (s *scheduler) sortLocked(b *bucket) {
 	}
 	es := make([]entry, 0, b.live)
 	for _, h := range b.holds {
+		if h == nil {
+			continue
+		}
 		h.mu.Lock()
 		es = append(es, entry{h, h.deadline})
 		h.mu.Unlock()
