@@ -20,11 +20,20 @@
 // to it. Acquire is one transaction that compares the key's create revision
 // with 0 and puts the record under <prefix><key> attached to the session
 // lease. A key on a session ends when the session lease does, at the
-// receipt of its last keep-alive plus its TTL: when that comes before the
-// acquisition's send time plus the TTL asked for, a keep-alive of the
-// session goes with the transaction (sent with it, after the send time: no
-// round trip added), so the key lasts at least the TTL from the send time;
-// when it fails, the acquisition gives the key up and fails. A request with
+// receipt of its last grant or keep-alive plus its TTL, so at least that
+// TTL after the send time of that request. The session lease of a TTL of 8
+// s or more is granted up to 1/8 longer than asked, in whole seconds (8 s
+// gets 9 s, 10 s gets 11 s, 16 s gets 18 s; below 8 s, no headroom):
+// while it was kept alive less than that headroom before an acquisition
+// was sent, the transaction is all, and the key lasts at least the TTL
+// asked for from the send time (Lease.TTL says how long: what the session
+// has left, up to its granted TTL). Otherwise a keep-alive of the session
+// goes with the transaction (sent with it, after the send time: no round
+// trip added), so the key lasts the session's TTL from the send time; when
+// it fails, the acquisition gives the key up and fails. A burst of
+// acquisitions thus sends one keep-alive per headroom, not one each; a key
+// whose holder stopped renewing it lasts up to the headroom longer than
+// the TTL asked for (its Lease.TTL shows it). A request with
 // backend.AcquireRequest.Detached gets an etcd lease of its own, granted for
 // it and revoked by its Release (the package lock asks for one for NoRenew
 // and MaxHold locks: a session kept alive by other holds would keep such a
@@ -84,10 +93,13 @@
 //
 // Release of a lease on a session is one owner-checked transaction: it
 // deletes the record and writes the release marker <prefix><key>\x00 (see
-// Watch) on a lease of 5 s the Backend shares between its releases,
-// granted at most every 2.5 s, so a marker outlives its release by at most
-// 5 s. The session lease stays, for the next acquisition; once no key is
-// on it and nothing renews it, it ends at its TTL.
+// Watch) on a lease of 5 s the Backend shares between its releases and
+// uses for 4 s after its grant, so a marker outlives its release by at most
+// 5 s. Its successor is granted in the background by the first release
+// that finds it 2.5 s old, so a release waits for a grant only when no
+// release came in the last 4 s. The session lease stays, for the next
+// acquisition; once no key is on it and nothing renews it, it ends at its
+// TTL.
 //
 // etcd counts lease TTLs in whole seconds: a TTL that is not a whole number
 // of seconds is rounded up (1.2 s becomes 2 s, 1 ns becomes 1 s), for leases
@@ -114,10 +126,13 @@
 // snapshot restore --bump-revision" to keep them increasing); raft
 // replication makes such a loss a disaster, not a failover.
 //
-// Requests per operation on a session (TestRoundTrips, TestSession): Acquire
-// 1 round trip: the transaction, with a keep-alive of the session sent with
-// it unless the session was refreshed since the acquisition was sent (2
-// requests); the first acquisition of a TTL adds the grant of its session.
+// Requests per operation on a session (TestRoundTrips, TestSession,
+// TestPairRequests): Acquire 1 round trip: the transaction, with a
+// keep-alive of the session sent with it when the session has less than
+// the TTL asked for left (2 requests); the first acquisition of a TTL adds
+// the grant of its session. An Acquire and
+// Release pair on a warm session is two transactions, as etcd's
+// concurrency.Mutex TryLock and Unlock are two requests.
 // A failed Acquire adds two lease look-ups (the holder's remaining TTL and
 // heartbeat age), run in parallel. Once an Acquire has found a key held,
 // the next Acquire of that key by the same Backend first probes with a
@@ -128,7 +143,8 @@
 // together (the keep-alive extends only this Backend's own session, so it
 // needs no check first); RenewBatch 2 requests per session, as above;
 // Release 1 (the owner-checked transaction; a grant of the markers' lease
-// at most every 2.5 s); SetMetadata 1 (an owner-checked transaction that
+// in the background at most every 2.5 s, or before the transaction after 4
+// s without a release); SetMetadata 1 (an owner-checked transaction that
 // rewrites the record with the same etcd lease attached; the token carries
 // the acquisition time, so no read is needed); Get 1 read plus 2 parallel
 // lease look-ups; List 1 range read plus one lease look-up per held key,
@@ -334,6 +350,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -430,6 +447,7 @@ type Options struct {
 // concurrent use. Create it with New.
 type Backend struct {
 	cli     *clientv3.Client
+	kv      pb.KVClient // cli's KV service, for transactions built as protocol messages (see txn)
 	prefix  string
 	timeout time.Duration
 
@@ -457,9 +475,10 @@ type Backend struct {
 	pending map[string]int
 
 	marker struct {
-		mu       sync.Mutex       // serialises grants; guards the fields below
-		id       clientv3.LeaseID // lease of release markers; 0: none
-		lastSent time.Time        // send time of its grant
+		mu         sync.Mutex       // serialises grants; guards the fields below
+		id         clientv3.LeaseID // lease of release markers; 0: none
+		lastSent   time.Time        // send time of its grant
+		refreshing bool             // a grant of its successor is under way
 	}
 
 	watches sync.WaitGroup // watch goroutines and the connection monitor
@@ -498,6 +517,7 @@ func New(client *clientv3.Client, opts *Options) (*Backend, error) {
 	life, stop := context.WithCancel(context.Background())
 	return &Backend{
 		cli:     client,
+		kv:      clientv3.RetryKVClient(client),
 		prefix:  o.Prefix,
 		timeout: o.RequestTimeout,
 		life:    life,

@@ -1,5 +1,7 @@
 package etcdbackend
 
+import "time"
+
 // TxnOps exports txnOps to the tests.
 var TxnOps = txnOps
 
@@ -36,3 +38,46 @@ func SharedLeases(b *Backend) map[int64]bool {
 	b.marker.mu.Unlock()
 	return out
 }
+
+// SessionHeadroom returns the headroom of the session of TTL ttl (in whole
+// seconds, rounded up), as a duration.
+func SessionHeadroom(ttl time.Duration) time.Duration {
+	secs, err := ttlSeconds(ttl)
+	if err != nil {
+		panic(err)
+	}
+	return time.Duration(sessionHeadroom(secs)) * time.Second
+}
+
+// AgeSessions makes every session lease of b look d older than it is, by
+// moving back the send time of its last grant or keep-alive: the next
+// acquisition then sees what it would see d later, without waiting.
+func AgeSessions(b *Backend, d time.Duration) {
+	for _, s := range b.sessionList() {
+		s.mu.Lock()
+		s.lastSent = s.lastSent.Add(-d)
+		s.mu.Unlock()
+	}
+}
+
+// AgeMarkerLease makes the release markers' lease of b look d older than it
+// is, and reports its ID (0: none).
+func AgeMarkerLease(b *Backend, d time.Duration) int64 {
+	b.marker.mu.Lock()
+	defer b.marker.mu.Unlock()
+	b.marker.lastSent = b.marker.lastSent.Add(-d)
+	return int64(b.marker.id)
+}
+
+// MarkerLease reports the ID of the release markers' lease of b (0: none).
+func MarkerLease(b *Backend) int64 {
+	b.marker.mu.Lock()
+	defer b.marker.mu.Unlock()
+	return int64(b.marker.id)
+}
+
+// Marker ages that a test sets a marker lease to.
+const (
+	MarkerRefresh = markerRefresh
+	MarkerUse     = markerUse
+)

@@ -12,9 +12,11 @@ import (
 	"sync"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/sovereign-go/sovereign/backend"
 )
@@ -148,10 +150,7 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		// seen it deleted since: most likely it is still held, and a
 		// read-only probe answers that without a grant and a revocation
 		// (two raft writes).
-		resp, err := b.cli.Txn(ctx).
-			If(b.freeCheck(req.Key)...).
-			Else(b.holderReads(req.Key)...).
-			Commit()
+		resp, err := b.txn(ctx, &pb.TxnRequest{Compare: b.freeCheck(req.Key), Failure: b.holderReads(req.Key)})
 		if err != nil {
 			return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q: probe", req.Key), err)
 		}
@@ -183,23 +182,93 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 // freeCheck returns the comparisons that hold while key is free for
 // Acquire: no lease record, and no holder or intent entry of backend.Modes
 // (waiters do not count).
-func (b *Backend) freeCheck(key string) []clientv3.Cmp {
+func (b *Backend) freeCheck(key string) []*pb.Compare {
 	base := b.entryBase(key)
-	return []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(b.leaseKey(key)), "=", 0),
+	return []*pb.Compare{
+		createIs(b.leaseKey(key), "", 0),
 		// Holders ("h...") and intents ("i...").
-		none(base+holdersPart, base+"j"),
+		createIs(base+holdersPart, base+"j", 0),
 	}
 }
 
 // holderReads returns the reads of a key's record, heartbeats, and holder
 // and intent entries that the else-branch of an acquisition makes.
-func (b *Backend) holderReads(key string) []clientv3.Op {
-	base := b.entryBase(key)
-	return []clientv3.Op{
-		clientv3.OpGet(b.leaseKey(key)),
-		clientv3.OpGet(b.heartbeatPrefix(key), clientv3.WithPrefix()),
-		clientv3.OpGet(base+holdersPart, clientv3.WithRange(base+"j")),
+func (b *Backend) holderReads(key string) []*pb.RequestOp {
+	base, hb := b.entryBase(key), b.heartbeatPrefix(key)
+	return []*pb.RequestOp{
+		getOp(b.leaseKey(key), ""),
+		getOp(hb, clientv3.GetPrefixRangeEnd(hb)),
+		getOp(base+holdersPart, base+"j"),
+	}
+}
+
+// The transactions of Acquire, and of Renew and Release on a session (a
+// lock taken and released in a loop: its every request), are built as
+// protocol messages and sent by txn: clientv3's Txn builder clones each
+// comparison by reflection, which cost about as much client CPU as the
+// rest of the call. The helpers below build what clientv3.Compare,
+// clientv3.OpGet, clientv3.OpPut and clientv3.OpDelete would.
+
+// txn sends the transaction r through the client's KV service, as
+// clientv3's Txn.Commit does: waiting for a connection, through the
+// client's interceptors (authentication, retries of requests that were
+// never sent), with its errors translated the same way.
+func (b *Backend) txn(ctx context.Context, r *pb.TxnRequest) (*clientv3.TxnResponse, error) {
+	resp, err := b.kv.Txn(ctx, r, grpc.WaitForReady(true))
+	if err != nil {
+		return nil, clientv3.ContextError(ctx, err)
+	}
+	return (*clientv3.TxnResponse)(resp), nil
+}
+
+// createIs is the comparison "create revision of key = rev", over the range
+// [key, end) when end is not empty (etcd then compares every key in it, and
+// an empty range as a key with revision 0).
+func createIs(key, end string, rev int64) *pb.Compare {
+	c := &pb.Compare{
+		Result:      pb.Compare_EQUAL,
+		Target:      pb.Compare_CREATE,
+		Key:         []byte(key),
+		TargetUnion: &pb.Compare_CreateRevision{CreateRevision: rev},
+	}
+	if end != "" {
+		c.RangeEnd = []byte(end)
+	}
+	return c
+}
+
+// getOp reads key, or the range [key, end) when end is not empty.
+func getOp(key, end string) *pb.RequestOp {
+	r := &pb.RangeRequest{Key: []byte(key)}
+	if end != "" {
+		r.RangeEnd = []byte(end)
+	}
+	return &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: r}}
+}
+
+// putOp puts value under key, attached to etcd lease id.
+func putOp(key, value string, id clientv3.LeaseID) *pb.RequestOp {
+	return &pb.RequestOp{Request: &pb.RequestOp_RequestPut{RequestPut: &pb.PutRequest{
+		Key: []byte(key), Value: []byte(value), Lease: int64(id),
+	}}}
+}
+
+// deleteOp deletes key.
+func deleteOp(key string) *pb.RequestOp {
+	return &pb.RequestOp{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte(key)}}}
+}
+
+// ownerCheckPB is ownerCheck as protocol messages.
+func (b *Backend) ownerCheckPB(l backend.Lease, id clientv3.LeaseID) []*pb.Compare {
+	k := []byte(b.leaseKey(l.Key))
+	h := recordHeader(l.Token, l.HolderID)
+	// See ownerCmps.
+	upper := h[:len(h)-1] + "\x0b"
+	return []*pb.Compare{
+		{Result: pb.Compare_EQUAL, Target: pb.Compare_CREATE, Key: k, TargetUnion: &pb.Compare_CreateRevision{CreateRevision: int64(l.Term)}},
+		{Result: pb.Compare_EQUAL, Target: pb.Compare_LEASE, Key: k, TargetUnion: &pb.Compare_Lease{Lease: int64(id)}},
+		{Result: pb.Compare_GREATER, Target: pb.Compare_VALUE, Key: k, TargetUnion: &pb.Compare_Value{Value: []byte(h)}},
+		{Result: pb.Compare_LESS, Target: pb.Compare_VALUE, Key: k, TargetUnion: &pb.Compare_Value{Value: []byte(upper)}},
 	}
 }
 
@@ -228,18 +297,17 @@ func (b *Backend) setSeenHeld(key string, held bool) {
 // granted. On failure, revoked reports whether it has revoked the grant.
 func (b *Backend) acquireWith(ctx context.Context, req backend.AcquireRequest, grant *clientv3.LeaseGrantResponse) (_ backend.Lease, revoked bool, _ error) {
 	k := b.leaseKey(req.Key)
-	reads := b.holderReads(req.Key)
 	now := time.Now()
 	token := newToken(grant.ID, now)
 	value, err := encodeRecord(token, req.HolderID, recordBody{AcquiredAt: now, Metadata: req.Metadata})
 	if err != nil {
 		return backend.Lease{}, false, fmt.Errorf("etcdbackend: acquire %q: encode record: %w", req.Key, err)
 	}
-	resp, err := b.cli.Txn(ctx).
-		If(b.freeCheck(req.Key)...).
-		Then(clientv3.OpPut(k, value, clientv3.WithLease(grant.ID))).
-		Else(reads...).
-		Commit()
+	resp, err := b.txn(ctx, &pb.TxnRequest{
+		Compare: b.freeCheck(req.Key),
+		Success: []*pb.RequestOp{putOp(k, value, grant.ID)},
+		Failure: b.holderReads(req.Key),
+	})
 	if err != nil {
 		return backend.Lease{}, false, fail(ctx, fmt.Sprintf("acquire %q", req.Key), err)
 	}

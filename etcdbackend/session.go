@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -15,7 +16,8 @@ import (
 )
 
 // session is the etcd lease that the plain acquisitions of one TTL share
-// (see the package doc, "Sessions").
+// (see the package doc, "Sessions"), granted for that TTL plus its
+// headroom (sessionHeadroom).
 type session struct {
 	mu       sync.Mutex       // serialises grants; guards the fields below
 	id       clientv3.LeaseID // 0: none yet, or lost
@@ -54,7 +56,7 @@ func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, e
 		return sessionState{s.id, s.ttl, s.lastSent}, nil
 	}
 	sent := time.Now()
-	grant, err := b.cli.Grant(ctx, secs)
+	grant, err := b.cli.Grant(ctx, secs+sessionHeadroom(secs))
 	if err != nil {
 		return sessionState{}, err
 	}
@@ -174,19 +176,36 @@ func (b *Backend) owns(id clientv3.LeaseID, key, token string) (owned, known boo
 }
 
 // markerTTL is the TTL, in seconds, of the lease that the release markers
-// of session leases are attached to. A marker lease is used for half of it,
-// so a marker lasts at most markerTTL after its release, and releases grant
-// one at most every markerTTL/2.
+// of session leases are attached to. A marker lease is used until it is
+// markerUse old, so a marker lasts at most markerTTL after its release;
+// once it is markerRefresh old, the next release grants its successor in
+// the background, so a steady stream of releases never waits for a grant.
 const markerTTL = 5
 
+// Ages of a marker lease, by the local clock from the send time of its
+// grant: a new one is granted in the background from markerRefresh on, and
+// the lease is no longer used from markerUse on (a second before it can
+// expire, for the transaction that attaches a marker to it to commit).
+const (
+	markerRefresh = markerTTL * time.Second / 2
+	markerUse     = markerTTL*time.Second - time.Second
+)
+
 // markerLease returns the etcd lease to attach the release markers of
-// session leases to, granting a new one when the current one has less than
-// half its TTL left by the local clock.
+// session leases to. It grants one first when there is none younger than
+// markerUse, and starts granting the next one in the background when the
+// current one is markerRefresh old or more.
 func (b *Backend) markerLease(ctx context.Context) (clientv3.LeaseID, error) {
 	b.marker.mu.Lock()
 	defer b.marker.mu.Unlock()
-	if b.marker.id != 0 && time.Since(b.marker.lastSent) < markerTTL*time.Second/2 {
-		return b.marker.id, nil
+	if b.marker.id != 0 {
+		age := time.Since(b.marker.lastSent)
+		if age < markerUse {
+			if age >= markerRefresh {
+				b.refreshMarkerLocked()
+			}
+			return b.marker.id, nil
+		}
 	}
 	sent := time.Now()
 	grant, err := b.cli.Grant(ctx, markerTTL)
@@ -195,6 +214,36 @@ func (b *Backend) markerLease(ctx context.Context) (clientv3.LeaseID, error) {
 	}
 	b.marker.id, b.marker.lastSent = grant.ID, sent
 	return grant.ID, nil
+}
+
+// refreshMarkerLocked grants the next marker lease in the background, unless
+// a grant is already under way or the Backend is closed. It runs with
+// b.marker.mu held.
+func (b *Backend) refreshMarkerLocked() {
+	if b.marker.refreshing {
+		return
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.watches.Add(1)
+	b.mu.Unlock()
+	b.marker.refreshing = true
+	go func() {
+		defer b.watches.Done()
+		ctx, cancel := context.WithTimeout(b.life, b.timeout)
+		defer cancel()
+		sent := time.Now()
+		grant, err := b.cli.Grant(ctx, markerTTL)
+		b.marker.mu.Lock()
+		defer b.marker.mu.Unlock()
+		b.marker.refreshing = false
+		if err == nil && sent.After(b.marker.lastSent) {
+			b.marker.id, b.marker.lastSent = grant.ID, sent
+		}
+	}()
 }
 
 // markerLost forgets marker lease id, found gone.
@@ -221,6 +270,25 @@ func onSession(token string) bool {
 	return len(token) > 34 && token[33] == '-' && token[34] == sessionTokenMark
 }
 
+// sessionHeadroom returns how many seconds longer than secs, the TTL asked
+// for in whole seconds, the session lease of that TTL is granted: secs/8
+// (none below 8 s, 1 s for 8 to 15 s), so at most 1/8 longer. A key on a
+// session lasts at least the session's TTL from the send time of its last
+// grant or keep-alive; with that headroom, an acquisition sent within it of
+// the session's last grant or keep-alive has its full TTL without a
+// keep-alive of its own: a burst of acquisitions (a lock taken and released
+// in a loop) sends one keep-alive per headroom, not one each, and an
+// acquisition and release pair is two transactions, as etcd's
+// concurrency.Mutex TryLock and Unlock are two requests. The price is that
+// a key whose holder stopped renewing it (crashed) lasts up to the
+// headroom longer: its Lease.TTL says so, being what the session has left
+// from the acquisition's send time (at least the TTL asked for, at most
+// the session's granted TTL). Below 8 s the headroom would be a large
+// share of the TTL (etcd's TTLs are whole seconds), so there is none: such
+// an acquisition sends a keep-alive with its transaction unless the
+// session was kept alive after it was sent.
+func sessionHeadroom(secs int64) int64 { return min(secs/8, maxTTLSeconds-secs) }
+
 // acquireOnSession is Acquire of a lease that is not Detached: one
 // transaction attaching the key to the session lease of its TTL (granted
 // first, once per session). When etcd says the session lease is gone, it is
@@ -234,11 +302,12 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 		}
 		full := time.Duration(s.ttl) * time.Second
 		// A key attached to the session ends with it: at the receipt of
-		// the session's last grant or keep-alive plus its TTL, which may
-		// come before this acquisition's send time plus the TTL asked
-		// for. Then a keep-alive goes with the transaction (sent with it,
-		// not before it: no round trip added), after sent, so the key
-		// lasts a full TTL from sent once it succeeds.
+		// the session's last grant or keep-alive plus its TTL, so at
+		// least left after sent. When that is shorter than the TTL asked
+		// for, a keep-alive goes with the transaction (sent with it, not
+		// before it: no round trip added), after sent, so the key lasts
+		// the session's full TTL from sent once it succeeds (see
+		// sessionHeadroom).
 		var (
 			kaErr error
 			kaOK  bool
@@ -290,8 +359,8 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 		switch {
 		case kaOK:
 		case !needKA:
-			// The key ends when the session does, at least req.TTL
-			// after sent.
+			// The key ends when the session does, at least left after
+			// sent, which is at least req.TTL.
 			lease.TTL = min(lease.TTL, left)
 		default:
 			// The key may end before req.TTL has passed since sent: give
@@ -310,11 +379,11 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 // with token, attached to etcd lease id of TTL ttl. A held key is a
 // *backend.HeldError.
 func (b *Backend) putOnLease(ctx context.Context, req backend.AcquireRequest, id clientv3.LeaseID, ttl time.Duration, token, value string) (backend.Lease, error) {
-	resp, err := b.cli.Txn(ctx).
-		If(b.freeCheck(req.Key)...).
-		Then(clientv3.OpPut(b.leaseKey(req.Key), value, clientv3.WithLease(id))).
-		Else(b.holderReads(req.Key)...).
-		Commit()
+	resp, err := b.txn(ctx, &pb.TxnRequest{
+		Compare: b.freeCheck(req.Key),
+		Success: []*pb.RequestOp{putOp(b.leaseKey(req.Key), value, id)},
+		Failure: b.holderReads(req.Key),
+	})
 	if err != nil {
 		return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q", req.Key), err)
 	}
@@ -387,13 +456,13 @@ func (b *Backend) releaseOnSession(ctx context.Context, l backend.Lease, id clie
 			b.cleanUp(l.Key, id, l.Token, l.HolderID) // as below
 			return fail(ctx, fmt.Sprintf("release %q: grant marker lease", l.Key), err)
 		}
-		resp, err := b.cli.Txn(ctx).
-			If(b.ownerCheck(l, id)...).
-			Then(
-				clientv3.OpDelete(b.leaseKey(l.Key)),
-				clientv3.OpPut(b.releaseMarker(l.Key), "released", clientv3.WithLease(mid)),
-			).
-			Commit()
+		resp, err := b.txn(ctx, &pb.TxnRequest{
+			Compare: b.ownerCheckPB(l, id),
+			Success: []*pb.RequestOp{
+				deleteOp(b.leaseKey(l.Key)),
+				putOp(b.releaseMarker(l.Key), "released", mid),
+			},
+		})
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) && attempt == 0 {
 			b.markerLost(mid)
 			continue
@@ -423,7 +492,7 @@ func (b *Backend) renewOnSession(ctx context.Context, l backend.Lease, id client
 		err   error
 		wg    sync.WaitGroup
 	)
-	wg.Go(func() { check, err = b.cli.Txn(ctx).If(b.ownerCheck(l, id)...).Commit() })
+	wg.Go(func() { check, err = b.txn(ctx, &pb.TxnRequest{Compare: b.ownerCheckPB(l, id)}) })
 	kaErr := b.keepSession(ctx, id)
 	wg.Wait()
 	switch {

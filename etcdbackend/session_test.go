@@ -3,6 +3,7 @@ package etcdbackend_test
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -13,6 +14,16 @@ import (
 	"github.com/sovereign-go/sovereign/etcdbackend"
 	"github.com/sovereign-go/sovereign/internal/electortest"
 )
+
+// grantedTTL returns the TTL etcd granted lease id.
+func grantedTTL(t *testing.T, cli *clientv3.Client, id clientv3.LeaseID) time.Duration {
+	t.Helper()
+	resp, err := cli.TimeToLive(testCtx(t), id)
+	if err != nil {
+		t.Fatalf("TimeToLive(%x): %v", id, err)
+	}
+	return time.Duration(resp.GrantedTTL) * time.Second
+}
 
 // sessionOf returns the etcd lease a key's record is attached to.
 func sessionOf(t *testing.T, cli *clientv3.Client, k string) clientv3.LeaseID {
@@ -25,24 +36,36 @@ func sessionOf(t *testing.T, cli *clientv3.Client, k string) clientv3.LeaseID {
 }
 
 // TestSession: plain acquisitions of one TTL share one etcd lease, granted
-// once: an acquisition is one transaction (with a keep-alive of the
-// session sent together when the session has not been refreshed since the
-// acquisition was sent), a release one owner-checked transaction, with no
-// grant and no revocation; a Detached acquisition gets a lease of its own.
+// once for that TTL plus its headroom: an acquisition is one transaction
+// (with a keep-alive of the session sent together only when the session's
+// last grant or keep-alive was sent more than the headroom before it), a
+// release one owner-checked transaction, with no grant and no revocation; a
+// Detached acquisition gets a lease of its own, of the TTL asked for.
 func TestSession(t *testing.T) {
 	ctx := testCtx(t)
 	var n counter
 	prefix := newPrefix()
 	cli := newClient(t, nil, n.configure)
 	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
-	acquire := func(key string, detached bool) backend.Lease {
+	// Long enough that the headroom (15 s) outlasts any pause of a loaded
+	// machine between two steps.
+	const ttl = 2 * time.Minute
+	headroom := etcdbackend.SessionHeadroom(ttl)
+	if headroom != 15*time.Second {
+		t.Fatalf("headroom of a %v session: got %v, want 15s", ttl, headroom)
+	}
+	acquire := func(key string, detached bool, minTTL time.Duration) backend.Lease {
 		t.Helper()
-		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: 10 * time.Second, Detached: detached})
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: ttl, Detached: detached})
 		if err != nil {
 			t.Fatalf("Acquire(%q): %v", key, err)
 		}
-		if l.TTL != 10*time.Second {
-			t.Errorf("Acquire(%q): Lease.TTL %v, want 10s", key, l.TTL)
+		maxTTL := ttl + headroom
+		if detached {
+			maxTTL = ttl
+		}
+		if l.TTL < minTTL || l.TTL > maxTTL {
+			t.Errorf("Acquire(%q): Lease.TTL %v, want between %v and %v", key, l.TTL, minTTL, maxTTL)
 		}
 		return l
 	}
@@ -65,10 +88,14 @@ func TestSession(t *testing.T) {
 	}
 
 	n.reset()
-	l1 := acquire("one", false)
+	l1 := acquire("one", false, ttl+headroom)
 	expect("first Acquire (grant of the session, txn)", map[string]int64{"LeaseGrant": 1, "Txn": 1})
-	l2 := acquire("two", false)
-	expect("second Acquire (txn, keep-alive of the session sent with it)", map[string]int64{"Txn": 1, "LeaseKeepAlive": 1})
+	if got := grantedTTL(t, cli, sessionOf(t, cli, prefix+"one")); got != ttl+headroom {
+		t.Errorf("session lease: etcd granted %v, want %v", got, ttl+headroom)
+	}
+	n.reset()
+	l2 := acquire("two", false, ttl)
+	expect("second Acquire within the headroom (txn)", map[string]int64{"Txn": 1})
 	if s1, s2 := sessionOf(t, cli, prefix+"one"), sessionOf(t, cli, prefix+"two"); s1 != s2 {
 		t.Errorf("two acquisitions of one TTL: etcd leases %x and %x, want one session", s1, s2)
 	}
@@ -76,6 +103,14 @@ func TestSession(t *testing.T) {
 		t.Errorf("two acquisitions on one session share the token %q", l1.Token)
 	}
 	n.reset()
+	// A session last kept alive more than the headroom ago: the
+	// acquisition sends a keep-alive with its transaction and gets the
+	// session's full TTL.
+	etcdbackend.AgeSessions(b, headroom+time.Millisecond)
+	l3 := acquire("three", false, ttl+headroom)
+	expect("Acquire on a session older than the headroom (txn, keep-alive)", map[string]int64{"Txn": 1, "LeaseKeepAlive": 1})
+	l4 := acquire("four", false, ttl)
+	expect("Acquire after that keep-alive (txn)", map[string]int64{"Txn": 1})
 	if err := b.Renew(ctx, l1); err != nil {
 		t.Fatalf("Renew: %v", err)
 	}
@@ -89,14 +124,15 @@ func TestSession(t *testing.T) {
 	}
 	expect("Release (txn)", map[string]int64{"Txn": 1})
 	// The session outlives its keys: the next acquisition grants nothing.
-	l3 := acquire("three", false)
+	etcdbackend.AgeSessions(b, headroom+time.Millisecond)
+	l5 := acquire("five", false, ttl+headroom)
 	expect("Acquire on an idle session (txn, keep-alive)", map[string]int64{"Txn": 1, "LeaseKeepAlive": 1})
 	if err := b.Renew(ctx, l1); !errors.Is(err, backend.ErrLeaseLost) {
 		t.Errorf("Renew of a released lease on a live session: got %v, want ErrLeaseLost", err)
 	}
 	n.reset()
 
-	d := acquire("detached", true)
+	d := acquire("detached", true, ttl)
 	expect("Detached Acquire (grant, txn)", map[string]int64{"LeaseGrant": 1, "Txn": 1})
 	if sessionOf(t, cli, prefix+"detached") == sessionOf(t, cli, prefix+"three") {
 		t.Error("a Detached lease is on the session")
@@ -106,8 +142,72 @@ func TestSession(t *testing.T) {
 		t.Fatalf("Release: %v", err)
 	}
 	expect("Detached Release (txn, revocation)", map[string]int64{"Txn": 1, "LeaseRevoke": 1})
-	if err := b.Release(ctx, l3); err != nil {
-		t.Fatalf("Release: %v", err)
+	for _, l := range []backend.Lease{l3, l4, l5} {
+		if err := b.Release(ctx, l); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+}
+
+// TestPairRequests: on a warm session, an Acquire+Release pair is two
+// transactions and nothing else (concurrency.Mutex's TryLock+Unlock is two
+// requests too): no keep-alive of the session while it was kept alive
+// within its headroom, and no grant of the markers' lease, which a release
+// renews in the background once it is half-way through its TTL and uses in
+// the meantime; only a markers' lease too old to use is granted first.
+func TestPairRequests(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	prefix := newPrefix()
+	b := newBackend(t, newClient(t, nil, n.configure), &etcdbackend.Options{Prefix: prefix})
+	// The headroom (15 s) outlasts any pause of a loaded machine.
+	const ttl = 2 * time.Minute
+	pair := func(key string) {
+		t.Helper()
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: ttl})
+		if err != nil {
+			t.Fatalf("Acquire(%q): %v", key, err)
+		}
+		if err := b.Release(ctx, l); err != nil {
+			t.Fatalf("Release(%q): %v", key, err)
+		}
+	}
+	pair("warm-up") // grants the session and the markers' lease
+	const pairs = 20
+	n.reset()
+	for i := range pairs {
+		pair(fmt.Sprintf("k%d", i%4))
+	}
+	if got, want := n.byMethod(), map[string]int64{"Txn": 2 * pairs}; !maps.Equal(got, want) {
+		t.Errorf("%d pairs on a warm session: got requests %v, want %v", pairs, got, want)
+	}
+
+	// A markers' lease half-way through its TTL: the release still costs
+	// one transaction, and its successor is granted in the background.
+	old := etcdbackend.AgeMarkerLease(b, etcdbackend.MarkerRefresh)
+	n.reset()
+	pair("k0")
+	deadline := time.Now().Add(10 * time.Second)
+	for etcdbackend.MarkerLease(b) == old {
+		if time.Now().After(deadline) {
+			t.Fatal("the markers' lease was not granted again in the background within 10s")
+		}
+		<-time.After(time.Millisecond)
+	}
+	if got, want := n.byMethod(), map[string]int64{"Txn": 2, "LeaseGrant": 1}; !maps.Equal(got, want) {
+		t.Errorf("pair with an aging markers' lease: got requests %v, want %v (the grant in the background)", got, want)
+	}
+	n.reset()
+	pair("k1")
+	if got, want := n.byMethod(), map[string]int64{"Txn": 2}; !maps.Equal(got, want) {
+		t.Errorf("pair after the background grant: got requests %v, want %v", got, want)
+	}
+	// One too old to use is replaced before the release.
+	etcdbackend.AgeMarkerLease(b, etcdbackend.MarkerUse)
+	n.reset()
+	pair("k2")
+	if got, want := n.byMethod(), map[string]int64{"Txn": 2, "LeaseGrant": 1}; !maps.Equal(got, want) {
+		t.Errorf("pair with a markers' lease too old to use: got requests %v, want %v", got, want)
 	}
 }
 
@@ -359,96 +459,6 @@ func BenchmarkIdleRequests100(b *testing.B) {
 	}
 	if got := len(electortest.Leaders(leaders...)); got != elections {
 		b.Fatalf("the leader lost %d elections while idle", elections-got)
-	}
-}
-
-// TestHeartbeatBatch: the records of a batch share the heartbeat session of
-// their TTL: a batch of 300 costs a keep-alive and a look-up of the
-// session's keys, plus the rewrite of the records that went missing; a
-// record the Backend stops refreshing is deleted although the session
-// lives on; RemoveMember leaves the other records alone.
-func TestHeartbeatBatch(t *testing.T) {
-	ctx := testCtx(t)
-	var n counter
-	prefix := newPrefix()
-	cli := newClient(t, nil, n.configure)
-	opts := &etcdbackend.Options{Prefix: prefix}
-	b := newBackend(t, cli, opts)
-	other := newBackend(t, newClient(t, nil, nil), opts)
-	const count = 300
-	reqs := make([]backend.HeartbeatRequest, count)
-	for i := range reqs {
-		reqs[i] = backend.HeartbeatRequest{Key: fmt.Sprintf("hb/%d", i), ID: "a", TTL: 2 * time.Second}
-	}
-	batch := func(what string, reqs []backend.HeartbeatRequest, want map[string]int64) {
-		t.Helper()
-		n.reset()
-		for i, err := range b.HeartbeatBatch(ctx, reqs) {
-			if err != nil {
-				t.Fatalf("%s: heartbeat %d: %v", what, i, err)
-			}
-		}
-		got := n.byMethod()
-		var total int64
-		for m, w := range want {
-			total += w
-			if got[m] != w {
-				t.Errorf("%s: %s requests: got %d, want %d (all: %v)", what, m, got[m], w, got)
-			}
-		}
-		if n.total() != total {
-			t.Errorf("%s: got %d requests %v, want %d", what, n.total(), got, total)
-		}
-	}
-	members := func(key string) []backend.Member {
-		t.Helper()
-		ms, err := other.Members(ctx, key)
-		if err != nil {
-			t.Fatalf("Members(%q): %v", key, err)
-		}
-		return ms
-	}
-	batch("first batch (grant, 3 transactions of puts)", reqs, map[string]int64{"LeaseGrant": 1, "Txn": 3})
-	for _, k := range []string{"hb/0", "hb/299"} {
-		if ms := members(k); len(ms) != 1 || ms[0].ID != "a" {
-			t.Fatalf("Members(%q): got %+v, want a", k, ms)
-		}
-	}
-	batch("refresh (keep-alive, look-up)", reqs, map[string]int64{"LeaseKeepAlive": 1, "LeaseTimeToLive": 1})
-
-	if _, err := cli.Delete(ctx, prefix+"hb/5/heartbeat/a"); err != nil {
-		t.Fatal(err)
-	}
-	if err := other.RemoveMember(ctx, "hb/6", "a"); err != nil {
-		t.Fatal(err)
-	}
-	if ms := members("hb/7"); len(ms) != 1 {
-		t.Fatalf("RemoveMember of one record removed another: Members(hb/7) = %+v", ms)
-	}
-	batch("two records gone (keep-alive, look-up, one transaction)", reqs, map[string]int64{"LeaseKeepAlive": 1, "LeaseTimeToLive": 1, "Txn": 1})
-	for _, k := range []string{"hb/5", "hb/6"} {
-		if ms := members(k); len(ms) != 1 || ms[0].ID != "a" {
-			t.Fatalf("Members(%q) after the batch: got %+v, want a again", k, ms)
-		}
-	}
-
-	// Key 0 is no longer refreshed: its record goes within about a TTL,
-	// while the others' live on.
-	rest := reqs[1:]
-	start := time.Now()
-	for len(members("hb/0")) != 0 {
-		if time.Since(start) > 15*time.Second {
-			t.Fatal("the record of hb/0 is still there 15s after its last heartbeat (TTL 2s)")
-		}
-		for i, err := range b.HeartbeatBatch(ctx, rest) {
-			if err != nil {
-				t.Fatalf("heartbeat %d: %v", i+1, err)
-			}
-		}
-		<-time.After(200 * time.Millisecond) // the interval of a heartbeat loop
-	}
-	if ms := members("hb/1"); len(ms) != 1 {
-		t.Errorf("Members(hb/1): got %+v, want a", ms)
 	}
 }
 
