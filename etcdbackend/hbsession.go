@@ -120,10 +120,10 @@ func (s *hbSession) nextGap(now time.Time) time.Duration {
 // writes a record that it has not written on the current lease, and nothing
 // else. The look-up repairs what others did: a record deleted by hand or by
 // the RemoveMember of another Backend, or overwritten and attached to
-// another lease, is written again by the first batch that looks up, so a
-// live instance's record is missing for less than the TTL (it was at most
-// one batch interval when every batch looked up), and a reader never finds
-// it missing for longer than HeartbeatTTL, the elector's LeaderStale
+// another lease, is written again by the first batch that looks up, so
+// while batches keep their pace a live instance's record is missing for
+// less than the TTL (it was at most one batch interval when every batch
+// looked up): no longer than HeartbeatTTL, the elector's LeaderStale
 // threshold. RemoveMember through this Backend takes effect at once: the
 // next batch writes the record again. A lost lease (etcd restarted without
 // its data, or the lease revoked by hand) is found by the next keep-alive or
