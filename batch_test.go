@@ -2,7 +2,10 @@ package sovereign_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -19,6 +22,7 @@ import (
 type batchingMemory struct {
 	*memorybackend.Backend
 	renewBatches, hbBatches atomic.Int64
+	hbHook                  atomic.Pointer[func([]backend.HeartbeatRequest) []error] // replaces HeartbeatBatch when set
 }
 
 func (b *batchingMemory) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
@@ -32,6 +36,11 @@ func (b *batchingMemory) RenewBatch(ctx context.Context, leases []backend.Lease)
 
 func (b *batchingMemory) HeartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRequest) []error {
 	b.hbBatches.Add(1)
+	if f := b.hbHook.Load(); f != nil {
+		if errs := (*f)(reqs); errs != nil {
+			return errs
+		}
+	}
 	errs := make([]error, len(reqs))
 	for i, r := range reqs {
 		errs[i] = b.Backend.Heartbeat(ctx, r.Key, r.ID, r.TTL)
@@ -116,8 +125,8 @@ func TestQuietFollowerTakesOverAtExpiry(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		// The lease expires TTL after the last renewal, which came at most
-		// one RenewInterval (2s) before the crash.
-		if d := time.Since(crashed); d < 8*time.Second || d > 10*time.Second+50*time.Millisecond {
+		// one RenewInterval (TTL/3) before the crash.
+		if d := time.Since(crashed); d < 10*time.Second-10*time.Second/3 || d > 10*time.Second+50*time.Millisecond {
 			t.Errorf("follower led %v after the crash, want within (TTL - RenewInterval, TTL]", d)
 		}
 		electortest.CheckNoOverlap(t, c.rec.Intervals())
@@ -162,4 +171,92 @@ func TestVerificationFoldedIntoConfirmedAcquire(t *testing.T) {
 			})
 		})
 	}
+}
+
+// Heartbeats of a batching backend are sent by one scheduler per backend
+// and interval, not by the electors' loops: Close waits for a batch that
+// carries its heartbeat before removing its record, so a late batch never
+// writes the record again; a failed heartbeat is reported and retried
+// before the next instant.
+func TestScheduledHeartbeats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &batchingMemory{Backend: c}
+		var (
+			mu     sync.Mutex
+			events []sovereign.Event
+		)
+		e, err := sovereign.New(b, "election", "a", fastOpts()) // heartbeat every 500ms
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		unsub := e.Subscribe(func(ev sovereign.Event) { mu.Lock(); events = append(events, ev); mu.Unlock() })
+		defer unsub()
+		if err := e.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if ms, err := c.Members(t.Context(), "election"); err != nil || len(ms) != 1 {
+			t.Fatalf("members = %v, %v; want a", ms, err)
+		}
+
+		// A failing batch: reported, and retried within a backoff (well
+		// before the next instant).
+		var fails atomic.Int64
+		failing := func(reqs []backend.HeartbeatRequest) []error {
+			fails.Add(1)
+			errs := make([]error, len(reqs))
+			for i := range errs {
+				errs[i] = errors.New("injected heartbeat failure")
+			}
+			return errs
+		}
+		b.hbHook.Store(&failing)
+		time.Sleep(700 * time.Millisecond) // the instant at 1.5s and retries before the next, at 2s
+		synctest.Wait()
+		b.hbHook.Store(nil)
+		if got := fails.Load(); got < 2 {
+			t.Errorf("%d failing heartbeat batches in one interval, want retries within it", got)
+		}
+		failed := 0
+		mu.Lock()
+		for _, ev := range events {
+			if f, ok := ev.(sovereign.ElectionFailed); ok && strings.Contains(f.Err.Error(), "injected heartbeat failure") {
+				failed++
+			}
+		}
+		mu.Unlock()
+		if failed == 0 {
+			t.Error("no ElectionFailed event for the failed heartbeats")
+		}
+
+		// A batch in flight when Close is called.
+		inBatch, release := make(chan struct{}), make(chan struct{})
+		blocking := func([]backend.HeartbeatRequest) []error {
+			close(inBatch)
+			<-release
+			return nil // then record them
+		}
+		b.hbHook.Store(&blocking)
+		<-inBatch
+		b.hbHook.Store(nil)
+		closed := make(chan error)
+		go func() { closed <- e.Close() }()
+		synctest.Wait()
+		select {
+		case <-closed:
+			t.Fatal("Close returned while a batch carrying its heartbeat was in flight")
+		default:
+		}
+		close(release)
+		if err := <-closed; err != nil {
+			t.Fatal(err)
+		}
+		if ms, err := c.Members(t.Context(), "election"); err != nil || len(ms) != 0 {
+			t.Errorf("members after Close = %v, %v; want none (a late batch wrote the record again)", ms, err)
+		}
+	})
 }

@@ -139,8 +139,13 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 		}
 	}
 
-	hbTimer := time.NewTimer(time.Until(ls.nextHB))
-	defer hbTimer.Stop()
+	var hbC <-chan time.Time // the loop's own heartbeats, unless the scheduler sends them
+	var hbTimer *time.Timer
+	if !ls.hbScheduled {
+		hbTimer = time.NewTimer(time.Until(ls.nextHB))
+		defer hbTimer.Stop()
+		hbC = hbTimer.C
+	}
 	for !stepping || !fnFinished {
 		select {
 		case <-ctxDone:
@@ -167,7 +172,7 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 			}
 		case <-e.w.retryC:
 			e.watchRetry(ctx)
-		case <-hbTimer.C:
+		case <-hbC:
 			// Heartbeats are information (members, the leader's last sign of
 			// life); a failure is reported but never ends leadership.
 			dl := time.Time{}

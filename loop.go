@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
-	"github.com/sovereign-go/sovereign/internal/coalesce"
 )
 
 // expiryMargin is added to a holder's remaining TTL when scheduling the next
@@ -26,7 +25,8 @@ const minRetry = 20 * time.Millisecond
 
 // loopState belongs to the loop goroutine alone.
 type loopState struct {
-	nextHB      time.Time // when the next heartbeat is due
+	hbScheduled bool      // heartbeats are sent by the process's scheduler, not the loop
+	nextHB      time.Time // when the next heartbeat is due, unless hbScheduled
 	hbFailures  int       // consecutive failed heartbeats
 	nextAttempt time.Time // when the next acquisition attempt is due
 	failures    int       // consecutive failed acquisition attempts
@@ -47,6 +47,10 @@ func (e *Elector) loop(ctx context.Context, fn func(context.Context) error) {
 	}
 	if ctx.Err() != nil {
 		return
+	}
+	if hb := e.batchHeartbeater(); hb != nil {
+		e.scheduleHeartbeats(hb)
+		ls.hbScheduled = true
 	}
 	e.setState(Candidate)
 	for {
@@ -69,6 +73,9 @@ func (e *Elector) loop(ctx context.Context, fn func(context.Context) error) {
 // heartbeat record is removed, so Members no longer lists it.
 func (e *Elector) stopped() {
 	e.setState(Follower)
+	if e.batchHeartbeater() != nil {
+		e.unscheduleHeartbeats()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.opts.RequestTimeout)
 	defer cancel()
 	if err := e.b.RemoveMember(ctx, e.name, e.id); err != nil && !errors.Is(err, backend.ErrClosed) {
@@ -82,7 +89,7 @@ func (e *Elector) stopped() {
 func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Lease, sent time.Time, rec Record, ok bool) {
 	for ctx.Err() == nil {
 		now := time.Now()
-		if !now.Before(ls.nextHB) {
+		if !ls.hbScheduled && !now.Before(ls.nextHB) {
 			_ = e.heartbeat(ctx, ls, time.Time{})
 			now = time.Now()
 		}
@@ -93,11 +100,12 @@ func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Le
 			}
 			continue
 		}
-		next := ls.nextHB
-		if canAttempt {
-			next = minTime(next, ls.nextAttempt)
-		} else {
-			next = minTime(next, ls.sitOutUntil)
+		next := ls.nextAttempt
+		if !canAttempt {
+			next = ls.sitOutUntil
+		}
+		if !ls.hbScheduled {
+			next = minTime(next, ls.nextHB)
 		}
 		if ev, woke := e.waitUntil(ctx, next); woke {
 			if ev.Type == backend.EventReleased || ev.Type == backend.EventExpired {
@@ -233,12 +241,7 @@ func (e *Elector) heartbeat(ctx context.Context, ls *loopState, deadline time.Ti
 		dl = minTime(dl, deadline)
 	}
 	cctx, cancel := context.WithDeadline(ctx, dl)
-	var err error
-	if hb := e.batchHeartbeater(); hb != nil {
-		err = heartbeats.Do(cctx, e.b, hb.HeartbeatBatch, backend.HeartbeatRequest{Key: e.name, ID: e.id, TTL: o.HeartbeatTTL})
-	} else {
-		err = e.b.Heartbeat(cctx, e.name, e.id, o.HeartbeatTTL)
-	}
+	err := e.b.Heartbeat(cctx, e.name, e.id, o.HeartbeatTTL)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -250,20 +253,9 @@ func (e *Elector) heartbeat(ctx context.Context, ls *loopState, deadline time.Ti
 	}
 	ls.hbFailures = 0
 	e.backendOK()
-	if e.batchHeartbeater() != nil {
-		ls.nextHB = time.Now().Add(coalesce.Grid(time.Now(), o.HeartbeatInterval))
-	} else {
-		ls.nextHB = s.Add(o.HeartbeatInterval)
-	}
+	ls.nextHB = s.Add(o.HeartbeatInterval)
 	return nil
 }
-
-// heartbeats batches the heartbeats of every elector of a process on one
-// backend that records them in batches: they are due on one grid of
-// instants (multiples of HeartbeatInterval), so an instance running
-// thousands of elections sends one request per interval (per slot, on
-// Redis Cluster).
-var heartbeats coalesce.Registry[backend.Backend, backend.HeartbeatRequest]
 
 // batchHeartbeater returns the backend as a BatchHeartbeater, or nil when
 // it records heartbeats one by one (or its value cannot key a batch).

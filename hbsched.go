@@ -1,0 +1,178 @@
+package sovereign
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/coalesce"
+)
+
+// maxHeartbeatBatch bounds the records of one HeartbeatBatch call.
+const maxHeartbeatBatch = coalesce.MaxBatch
+
+// hbKey identifies the electors whose heartbeats are sent together: one
+// backend that records heartbeats in batches, one HeartbeatInterval, one
+// RequestTimeout.
+type hbKey struct {
+	b        backend.Backend
+	interval time.Duration
+	timeout  time.Duration
+}
+
+// hbScheduler sends the heartbeats of every elector of a process with the
+// same hbKey. They fall due on one grid of instants (multiples of the
+// interval), and one timer sends those due with one HeartbeatBatch call per
+// instant (per maxHeartbeatBatch records). An elector never wakes for its
+// heartbeats, and at rest the scheduler costs no goroutine: the timer's
+// callback runs only while a batch is sent. A failed heartbeat is retried
+// after the elector's backoff rather than at the next instant.
+type hbScheduler struct {
+	key  hbKey
+	send func(context.Context, []backend.HeartbeatRequest) []error
+
+	mu       sync.Mutex
+	members  map[*Elector]*hbMember
+	timer    *time.Timer   // armed for the earliest next of a member; nil when none
+	inflight chan struct{} // closed when the batch being sent has been answered; nil when none
+}
+
+type hbMember struct {
+	next     time.Time // when its next heartbeat is due
+	failures int       // consecutive failed heartbeats
+}
+
+var (
+	hbSchedsMu sync.Mutex
+	hbScheds   = map[hbKey]*hbScheduler{}
+)
+
+// scheduleHeartbeats registers e with the scheduler of its key, made on
+// demand; its first heartbeat goes out at once (gathered with those of
+// electors starting at the same moment).
+func (e *Elector) scheduleHeartbeats(hb backend.BatchHeartbeater) {
+	key := hbKey{e.b, e.opts.HeartbeatInterval, e.opts.RequestTimeout}
+	hbSchedsMu.Lock()
+	s := hbScheds[key]
+	if s == nil {
+		s = &hbScheduler{key: key, send: hb.HeartbeatBatch, members: make(map[*Elector]*hbMember)}
+		hbScheds[key] = s
+	}
+	s.mu.Lock()
+	s.members[e] = &hbMember{next: time.Now().Add(coalesce.Gather)}
+	s.armLocked()
+	s.mu.Unlock()
+	hbSchedsMu.Unlock()
+}
+
+// unscheduleHeartbeats removes e from its scheduler. It returns once no
+// heartbeat of e is in flight, so that a record removed afterwards is not
+// written again by a late batch.
+func (e *Elector) unscheduleHeartbeats() {
+	key := hbKey{e.b, e.opts.HeartbeatInterval, e.opts.RequestTimeout}
+	hbSchedsMu.Lock()
+	s := hbScheds[key]
+	if s == nil {
+		hbSchedsMu.Unlock()
+		return
+	}
+	s.mu.Lock()
+	delete(s.members, e)
+	inflight := s.inflight
+	if len(s.members) == 0 {
+		if s.timer != nil {
+			s.timer.Stop()
+			s.timer = nil
+		}
+		delete(hbScheds, key)
+	}
+	s.mu.Unlock()
+	hbSchedsMu.Unlock()
+	if inflight != nil {
+		<-inflight // a channel, not a lock: durably blocking inside synctest
+	}
+}
+
+// armLocked sets the timer for the earliest heartbeat due, unless a batch is
+// being sent (its end arms the timer).
+func (s *hbScheduler) armLocked() {
+	if s.inflight != nil || len(s.members) == 0 {
+		return
+	}
+	var first time.Time
+	for _, m := range s.members {
+		if first.IsZero() || m.next.Before(first) {
+			first = m.next
+		}
+	}
+	d := time.Until(first)
+	if s.timer == nil {
+		s.timer = time.AfterFunc(d, s.fire)
+		return
+	}
+	s.timer.Reset(d)
+}
+
+// fire sends the heartbeats due, reports each result to its elector and
+// arms the timer for the next.
+func (s *hbScheduler) fire() {
+	s.mu.Lock()
+	if s.inflight != nil || len(s.members) == 0 {
+		s.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	var (
+		es   []*Elector
+		reqs []backend.HeartbeatRequest
+	)
+	for e, m := range s.members {
+		// Heartbeats due within the gathering window go now, with the others.
+		if !m.next.After(now.Add(coalesce.Gather)) {
+			es = append(es, e)
+			reqs = append(reqs, backend.HeartbeatRequest{Key: e.name, ID: e.id, TTL: e.opts.HeartbeatTTL})
+		}
+	}
+	done := make(chan struct{})
+	s.inflight = done
+	s.mu.Unlock()
+
+	errs := make([]error, len(reqs))
+	for i := 0; i < len(reqs); i += maxHeartbeatBatch {
+		j := min(i+maxHeartbeatBatch, len(reqs))
+		ctx, cancel := context.WithTimeout(context.Background(), s.key.timeout)
+		res := s.send(ctx, reqs[i:j])
+		cancel()
+		for k := i; k < j; k++ {
+			if len(res) != j-i {
+				errs[k] = fmt.Errorf("sovereign: the backend answered %d heartbeats of a batch of %d", len(res), j-i)
+				continue
+			}
+			errs[k] = res[k-i]
+		}
+	}
+
+	s.mu.Lock()
+	now = time.Now()
+	for i, e := range es {
+		m := s.members[e]
+		if m == nil {
+			continue // unscheduled meanwhile: its result no longer matters
+		}
+		if err := errs[i]; err != nil {
+			m.failures++
+			m.next = now.Add(e.backoff(m.failures))
+			e.failed("heartbeat", err)
+			continue
+		}
+		m.failures = 0
+		m.next = now.Add(coalesce.Grid(now, s.key.interval))
+		e.backendOK()
+	}
+	s.inflight = nil
+	close(done)
+	s.armLocked()
+	s.mu.Unlock()
+}
