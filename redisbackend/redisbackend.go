@@ -498,13 +498,36 @@ func (b *Backend) bounded(ctx context.Context, fn func(ctx context.Context) erro
 // the write (wrapping ErrNotReplicated). err is not nil when the script's
 // reply was not received.
 func (b *Backend) run(ctx context.Context, s *redis.Script, wait bool, keys []string, args ...any) (reply []any, waitErr, err error) {
+	v, waitErr, err := b.runAny(ctx, s, wait, keys, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	reply, err = replyArray(v)
+	if err != nil {
+		return nil, nil, err
+	}
+	return reply, waitErr, nil
+}
+
+// replyArray returns v, a script's reply, as the array every script but
+// the successes of Acquire and Release returns.
+func replyArray(v any) ([]any, error) {
+	arr, ok := v.([]any)
+	if !ok || len(arr) == 0 {
+		return nil, fmt.Errorf("redisbackend: unexpected script reply %#v", v)
+	}
+	return arr, nil
+}
+
+// runAny is run returning the script's reply as it came.
+func (b *Backend) runAny(ctx context.Context, s *redis.Script, wait bool, keys []string, args []any) (v any, waitErr, err error) {
 	if b.ctxAware || ctx.Done() == nil {
 		// The common case, on the calling goroutine without a closure.
 		return b.eval(ctx, s, wait, keys, args)
 	}
 	// The closure may still run after bounded returned at ctx's deadline, so
 	// it writes only its own variables, read here only after it returned.
-	var got []any
+	var got any
 	var gotWaitErr error
 	err = b.bounded(ctx, func(ctx context.Context) error {
 		v, werr, err := b.eval(ctx, s, wait, keys, args)
@@ -517,9 +540,8 @@ func (b *Backend) run(ctx context.Context, s *redis.Script, wait bool, keys []st
 	return got, gotWaitErr, nil
 }
 
-// eval is run without the bound on its time.
-func (b *Backend) eval(ctx context.Context, s *redis.Script, wait bool, keys []string, args []any) (reply []any, waitErr, err error) {
-	var v any
+// eval is runAny without the bound on its time.
+func (b *Backend) eval(ctx context.Context, s *redis.Script, wait bool, keys []string, args []any) (v any, waitErr, err error) {
 	switch {
 	case wait:
 		v, waitErr, err = b.runWait(ctx, s, keys, args)
@@ -531,11 +553,7 @@ func (b *Backend) eval(ctx context.Context, s *redis.Script, wait bool, keys []s
 	if err != nil {
 		return nil, nil, err
 	}
-	arr, ok := v.([]any)
-	if !ok || len(arr) == 0 {
-		return nil, nil, fmt.Errorf("redisbackend: unexpected script reply %#v", v)
-	}
-	return arr, waitErr, nil
+	return v, waitErr, nil
 }
 
 // runWait sends EVALSHA and WAIT in one pipeline on the connection that
@@ -614,20 +632,12 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
 	}
-	reply, waitErr, err := b.run(ctx, acquireScript, b.waitN > 0, []string{lease, lease + ":term"}, args...)
+	v, waitErr, err := b.runAny(ctx, acquireScript, b.waitN > 0, []string{lease, lease + ":term"}, args)
 	if err != nil {
 		return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
 	}
-	status, err := checkStatus("acquire", req.Key, reply)
-	if err != nil {
-		return backend.Lease{}, err
-	}
-	switch status {
-	case "OK":
-		if len(reply) < 2 {
-			break
-		}
-		n, err := parseTerm(reply[1])
+	if _, ok := v.(int64); ok { // acquired: the new term
+		n, err := parseTerm(v)
 		if err != nil {
 			return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
 		}
@@ -636,6 +646,16 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 			return backend.Lease{}, b.dropUnreplicated(ctx, l, waitErr)
 		}
 		return l, nil
+	}
+	reply, err := replyArray(v)
+	if err != nil {
+		return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
+	}
+	status, err := checkStatus("acquire", req.Key, reply)
+	if err != nil {
+		return backend.Lease{}, err
+	}
+	switch status {
 	case "HELD":
 		rec, err := parseRecord(req.Key, reply)
 		if err != nil {
@@ -709,7 +729,14 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	if l.Entry != nil {
 		return b.releaseEntry(ctx, l)
 	}
-	reply, _, err := b.run(ctx, releaseScript, false, []string{b.keyBase(l.Key)}, l.HolderID, l.Token, b.publishArg)
+	v, _, err := b.runAny(ctx, releaseScript, false, []string{b.keyBase(l.Key)}, []any{l.HolderID, l.Token, b.publishArg})
+	if err != nil {
+		return fmt.Errorf("redisbackend: release %q: %w", l.Key, err)
+	}
+	if v == int64(1) { // released
+		return nil
+	}
+	reply, err := replyArray(v)
 	if err != nil {
 		return fmt.Errorf("redisbackend: release %q: %w", l.Key, err)
 	}
@@ -718,8 +745,6 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 		return err
 	}
 	switch status {
-	case "OK":
-		return nil
 	case "LOST":
 		return fmt.Errorf("redisbackend: release %q (term %d): %w", l.Key, l.Term, backend.ErrLeaseLost)
 	}

@@ -3,8 +3,11 @@ package redisbackend
 import "github.com/redis/go-redis/v9"
 
 // Every operation is one of these scripts, sent with EVALSHA (and EVAL after
-// a NOSCRIPT reply, which go-redis's Script.Run does). Each script returns an
-// array whose first element is a status:
+// a NOSCRIPT reply, which go-redis's Script.Run does). A plain Acquire that
+// takes the key returns the new term as an integer, a plain Release that
+// frees it returns 1: the two calls of every lock, with the smallest
+// replies. Otherwise each script returns an array whose first element is a
+// status:
 //
 //	OK        success; the rest depends on the script
 //	HELD      Acquire only: the key is held; the rest is the record
@@ -115,8 +118,9 @@ const luaPrelude = luaBase + luaChunked + luaCheckOwner + luaHeartbeatState
 // ttl ms, term counter lifetime ms (TermRetention), publish command (empty
 // for none), then metadata name/value pairs. The watch channel is the lease
 // hash's name followed by ":events", the holder's heartbeat record its name
-// followed by ":heartbeat:<holder>" (only read). Returns OK and the new
-// term as a decimal string, or HELD and the holder's record.
+// followed by ":heartbeat:<holder>" (only read). Returns the new term (an
+// integer reply: below 2^53, so the Lua number converts exactly), or HELD
+// and the holder's record.
 //
 // On a free key it makes seven calls: HGETALL (the key is free), GET (the
 // counter), TIME, SET PX (the counter), HSET (every field at once), PEXPIRE
@@ -185,7 +189,8 @@ end
 -- digits, never with an exponent.
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
-local term = string.format('%d', math.max(n + 1, sec * 1000000 + usec))
+local tn = math.max(n + 1, sec * 1000000 + usec)
+local term = string.format('%d', tn)
 local now = string.format('%d', sec * 1000 + math.floor(usec / 1000))
 redis.call('SET', KEYS[2], term, 'PX', ARGV[4])
 if #ARGV == 5 then
@@ -205,7 +210,7 @@ else
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 if ARGV[5] ~= '' then redis.call(ARGV[5], KEYS[1] .. ':events', 'acquired:' .. term) end
-return {'OK', term}
+return tn
 `)
 
 // renewScript: KEYS lease; ARGV holder, token, ttl ms. Four calls: HMGET,
@@ -226,8 +231,8 @@ return {'OK'}
 
 // releaseScript: KEYS lease; ARGV holder, token, publish command (empty for
 // none). The watch channel is the lease hash's name followed by ":events".
-// Three calls: HMGET, DEL, PUBLISH; the owner check's helpers are defined
-// only when the lease is not the caller's.
+// Returns 1 once released. Three calls: HMGET, DEL, PUBLISH; the owner
+// check's helpers are defined only when the lease is not the caller's.
 var releaseScript = redis.NewScript(`
 local f = redis.pcall('HMGET', KEYS[1], 'holder', 'token', 'term', 'modes')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or not tonumber(f[3] or '') then
@@ -236,7 +241,7 @@ if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or not tonumber(f[3] or '') then
 end
 redis.call('DEL', KEYS[1])
 if ARGV[3] ~= '' then redis.call(ARGV[3], KEYS[1] .. ':events', 'released:' .. f[3]) end
-return {'OK'}
+return 1
 `)
 
 // setMetadataScript: KEYS lease; ARGV holder, token, then metadata
