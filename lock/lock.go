@@ -18,19 +18,18 @@ import (
 // its context is cancelled the moment it is lost or released. Its methods
 // are safe for concurrent use, from any goroutine.
 type Lock struct {
-	l     *Locker
-	key   string
-	lease backend.Lease
-	p     params
-	hold  keeper.Hold // started before the Lock is shared
+	l    *Locker
+	key  string
+	p    params      // p.metadata is the metadata given at acquisition
+	hold keeper.Hold // started before the Lock is shared; keeps the lease
 	// acquiredAt is when the acquisition was sent (monotonic clock).
 	acquiredAt time.Time
 
-	mu          sync.Mutex // guards the fields below
-	rec         backend.Record
-	fnRunning   bool      // a Do/TryDo function holds the lock
-	cancelledAt time.Time // when that function's context was cancelled; zero if not
-	released    bool      // Release has begun
+	mu          sync.Mutex        // guards the fields below
+	md          map[string]string // the metadata last set
+	fnRunning   bool              // a Do/TryDo function holds the lock
+	cancelledAt time.Time         // when that function's context was cancelled; zero if not
+	released    bool              // Release has begun
 }
 
 func (lk *Lock) fnStarted() {
@@ -57,19 +56,8 @@ func (lk *Lock) fnDone() {
 // lock with the Locker; after Close it releases the lease and returns
 // ErrClosed.
 func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params) (*Lock, error) {
-	lk := &Lock{
-		l:          l,
-		key:        key,
-		lease:      lease,
-		p:          p,
-		acquiredAt: sent,
-		rec: backend.Record{
-			Key: key, HolderID: lease.HolderID, Token: lease.Token, Term: lease.Term,
-			AcquiredAt: sent.Round(0), RenewedAt: sent.Round(0),
-			TTL: lease.TTL, Metadata: maps.Clone(p.metadata),
-			Mode: p.mode, Limit: p.limit,
-		},
-	}
+	// p.metadata is the caller's map cloned (params), never changed.
+	lk := &Lock{l: l, key: key, p: p, acquiredAt: sent, md: p.metadata}
 	var kb backend.Backend = l.b
 	if lease.Entry != nil && lease.Entry.Mode == Shared {
 		// The keeper's Verify reads the key's record; Get returns the
@@ -126,7 +114,7 @@ func (o *holdOwner) SteppedDown(r keeper.Reason) {
 
 // Failed logs a failed renewal or release.
 func (o *holdOwner) Failed(op string, err error) {
-	o.l.log.Warn("lock: "+op+" failed", "key", o.key, "term", o.lease.Term, "err", err)
+	o.l.log.Warn("lock: "+op+" failed", "key", o.key, "term", (*Lock)(o).Term(), "err", err)
 }
 
 // Finished counts the hold out of the Locker's monitors.
@@ -188,7 +176,7 @@ func (l *Locker) watchTick() {
 func (lk *Lock) reportLost(r keeper.Reason, cause error) {
 	l := lk.l
 	l.opts.Metrics.Lost(l.opts.Class(lk.key), r.String())
-	l.log.Info("lock: lost", "key", lk.key, "term", lk.lease.Term, "cause", cause)
+	l.log.Info("lock: lost", "key", lk.key, "term", lk.Term(), "cause", cause)
 }
 
 // cause builds the context cause of a step-down.
@@ -338,18 +326,23 @@ func (v entryView) Get(ctx context.Context, key string) (backend.Record, error) 
 // Term returns the fencing term of this acquisition: strictly greater than
 // every earlier term of the key. Pass it with every write to a downstream
 // store and have the store refuse lower terms.
-func (lk *Lock) Term() uint64 { return lk.lease.Term }
+func (lk *Lock) Term() uint64 { return lk.hold.Lease().Term }
 
 // Record returns the lock's record as this process knows it: holder, token,
 // term, the TTL granted, when the acquisition was sent (by this process's
 // clock; Locker.Holders reads the store's record, timed by the store's
 // clock), and the metadata last set. Its key is the lock key.
 func (lk *Lock) Record() backend.Record {
+	lease := lk.hold.Lease()
+	at := lk.acquiredAt.Round(0)
 	lk.mu.Lock()
-	defer lk.mu.Unlock()
-	r := lk.rec
-	r.Metadata = maps.Clone(r.Metadata)
-	return r
+	md := maps.Clone(lk.md)
+	lk.mu.Unlock()
+	return backend.Record{
+		Key: lk.key, HolderID: lease.HolderID, Token: lease.Token, Term: lease.Term,
+		AcquiredAt: at, RenewedAt: at, TTL: lease.TTL, Metadata: md,
+		Mode: lk.p.mode, Limit: lk.p.limit,
+	}
 }
 
 // Context returns a context that is cancelled when the lock is lost or no
@@ -446,7 +439,7 @@ func (lk *Lock) SetMetadata(ctx context.Context, md map[string]string) error {
 		return lk.lostErr("set metadata", err)
 	}
 	lk.mu.Lock()
-	lk.rec.Metadata = maps.Clone(md)
+	lk.md = maps.Clone(md)
 	lk.mu.Unlock()
 	return nil
 }
@@ -494,7 +487,7 @@ func (lk *Lock) Release(ctx context.Context) error {
 		return fmt.Errorf("lock: release %q: %w", lk.key, err)
 	}
 	if l.log.Enabled(context.Background(), slog.LevelDebug) { // spares boxing the arguments
-		l.log.Debug("lock: released", "key", lk.key, "term", lk.lease.Term)
+		l.log.Debug("lock: released", "key", lk.key, "term", lk.Term())
 	}
 	return nil
 }

@@ -53,6 +53,13 @@ type scheduler struct {
 	startAt time.Time   // the grid instant that ends startB's interval
 	dlT     *time.Timer // fires at buckets[0].at
 	dlAt    time.Time   // when dlT fires; zero when it is not armed
+
+	// Buffers of run, kept from one run to the next (used by the running
+	// run only), so that an instant allocates next to nothing.
+	due     []*Hold
+	down    []*Hold
+	leases  []backend.Lease
+	results []outcome
 }
 
 // member is a hold's place in its scheduler, guarded by the scheduler's mu.
@@ -202,18 +209,20 @@ func (s *scheduler) run() {
 	}
 	s.running = true
 	s.gridAt = time.Time{}
-	var (
-		due     []*Hold
-		down    []*Hold
-		leases  []backend.Lease
-		results []outcome
-	)
+	due, down := s.due[:0], s.down[:0]
+	var next time.Time // the earliest due time of a member not due now
 	for {
 		now := time.Now()
 		wall := wallNow()
-		due, down = due[:0], down[:0]
+		due, down, next = due[:0], down[:0], time.Time{}
 		for _, h := range s.members {
-			if h.m.flight != nil || h.m.due.After(now) {
+			if h.m.flight != nil {
+				continue
+			}
+			if h.m.due.After(now) {
+				if next.IsZero() || h.m.due.Before(next) {
+					next = h.m.due
+				}
 				continue
 			}
 			due = append(due, h)
@@ -232,12 +241,17 @@ func (s *scheduler) run() {
 			h.Held()
 		}
 		s.mu.Lock()
-		for len(due) > 0 {
-			chunk := due[:min(len(due), coalesce.MaxBatch)]
-			due = due[len(chunk):]
-			leases, results = s.send(chunk, leases, results)
+		for rest := due; len(rest) > 0; {
+			chunk := rest[:min(len(rest), coalesce.MaxBatch)]
+			rest = rest[len(chunk):]
+			s.leases, s.results = s.send(chunk, s.leases, s.results)
 		}
 	}
+	// Keep the buffers, without pointers into holds that may go.
+	clear(due[:cap(due)])
+	clear(down[:cap(down)])
+	clear(s.leases[:cap(s.leases)])
+	s.due, s.down = due[:0], down[:0]
 	s.running = false
 	if len(s.members) == 0 {
 		// Idle since the last instant: dropped, so that a backend no
@@ -250,13 +264,11 @@ func (s *scheduler) run() {
 		s.mu.Unlock()
 		return
 	}
-	var next time.Time
-	for _, h := range s.members {
-		if next.IsZero() || h.m.due.Before(next) {
-			next = h.m.due
-		}
+	now := time.Now()
+	if next.IsZero() { // cannot happen: every member is due some time
+		next = now.Add(s.interval)
 	}
-	s.armGridLocked(next, time.Now())
+	s.armGridLocked(next, now)
 	s.mu.Unlock()
 }
 
