@@ -213,11 +213,12 @@ if ARGV[5] ~= '' then redis.call(ARGV[5], KEYS[1] .. ':events', 'acquired:' .. t
 return tn
 `)
 
-// renewScript: KEYS lease; ARGV holder, token, ttl ms. Four calls: HMGET,
-// PEXPIRE, TIME, HSET; the owner check's helpers are defined only when the
-// lease is not the caller's.
+// renewScript: KEYS lease; ARGV holder, token, ttl ms. Four calls: HMGET
+// (of holder, token and term), PEXPIRE, TIME, HSET; the owner check's
+// helpers are defined only when the lease is not the caller's (check_owner
+// then reads the lease again, with the marker field modes).
 var renewScript = redis.NewScript(`
-local f = redis.pcall('HMGET', KEYS[1], 'holder', 'token', 'term', 'modes')
+local f = redis.pcall('HMGET', KEYS[1], 'holder', 'token', 'term')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or not tonumber(f[3] or '') then
 ` + luaBase + luaCheckOwner + `
   return check_owner(KEYS[1]) or {'LOST'}
@@ -231,10 +232,12 @@ return {'OK'}
 
 // releaseScript: KEYS lease; ARGV holder, token, publish command (empty for
 // none). The watch channel is the lease hash's name followed by ":events".
-// Returns 1 once released. Three calls: HMGET, DEL, PUBLISH; the owner
-// check's helpers are defined only when the lease is not the caller's.
+// Returns 1 once released. Three calls: HMGET (of holder, token and term),
+// DEL, PUBLISH; the owner check's helpers are defined only when the lease
+// is not the caller's (check_owner then reads the lease again, with the
+// marker field modes).
 var releaseScript = redis.NewScript(`
-local f = redis.pcall('HMGET', KEYS[1], 'holder', 'token', 'term', 'modes')
+local f = redis.pcall('HMGET', KEYS[1], 'holder', 'token', 'term')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or not tonumber(f[3] or '') then
 ` + luaBase + luaCheckOwner + `
   return check_owner(KEYS[1]) or {'LOST'}
