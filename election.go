@@ -50,6 +50,9 @@ type Elector struct {
 
 	cmds chan resignRequest
 	w    watchState // the subscription to the key; the loop goroutine's alone
+	// limit bounds the calls in flight of every elector of the process on
+	// this backend; nil when it has none. Set and cleared by the loop.
+	limit *callLimit
 	// watching is true while a watch that delivers every expiry
 	// (backend.ExpiryReporter) is established, so a follower need not poll.
 	watching atomic.Bool

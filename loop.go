@@ -48,6 +48,7 @@ func (e *Elector) loop(ctx context.Context, fn func(context.Context) error) {
 	if ctx.Err() != nil {
 		return
 	}
+	e.joinLimit()
 	if hb := e.batchHeartbeater(); hb != nil {
 		e.scheduleHeartbeats(hb)
 		ls.hbScheduled = true
@@ -76,6 +77,7 @@ func (e *Elector) stopped() {
 	if e.batchHeartbeater() != nil {
 		e.unscheduleHeartbeats()
 	}
+	e.leaveLimit()
 	ctx, cancel := context.WithTimeout(context.Background(), e.opts.RequestTimeout)
 	defer cancel()
 	if err := e.b.RemoveMember(ctx, e.name, e.id); err != nil && !errors.Is(err, backend.ErrClosed) {
@@ -130,6 +132,11 @@ func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Le
 func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, time.Time, Record, bool) {
 	o := &e.opts
 	req := backend.AcquireRequest{Key: e.name, HolderID: e.id, TTL: o.TTL, Metadata: o.Metadata}
+	leave, ok := e.enter(ctx) // the acquisition and its verification count as one call in flight
+	if !ok {
+		return backend.Lease{}, time.Time{}, Record{}, false
+	}
+	defer leave()
 	sent := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, o.RequestTimeout)
 	lease, err := e.b.Acquire(cctx, req)
@@ -190,6 +197,11 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 
 // refreshLeader reads the record to learn the current leader.
 func (e *Elector) refreshLeader(ctx context.Context) {
+	leave, ok := e.enter(ctx)
+	if !ok {
+		return
+	}
+	defer leave()
 	cctx, cancel := context.WithTimeout(ctx, e.opts.RequestTimeout)
 	defer cancel()
 	rec, err := e.b.Get(cctx, e.name)
@@ -317,6 +329,11 @@ func (e *Elector) waitUntil(ctx context.Context, t time.Time) (ev backend.Event,
 // decide who holds a lease.
 func (e *Elector) cleanupMembers(ctx context.Context) {
 	o := &e.opts
+	leave, ok := e.enter(ctx)
+	if !ok {
+		return
+	}
+	defer leave()
 	ctx, cancel := context.WithTimeout(ctx, o.RequestTimeout)
 	defer cancel()
 	members, err := e.b.Members(ctx, e.name)
