@@ -35,8 +35,8 @@ import (
 // never fire; a bucket that fires sorts what is left of it by deadline and
 // steps its holds down one by one, each at its own deadline.
 //
-// A scheduler with no holds left is dropped at its next grid instant (its
-// timers then stop), so short holds do not make and drop one each.
+// A scheduler with no holds left is dropped (its timers stopped), so that
+// a backend no longer used is not kept, nor timers armed for nothing.
 type scheduler struct {
 	key      schedKey
 	br       backend.BatchRenewer
@@ -159,10 +159,24 @@ func (s *scheduler) remove(h *Hold) <-chan struct{} {
 		h.m.idx = -1
 		s.unwatchLocked(h)
 	}
+	var f <-chan struct{}
 	if h.m.flight != nil {
-		return h.m.flight.done
+		f = h.m.flight.done
 	}
-	return nil
+	if len(s.members) == 0 && !s.running {
+		s.dropLocked()
+	}
+	return f
+}
+
+// dropLocked takes s, which has no member left, out of the registry and
+// stops its timers; a later hold makes a new scheduler. s.mu must be held.
+func (s *scheduler) dropLocked() {
+	s.dead = true
+	schedulers.CompareAndDelete(s.key, s)
+	s.gridT.Stop()
+	s.dlT.Stop()
+	s.gridAt, s.dlAt = time.Time{}, time.Time{}
 }
 
 // renewNow makes h due at once and wakes run.
@@ -254,13 +268,7 @@ func (s *scheduler) run() {
 	s.due, s.down = due[:0], down[:0]
 	s.running = false
 	if len(s.members) == 0 {
-		// Idle since the last instant: dropped, so that a backend no
-		// longer used is not kept; a later hold makes a new scheduler.
-		s.dead = true
-		schedulers.CompareAndDelete(s.key, s)
-		s.gridT.Stop()
-		s.dlT.Stop()
-		s.dlAt = time.Time{}
+		s.dropLocked()
 		s.mu.Unlock()
 		return
 	}
