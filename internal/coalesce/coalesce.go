@@ -1,13 +1,16 @@
 // Package coalesce gathers requests that fall due together, such as the
-// periodic renewals of every lease one process holds on one backend, into
-// one batch call.
+// heartbeats of every election one process runs on one backend, into one
+// batch call.
 //
-// The lease keeper schedules the renewals of all its holds with the same
-// renew interval on one grid of instants (Grid), so that they fall due
-// together; Do then sends them with one BatchRenewer call instead of one
-// request each. Each request keeps its own context: a caller whose context
-// ends returns at once with the context's error, while the batch goes on
-// for the others.
+// Callers schedule their requests on one grid of instants (Grid), so that
+// they fall due together; Registry.Do then sends those of one key (a
+// backend) with one batch call instead of one request each, at most
+// MaxBatch at a time. Each request keeps its own context: a caller whose
+// context ends returns at once with the context's error, while the batch
+// goes on for the others. (The lease keeper, package internal/keeper,
+// renews on the same grid and in batches of MaxBatch, but from one
+// scheduler per backend and interval rather than one goroutine per
+// request.)
 package coalesce
 
 import (
