@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -82,4 +83,61 @@ func TestPairAllocations(t *testing.T) {
 	if extra := pair - bare; extra > 14 {
 		t.Errorf("allocations per TryAcquire + Release: %v beyond the backend's %v, want at most 14", extra, bare)
 	}
+}
+
+// Locks held on a backend that renews in batches share one scheduler: 500
+// locks cost one batch call per RenewInterval and no goroutine but the
+// Locker's reset watch, and a store restart seen by that watch loses them
+// all at once, through one batch.
+func TestBatchedLocksShareOneScheduler(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		b := &batchingMemory{Backend: client(t, store)}
+		l := newLocker(t, b, "a", fastOpts())
+		base := bubbleGoroutines()
+		held := make([]*lock.Lock, 500)
+		for i := range held {
+			var err error
+			if held[i], err = l.TryAcquire(t.Context(), fmt.Sprintf("k/%d", i), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(100 * time.Millisecond) // the first batch is at +200ms
+		b.batches.Store(0)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if n := b.batches.Load(); n != 10 {
+			t.Errorf("batch calls for 500 locks in 2s: %d, want 10 (one per 200ms)", n)
+		}
+		if n := bubbleGoroutines(); n != base+1 {
+			t.Errorf("goroutines while 500 locks are held: %d, want %d (the reset watch alone)", n, base+1)
+		}
+		for _, lk := range held {
+			if !lk.Held() {
+				t.Fatal("a lock was not held after 2s of batched renewals")
+			}
+		}
+		before := b.batches.Load()
+		store.Restart(nil)
+		at := time.Now()
+		for _, lk := range held {
+			<-lk.Done()
+			if !errors.Is(lk.Err(), lock.ErrLockLost) {
+				t.Fatalf("lock lost with %v, want ErrLockLost", lk.Err())
+			}
+		}
+		if d := time.Since(at); d != 0 {
+			t.Errorf("locks lost %v after the restart, want at once", d)
+		}
+		if n := b.batches.Load() - before; n != 1 {
+			t.Errorf("batch calls to find 500 locks lost: %d, want 1", n)
+		}
+		for _, lk := range held {
+			_ = lk.Release(t.Context())
+		}
+		synctest.Wait()
+		if n := bubbleGoroutines(); n != base {
+			t.Errorf("goroutines after every lock was released: %d, want %d", n, base)
+		}
+	})
 }
