@@ -132,7 +132,11 @@
 // the TTL asked for left (2 requests); the first acquisition of a TTL adds
 // the grant of its session. An Acquire and
 // Release pair on a warm session is two transactions, as etcd's
-// concurrency.Mutex TryLock and Unlock are two requests.
+// concurrency.Mutex TryLock and Unlock are two requests. Keep-alives of
+// session leases, Detached leases and waiter registrations are messages on
+// one lease keep-alive stream per Backend, opened by the first and opened
+// again after it broke (clientv3's KeepAliveOnce opens a gRPC stream for
+// each keep-alive, three times the cost of the keep-alive itself).
 // A failed Acquire adds two lease look-ups (the holder's remaining TTL and
 // heartbeat age), run in parallel. Once an Acquire has found a key held,
 // the next Acquire of that key by the same Backend first probes with a
@@ -161,7 +165,10 @@
 // a header line holding the token and the holder ID, followed by a JSON
 // object with the acquisition time and metadata, so Renew, Release and
 // SetMetadata check the exact lease (create revision, attached etcd lease,
-// token and holder ID) inside one transaction. Only the etcd lease's own
+// token and holder ID) inside one transaction; for a lease on a session,
+// Renew and Release compare the token and holder ID alone, which imply the
+// rest (only this lease's acquisition writes a record with its token) and
+// spare the server two reads of the key. Only the etcd lease's own
 // TTL, or its owner's release, ends a lease: no call of this package
 // deletes another holder's record.
 //
@@ -481,7 +488,9 @@ type Backend struct {
 		refreshing bool             // a grant of its successor is under way
 	}
 
-	watches sync.WaitGroup // watch goroutines and the connection monitor
+	ka kaStream // the keep-alive stream (see keepAliveOnce)
+
+	watches sync.WaitGroup // watch goroutines, the connection monitor, the keep-alive reader and background clean-ups
 }
 
 var (

@@ -17,11 +17,15 @@ import (
 	"github.com/sovereign-go/sovereign/backend"
 )
 
-// counter counts the gRPC requests a client makes: unary calls and streams
-// opened (a lease keep-alive or a watch is a stream).
+// counter counts the gRPC requests a client makes: unary calls, streams
+// opened (a watch is a stream), and each keep-alive sent on a lease
+// keep-alive stream (the stream itself is not counted, unless it could not
+// be opened: clientv3's KeepAliveOnce opens one per keep-alive, a Backend
+// keeps one open).
 type counter struct {
-	unary   atomic.Int64
-	streams atomic.Int64
+	unary     atomic.Int64
+	streams   atomic.Int64
+	kaStreams atomic.Int64 // lease keep-alive streams opened (not in total)
 
 	mu      sync.Mutex       // guards methods
 	methods map[string]int64 // requests by gRPC method
@@ -41,6 +45,7 @@ func (c *counter) count(method string) {
 func (c *counter) reset() {
 	c.unary.Store(0)
 	c.streams.Store(0)
+	c.kaStreams.Store(0)
 	c.mu.Lock()
 	c.methods = nil
 	c.mu.Unlock()
@@ -65,11 +70,35 @@ func (c *counter) configure(cfg *clientv3.Config) {
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			if path.Base(method) == "LeaseKeepAlive" {
+				c.kaStreams.Add(1)
+				s, err := streamer(ctx, desc, cc, method, opts...)
+				if err != nil {
+					// A keep-alive that failed before it could be sent.
+					c.streams.Add(1)
+					c.count(method)
+					return s, err
+				}
+				return &countedSends{ClientStream: s, c: c, method: method}, nil
+			}
 			c.streams.Add(1)
 			c.count(method)
 			return streamer(ctx, desc, cc, method, opts...)
 		}),
 	)
+}
+
+// countedSends counts each message sent on a stream as a request.
+type countedSends struct {
+	grpc.ClientStream
+	c      *counter
+	method string
+}
+
+func (s *countedSends) SendMsg(m any) error {
+	s.c.streams.Add(1)
+	s.c.count(s.method)
+	return s.ClientStream.SendMsg(m)
 }
 
 // proxy is a TCP proxy on 127.0.0.1 whose connections a test can cut, to

@@ -191,15 +191,31 @@ func (b *Backend) freeCheck(key string) []*pb.Compare {
 	}
 }
 
-// holderReads returns the reads of a key's record, heartbeats, and holder
-// and intent entries that the else-branch of an acquisition makes.
+// holderReads returns the reads that the else-branch of an acquisition
+// makes: one range holding the key's record, its release marker and its
+// holder and intent entries (<prefix><key> up to the waiters, which sort
+// after "j"; see splitHolderReads), and the key's heartbeats.
 func (b *Backend) holderReads(key string) []*pb.RequestOp {
-	base, hb := b.entryBase(key), b.heartbeatPrefix(key)
+	hb := b.heartbeatPrefix(key)
 	return []*pb.RequestOp{
-		getOp(b.leaseKey(key), ""),
+		getOp(b.leaseKey(key), b.entryBase(key)+"j"),
 		getOp(hb, clientv3.GetPrefixRangeEnd(hb)),
-		getOp(base+holdersPart, base+"j"),
 	}
+}
+
+// splitHolderReads splits the reads of holderReads into the record of key
+// (at most one), its holder and intent entries, and its heartbeats.
+func (b *Backend) splitHolderReads(key string, resp *clientv3.TxnResponse) (recKVs, entries, hbKVs []*mvccpb.KeyValue) {
+	k, base := b.leaseKey(key), b.entryBase(key)
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		switch s := string(kv.Key); {
+		case s == k:
+			recKVs = append(recKVs, kv)
+		case len(s) > len(base) && s[:len(base)] == base:
+			entries = append(entries, kv) // not the marker, which is base itself
+		}
+	}
+	return recKVs, entries, resp.Responses[1].GetResponseRange().Kvs
 }
 
 // The transactions of Acquire, and of Renew and Release on a session (a
@@ -258,15 +274,20 @@ func deleteOp(key string) *pb.RequestOp {
 	return &pb.RequestOp{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte(key)}}}
 }
 
-// ownerCheckPB is ownerCheck as protocol messages.
-func (b *Backend) ownerCheckPB(l backend.Lease, id clientv3.LeaseID) []*pb.Compare {
+// tokenCheck returns the comparisons that hold only while the record of l's
+// key starts with l's header (token and holder ID), as protocol messages.
+// This is the owner check of a lease on a session for Release and Renew:
+// the token's 128 random bits make a record with it the one that l's
+// acquisition wrote (or SetMetadata rewrote, owner-checked, with the same
+// creation revision and etcd lease), so the creation revision and etcd
+// lease that ownerCheck compares as well add nothing, and each comparison
+// costs the server a read of the key.
+func (b *Backend) tokenCheck(l backend.Lease) []*pb.Compare {
 	k := []byte(b.leaseKey(l.Key))
 	h := recordHeader(l.Token, l.HolderID)
 	// See ownerCmps.
 	upper := h[:len(h)-1] + "\x0b"
 	return []*pb.Compare{
-		{Result: pb.Compare_EQUAL, Target: pb.Compare_CREATE, Key: k, TargetUnion: &pb.Compare_CreateRevision{CreateRevision: int64(l.Term)}},
-		{Result: pb.Compare_EQUAL, Target: pb.Compare_LEASE, Key: k, TargetUnion: &pb.Compare_Lease{Lease: int64(id)}},
 		{Result: pb.Compare_GREATER, Target: pb.Compare_VALUE, Key: k, TargetUnion: &pb.Compare_Value{Value: []byte(h)}},
 		{Result: pb.Compare_LESS, Target: pb.Compare_VALUE, Key: k, TargetUnion: &pb.Compare_Value{Value: []byte(upper)}},
 	}
@@ -329,9 +350,9 @@ func (b *Backend) acquireWith(ctx context.Context, req backend.AcquireRequest, g
 // while it revokes the unused grant (if any).
 func (b *Backend) heldError(ctx context.Context, key string, resp *clientv3.TxnResponse, grant clientv3.LeaseID) error {
 	op := fmt.Sprintf("acquire %q", key)
-	if recKVs := resp.Responses[0].GetResponseRange().Kvs; len(recKVs) == 0 {
+	recKVs, entries, hbKVs := b.splitHolderReads(key, resp)
+	if len(recKVs) == 0 {
 		// Held by entries of backend.Modes: holders and intents.
-		entries := resp.Responses[2].GetResponseRange().Kvs
 		owners := make([]string, len(entries))
 		for i := range owners {
 			owners[i] = key
@@ -355,7 +376,7 @@ func (b *Backend) heldError(ctx context.Context, key string, resp *clientv3.TxnR
 	if grant != 0 {
 		wg.Go(func() { _, revokeErr = b.cli.Revoke(ctx, grant) })
 	}
-	rec, err := b.record(ctx, key, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs)
+	rec, err := b.record(ctx, key, recKVs, hbKVs)
 	wg.Wait()
 	_ = revokeErr // an unrevoked grant holds nothing and expires on its own
 	switch {
@@ -405,7 +426,7 @@ func (b *Backend) Renew(ctx context.Context, l backend.Lease) error {
 	if !resp.Succeeded {
 		return fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
 	}
-	if _, err := b.cli.KeepAliveOnce(ctx, id); err != nil {
+	if _, err := b.keepAliveOnce(ctx, id); err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return fmt.Errorf("etcdbackend: renew %q term %d: lease expired: %w", l.Key, l.Term, backend.ErrLeaseLost)
 		}

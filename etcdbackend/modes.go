@@ -285,11 +285,11 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 		fresh   bool
 	)
 	if w.lease != 0 && w.secs == secs {
-		ka, err := b.cli.KeepAliveOnce(ctx, w.lease)
+		ttl, err := b.keepAliveOnce(ctx, w.lease)
 		switch {
 		case err == nil:
-			id, granted = w.lease, ka.TTL
-			w.expires = time.Now().Add(time.Duration(ka.TTL) * time.Second)
+			id, granted = w.lease, ttl
+			w.expires = time.Now().Add(time.Duration(ttl) * time.Second)
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
 			// The registration expired: it has no place in line any more.
 			b.forgetWait(req.Key, req.WaitID)
@@ -998,7 +998,7 @@ func (b *Backend) renewEntry(ctx context.Context, l backend.Lease, id clientv3.L
 	if !resp.Succeeded {
 		return fmt.Errorf("etcdbackend: renew %q term %d (%v): %w", l.Key, l.Term, l.Entry.Mode, backend.ErrLeaseLost)
 	}
-	if _, err := b.cli.KeepAliveOnce(ctx, id); err != nil {
+	if _, err := b.keepAliveOnce(ctx, id); err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return fmt.Errorf("etcdbackend: renew %q term %d (%v): lease expired: %w", l.Key, l.Term, l.Entry.Mode, backend.ErrLeaseLost)
 		}

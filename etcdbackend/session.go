@@ -318,7 +318,7 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 		if needKA {
 			wg.Go(func() {
 				kaSent := time.Now()
-				if _, kaErr = b.cli.KeepAliveOnce(ctx, s.id); kaErr == nil {
+				if _, kaErr = b.keepAliveOnce(ctx, s.id); kaErr == nil {
 					kaOK = true
 					b.sessionKept(s.id, kaSent)
 				}
@@ -457,7 +457,7 @@ func (b *Backend) releaseOnSession(ctx context.Context, l backend.Lease, id clie
 			return fail(ctx, fmt.Sprintf("release %q: grant marker lease", l.Key), err)
 		}
 		resp, err := b.txn(ctx, &pb.TxnRequest{
-			Compare: b.ownerCheckPB(l, id),
+			Compare: b.tokenCheck(l),
 			Success: []*pb.RequestOp{
 				deleteOp(b.leaseKey(l.Key)),
 				putOp(b.releaseMarker(l.Key), "released", mid),
@@ -492,7 +492,7 @@ func (b *Backend) renewOnSession(ctx context.Context, l backend.Lease, id client
 		err   error
 		wg    sync.WaitGroup
 	)
-	wg.Go(func() { check, err = b.txn(ctx, &pb.TxnRequest{Compare: b.ownerCheckPB(l, id)}) })
+	wg.Go(func() { check, err = b.txn(ctx, &pb.TxnRequest{Compare: b.tokenCheck(l)}) })
 	kaErr := b.keepSession(ctx, id)
 	wg.Wait()
 	switch {
@@ -514,7 +514,7 @@ func (b *Backend) renewOnSession(ctx context.Context, l backend.Lease, id client
 // backend.ErrLeaseLost.
 func (b *Backend) keepSession(ctx context.Context, id clientv3.LeaseID) error {
 	sent := time.Now()
-	_, err := b.cli.KeepAliveOnce(ctx, id)
+	_, err := b.keepAliveOnce(ctx, id)
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		b.sessionLost(id)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/connectivity"
 
 	sovereign "github.com/sovereign-go/sovereign"
 	"github.com/sovereign-go/sovereign/backend"
@@ -551,4 +552,51 @@ func TestOrphanSwept(t *testing.T) {
 			t.Errorf("second RenewBatch: lease %d: %v", i, err)
 		}
 	}
+}
+
+// TestKeepAliveStream: a Backend's keep-alives go over one lease keep-alive
+// stream, not one stream each, and a stream broken with the connection is
+// opened again by the next keep-alive.
+func TestKeepAliveStream(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	p := startProxy(t, shared.Endpoint(0))
+	cli := newClient(t, nil, func(cfg *clientv3.Config) {
+		cfg.Endpoints = []string{p.endpoint()}
+		n.configure(cfg)
+	})
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: newPrefix()})
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	renew := func(what string, times int, streams int64) {
+		t.Helper()
+		n.reset()
+		for range times {
+			if err := b.Renew(ctx, l); err != nil {
+				t.Fatalf("%s: Renew: %v", what, err)
+			}
+		}
+		if got := n.byMethod()["LeaseKeepAlive"]; got != int64(times) {
+			t.Errorf("%s: %d Renews sent %d keep-alives, want %d", what, times, got, times)
+		}
+		if got := n.kaStreams.Load(); got > streams {
+			t.Errorf("%s: %d keep-alive streams opened, want at most %d", what, got, streams)
+		}
+	}
+	renew("first renewals", 10, 1)
+	renew("renewals on the open stream", 3, 0)
+	p.setCut(true)
+	electortest.Eventually(t, "the client sees its connection down", func() bool {
+		return cli.ActiveConnection().GetState() != connectivity.Ready
+	})
+	p.setCut(false)
+	// The next renewals may fail while the client reconnects; then one
+	// succeeds on a new stream.
+	electortest.Eventually(t, "a renewal after the connection came back", func() bool {
+		return b.Renew(ctx, l) == nil
+	})
+	// At most one stream: the renewal above may have opened it already.
+	renew("renewals after a reconnection", 5, 1)
 }
