@@ -225,8 +225,7 @@ func StartIn(h *Hold, parent context.Context, cfg Config, lease backend.Lease, s
 	}
 	// The callback takes h.mu first, so it never runs before h is set.
 	h.mu.Lock()
-	h.timer = time.AfterFunc(time.Hour, h.fire)
-	h.armLocked(now)
+	h.timer = time.AfterFunc(h.nextEventLocked().Sub(now), h.fire)
 	h.mu.Unlock()
 }
 
@@ -617,6 +616,17 @@ func (h *Hold) armLocked(now time.Time) {
 	if h.timer == nil {
 		return
 	}
+	next := h.nextEventLocked()
+	if next.IsZero() {
+		h.timer.Stop()
+		return
+	}
+	h.timer.Reset(next.Sub(now))
+}
+
+// nextEventLocked returns when the hold's own timer must fire next (see
+// armLocked), or the zero time when never. h.mu must be held.
+func (h *Hold) nextEventLocked() time.Time {
 	var next time.Time
 	at := func(t time.Time) {
 		if next.IsZero() || t.Before(next) {
@@ -634,11 +644,7 @@ func (h *Hold) armLocked(now time.Time) {
 			at(h.nextRenew)
 		}
 	}
-	if next.IsZero() {
-		h.timer.Stop()
-		return
-	}
-	h.timer.Reset(next.Sub(now))
+	return next
 }
 
 // renewLoop renews once, again while RenewNow asked for more during the
@@ -787,11 +793,11 @@ func (h *Hold) stepDown(r Reason, err, cause error) bool {
 		err = h.lastErr
 	}
 	h.stepped, h.reason, h.stepErr, h.cause = true, r, err, cause
-	now := time.Now()
-	if now.Before(h.deadline) {
+	if now := time.Now(); now.Before(h.deadline) {
 		h.deadline = now
 	}
-	h.armLocked(now)
+	// The own timer is left as it is: armed for the deadline, it fires
+	// for nothing and re-arms for what is left.
 	cancel := h.cancel
 	if cancel != nil {
 		cause = h.causeLocked()
