@@ -281,9 +281,21 @@ func (s *scheduler) run() {
 }
 
 // send renews chunk with one batch call and records the results. s.mu is
-// held on entry and on return, not during the call. leases and results are
-// buffers to reuse.
+// held on entry and on return, not during the call. Holds of chunk that
+// left s while s.mu was not held (a release during an earlier chunk's
+// call) are skipped. leases and results are buffers to reuse.
 func (s *scheduler) send(chunk []*Hold, leases []backend.Lease, results []outcome) ([]backend.Lease, []outcome) {
+	live := chunk[:0]
+	for _, h := range chunk {
+		if h.m.idx >= 0 {
+			live = append(live, h)
+		}
+	}
+	clear(chunk[len(live):])
+	chunk = live
+	if len(chunk) == 0 {
+		return leases, results
+	}
 	f := &flight{done: make(chan struct{})}
 	leases, results = leases[:0], results[:0]
 	timeout := time.Duration(0)

@@ -337,3 +337,94 @@ func TestBatchedExtendMovesTheDeadline(t *testing.T) {
 		release(t, bb)
 	})
 }
+
+// gated renews in batches, recording each batch's keys; the first batch
+// waits for gate to be closed.
+type gated struct {
+	*memorybackend.Backend
+	gate    chan struct{}
+	entered chan struct{} // closed when the first batch is waiting
+	mu      sync.Mutex
+	batches [][]string
+}
+
+func (b *gated) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
+	b.mu.Lock()
+	first := len(b.batches) == 0
+	keys := make([]string, len(leases))
+	for i, l := range leases {
+		keys[i] = l.Key
+	}
+	b.batches = append(b.batches, keys)
+	b.mu.Unlock()
+	if first {
+		close(b.entered)
+		select {
+		case <-b.gate:
+		case <-ctx.Done():
+		}
+	}
+	errs := make([]error, len(leases))
+	for i, l := range leases {
+		errs[i] = b.Backend.Renew(ctx, l)
+	}
+	return errs
+}
+
+// More holds than one batch call carries go out in several calls, one
+// after the other; a hold released while an earlier call is in flight is
+// not in a later one.
+func TestReleaseBeforeItsChunk(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		b := &gated{Backend: c, gate: make(chan struct{}), entered: make(chan struct{})}
+		cfg := config(b)
+		const n = 5000 // two calls: 4096 and 904
+		hs := make([]*keeper.Hold, n)
+		for i := range hs {
+			hs[i] = acquire(t, b, cfg, fmt.Sprintf("k%d", i))
+		}
+		<-b.entered // the first call of the first instant waits at the gate
+		b.mu.Lock()
+		first := append([]string(nil), b.batches[0]...)
+		b.mu.Unlock()
+		inFirst := make(map[string]bool, len(first))
+		for _, k := range first {
+			inFirst[k] = true
+		}
+		var later *keeper.Hold // a hold the second call would carry
+		for _, h := range hs {
+			if !inFirst[h.Lease().Key] {
+				later = h
+				break
+			}
+		}
+		if len(first) != 4096 || later == nil {
+			t.Fatalf("first call carried %d leases, want 4096 of %d", len(first), n)
+		}
+		if err := later.Release(context.Background()); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		close(b.gate)
+		time.Sleep(100 * time.Millisecond)
+		b.mu.Lock()
+		batches := b.batches
+		b.mu.Unlock()
+		if len(batches) != 2 {
+			t.Fatalf("batch calls at the first instant: %d, want 2", len(batches))
+		}
+		for _, k := range batches[1] {
+			if k == later.Lease().Key {
+				t.Errorf("%s renewed by the second call after its Release returned", k)
+			}
+		}
+		if got := len(batches[1]); got != n-4096-1 {
+			t.Errorf("second call carried %d leases, want %d", got, n-4096-1)
+		}
+		for _, h := range hs {
+			release(t, h)
+		}
+	})
+}
