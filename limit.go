@@ -18,10 +18,13 @@ import (
 const maxInflight = 256
 
 // callLimit is the shared bound of one backend, made on demand and dropped
-// when its last elector stops.
+// when its last elector stops. Subscriptions being established have a bound
+// of their own (maxInflight too), so that slow ones never hold up
+// acquisitions.
 type callLimit struct {
-	slots chan struct{}
-	users int // guarded by limitsMu
+	slots   chan struct{}
+	watches chan struct{}
+	users   int // guarded by limitsMu
 }
 
 var (
@@ -39,7 +42,7 @@ func (e *Elector) joinLimit() {
 	defer limitsMu.Unlock()
 	l := limits[e.b]
 	if l == nil {
-		l = &callLimit{slots: make(chan struct{}, maxInflight)}
+		l = &callLimit{slots: make(chan struct{}, maxInflight), watches: make(chan struct{}, maxInflight)}
 		limits[e.b] = l
 	}
 	l.users++
@@ -61,13 +64,26 @@ func (e *Elector) leaveLimit() {
 // enter waits for a place among the calls in flight on the backend and
 // returns the function that gives it back; ok is false when ctx ended first.
 func (e *Elector) enter(ctx context.Context) (leave func(), ok bool) {
-	l := e.limit
+	if e.limit == nil {
+		return func() {}, ctx.Err() == nil
+	}
+	return take(ctx, e.limit.slots)
+}
+
+// enterWatch is enter for a subscription being established. l is the
+// elector's limit, read by the loop before it started the establishing
+// goroutine.
+func enterWatch(ctx context.Context, l *callLimit) (leave func(), ok bool) {
 	if l == nil {
 		return func() {}, ctx.Err() == nil
 	}
+	return take(ctx, l.watches)
+}
+
+func take(ctx context.Context, slots chan struct{}) (leave func(), ok bool) {
 	select {
-	case l.slots <- struct{}{}:
-		return func() { <-l.slots }, true
+	case slots <- struct{}{}:
+		return func() { <-slots }, true
 	case <-ctx.Done():
 		return nil, false
 	}

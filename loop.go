@@ -38,6 +38,7 @@ type loopState struct {
 func (e *Elector) loop(ctx context.Context, fn func(context.Context) error) {
 	ls := &loopState{}
 	defer e.stopped()
+	e.joinLimit()
 	e.startWatch(ctx) // before the first attempt, so no release is missed
 	if j := e.opts.StartupJitter; j > 0 {
 		until := time.Now().Add(rand.N(j + 1))
@@ -48,7 +49,6 @@ func (e *Elector) loop(ctx context.Context, fn func(context.Context) error) {
 	if ctx.Err() != nil {
 		return
 	}
-	e.joinLimit()
 	if hb := e.batchHeartbeater(); hb != nil {
 		e.scheduleHeartbeats(hb)
 		ls.hbScheduled = true

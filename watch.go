@@ -38,8 +38,15 @@ func (e *Elector) startWatch(ctx context.Context) {
 	w.stopRetry()
 	ready := make(chan watchResult, 1) // the goroutine never waits for the loop
 	w.ready = ready
+	limit := e.limit
 	w.wg.Go(func() {
+		leave, ok := enterWatch(ctx, limit)
+		if !ok {
+			ready <- watchResult{err: ctx.Err()}
+			return
+		}
 		ch, err := e.watcher.Watch(ctx, e.name)
+		leave()
 		ready <- watchResult{ch, err}
 	})
 }
