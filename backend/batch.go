@@ -31,7 +31,12 @@ type HeartbeatRequest struct {
 // BatchHeartbeater is an optional capability of a Backend: recording many
 // heartbeats in few requests, as BatchRenewer does for renewals.
 type BatchHeartbeater interface {
-	// HeartbeatBatch records each heartbeat exactly as Heartbeat would and
-	// returns one error per request, in order.
+	// HeartbeatBatch records each heartbeat as Heartbeat would and returns
+	// one error per request, in order. A backend may leave alone a record
+	// that it wrote itself and that will still have more than a quarter of
+	// its TTL left when the next batch is due (the same request comes once
+	// per interval): the record's age then grows past the interval, but it
+	// never expires while batches keep their pace, and a record lost
+	// meanwhile is written again within three quarters of its TTL.
 	HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) []error
 }

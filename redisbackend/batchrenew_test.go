@@ -169,6 +169,18 @@ func TestHeartbeatBatch(t *testing.T) {
 					}
 				}
 			}
+			// Asked again at once, every record still has nearly its whole
+			// TTL: nothing is sent.
+			h := &countingHook{}
+			c.(interface{ AddHook(redis.Hook) }).AddHook(h)
+			for i, err := range b.HeartbeatBatch(ctx, reqs) {
+				if err != nil {
+					t.Errorf("heartbeat %d again: %v", i, err)
+				}
+			}
+			if h.n != 0 {
+				t.Errorf("a batch of records written a moment ago sent %d commands, want none", h.n)
+			}
 			bad := b.HeartbeatBatch(ctx, []backend.HeartbeatRequest{{Key: "", ID: "x", TTL: time.Second}, {Key: "e", ID: "x", TTL: time.Second}})
 			if !errors.Is(bad[0], backend.ErrInvalid) || bad[1] != nil {
 				t.Errorf("got %v, want ErrInvalid for the empty key only", bad)

@@ -323,6 +323,7 @@ type Backend struct {
 
 	closed atomic.Bool
 	hubs   hubs
+	beats  beats // what HeartbeatBatch last wrote (batchrenew.go)
 }
 
 var (

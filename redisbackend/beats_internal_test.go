@@ -1,0 +1,75 @@
+package redisbackend
+
+import (
+	"testing"
+	"time"
+)
+
+// A batch writes a record only when it would otherwise have a quarter of its
+// TTL or less left at the next batch, expected after the last gap between
+// batches; anything unknown (first request, another TTL, a failed write)
+// writes.
+func TestBeatsWriteOnlyWhatNeedsIt(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		ttl, interval time.Duration
+		writes        []int // batch numbers (0-based) that write, of 13
+	}{
+		{"elector defaults at TTL 10s", 15 * time.Second, 5 * time.Second, []int{0, 2, 4, 6, 8, 10, 12}},
+		{"elector defaults at TTL 2s", 7 * time.Second, time.Second, []int{0, 5, 10}},
+		{"interval near the TTL", 4 * time.Second, 3 * time.Second, []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var s beats
+			t0 := time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
+			var got []int
+			for i := range 13 {
+				now := t0.Add(time.Duration(i) * tc.interval)
+				if !s.fresh("k", tc.ttl, now) {
+					got = append(got, i)
+					s.wrote("k", tc.ttl, now)
+				}
+				// The record never has less than a quarter of its TTL
+				// left when the next batch comes.
+				if left := s.m["k"].written.Add(tc.ttl).Sub(now.Add(tc.interval)); left < tc.ttl/4 && i < 12 {
+					t.Fatalf("batch %d: the record would have %v left at the next batch", i, left)
+				}
+			}
+			if len(got) != len(tc.writes) {
+				t.Fatalf("batches writing: %v, want %v", got, tc.writes)
+			}
+			for i := range got {
+				if got[i] != tc.writes[i] {
+					t.Fatalf("batches writing: %v, want %v", got, tc.writes)
+				}
+			}
+		})
+	}
+
+	t.Run("unknown, changed TTL, forgotten, swept", func(t *testing.T) {
+		var s beats
+		now := time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
+		if s.fresh("k", 15*time.Second, now) {
+			t.Fatal("a record never written is fresh")
+		}
+		s.wrote("k", 15*time.Second, now)
+		now = now.Add(time.Second)
+		if !s.fresh("k", 15*time.Second, now) {
+			t.Fatal("a record written a second ago, batches a second apart, is not fresh")
+		}
+		if s.fresh("k", 20*time.Second, now) {
+			t.Fatal("a record asked for with another TTL is fresh")
+		}
+		s.forget("k")
+		if s.fresh("k", 15*time.Second, now) {
+			t.Fatal("a forgotten record (failed write) is fresh")
+		}
+		s.wrote("k", 15*time.Second, now)
+		s.wrote("gone", 15*time.Second, now)
+		now = now.Add(2 * time.Minute) // "gone" not asked for since
+		s.fresh("k", 15*time.Second, now)
+		if _, ok := s.m["gone"]; ok {
+			t.Error("a record nobody asked for during twice its TTL was not swept")
+		}
+	})
+}
