@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,17 +19,21 @@ import (
 var _ backend.BatchHeartbeater = (*Backend)(nil)
 
 // hbSession is the etcd lease that the heartbeat records of one TTL,
-// written by HeartbeatBatch, share.
+// written by HeartbeatBatch, share, or the session of plain acquisitions
+// they ride on meanwhile (hostSession).
 type hbSession struct {
-	mu       sync.Mutex                  // serialises batches of this TTL; guards the fields below
-	id       clientv3.LeaseID            // 0: none yet, or lost
-	ttl      int64                       // granted TTL of id, in seconds
-	lastSent time.Time                   // send time of the grant or last keep-alive of id that succeeded
-	lastLook time.Time                   // send time of the grant or last look-up of the keys on id that succeeded
-	prev     time.Time                   // start of the previous batch (zero: none yet)
-	gaps     [hbGapHistory]time.Duration // the last gaps between the starts of two batches, newest at gapNext-1
-	gapNext  int                         // where the next gap goes in gaps
-	beats    map[string]hbBeat           // etcd key of each record this Backend refreshes → its state
+	mu       sync.Mutex                     // serialises batches of this TTL; guards the fields below
+	secs     int64                          // requested TTL of the records, in seconds
+	id       clientv3.LeaseID               // 0: none yet, or lost
+	on       clientv3.LeaseID               // the lease the records are on: id, or a host session's (0: none)
+	ttl      int64                          // granted TTL of id, in seconds
+	lastSent time.Time                      // send time of the grant or last keep-alive of id that succeeded
+	lastLook time.Time                      // send time of the grant or last look-up of the keys on id that succeeded
+	prev     time.Time                      // start of the previous batch (zero: none yet)
+	gaps     [hbGapHistory]time.Duration    // the last gaps between the starts of two batches, newest at gapNext-1
+	gapNext  int                            // where the next gap goes in gaps
+	beats    map[string]hbBeat              // etcd key of each record this Backend refreshes → its state
+	hosts    map[clientv3.LeaseID]time.Time // session leases → when RenewBatch last looked their keys up (hostLookedUp)
 }
 
 // hbBeat is what a heartbeat session knows of one record.
@@ -47,7 +52,7 @@ func (b *Backend) hbSessionFor(secs int64) *hbSession {
 	defer b.mu.Unlock()
 	s := b.hbSessions[secs]
 	if s == nil {
-		s = &hbSession{beats: make(map[string]hbBeat)}
+		s = &hbSession{secs: secs, beats: make(map[string]hbBeat), hosts: make(map[clientv3.LeaseID]time.Time)}
 		b.hbSessions[secs] = s
 	}
 	return s
@@ -71,7 +76,7 @@ func (b *Backend) hbSessionList() []*hbSession {
 func (b *Backend) forgetBeat(id clientv3.LeaseID, k string) {
 	for _, s := range b.hbSessionList() {
 		s.mu.Lock()
-		if s.id == id {
+		if s.on == id {
 			delete(s.beats, k)
 		}
 		s.mu.Unlock()
@@ -142,6 +147,25 @@ func (s *hbSession) nextGap(now time.Time) time.Duration {
 // this Backend last knew; a store that stops answering on a connection that
 // still looks up is found by the next keep-alive or look-up due.
 //
+// While this Backend holds keys on a session of plain acquisitions (see
+// the package doc, "Sessions") whose TTL is no longer than the records'
+// and whose keys RenewBatch has looked up within half that TTL, the records
+// ride on that session instead: they are moved to its lease (one
+// transaction), and its renewals keep them alive and look them up, so a
+// batch sends nothing but the rewrite of a record that a renewal's look-up
+// found missing. An idle leader's heartbeats thus cost nothing on top of
+// its renewals. Such a record ends with the session: within the session's
+// TTL of the holder's last renewal, no later than HeartbeatTTL, and its age
+// is that of the session's last keep-alive. This Backend never keeps a
+// session alive for its heartbeats: that would keep its keys alive too.
+// Once the keys are released (or the session is no longer renewed in
+// batches, or has gone), the next batch moves the records back to the
+// heartbeat session's own lease (a grant when it has expired meanwhile, and
+// one transaction): for the elector's defaults before the session ends
+// (it outlives the release by at least two thirds of its TTL, its last
+// renewal having been sent at most TTL/3 before; the next batch comes
+// within TTL/2), otherwise the records are missing until that batch.
+//
 // A record on the session that this Backend has not been asked to refresh
 // for a TTL is deleted by the next batch (owner-checked: only while it is
 // still on this session), so records of an instance that stopped
@@ -198,10 +222,19 @@ func (b *Backend) heartbeatSession(ctx context.Context, secs int64, reqs []backe
 	defer s.mu.Unlock()
 	start := time.Now()
 	gap := s.nextGap(start)
+	if host := b.hostSession(s, start); host != 0 {
+		s.place(host)
+		err := b.writeBeats(ctx, s, start, reqs, items)
+		if !errors.Is(err, rpctypes.ErrLeaseNotFound) || ctx.Err() != nil {
+			return err
+		}
+		// The host session has gone: back on this session's own lease.
+	}
 	for attempt := 0; ; attempt++ {
 		if err := s.refresh(ctx, b.cli, secs, start, gap); err != nil {
 			return err
 		}
+		s.place(s.id)
 		err := b.writeBeats(ctx, s, start, reqs, items)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) && attempt == 0 && ctx.Err() == nil {
 			continue // the lease has gone since its last keep-alive: a new one
@@ -253,7 +286,7 @@ func (s *hbSession) refresh(ctx context.Context, cli *clientv3.Client, secs int6
 				s.lastSent = kaSent
 			}
 			if needLook && lookErr == nil {
-				s.looked(look.Keys, lookSent, start)
+				s.looked(look.Keys, lookSent, start, true)
 			}
 			return errors.Join(kaErr, lookErr)
 		}
@@ -269,24 +302,99 @@ func (s *hbSession) refresh(ctx context.Context, cli *clientv3.Client, secs int6
 	return nil
 }
 
+// place puts the records of the session on lease on from this batch on:
+// when it is another lease than the one they are on, each is written again
+// (a put moves a key to the lease it names). It runs with s.mu held.
+func (s *hbSession) place(on clientv3.LeaseID) {
+	if s.on == on {
+		return
+	}
+	s.on = on
+	for k, beat := range s.beats {
+		beat.written = false
+		s.beats[k] = beat
+	}
+}
+
+// hostSession returns the lease of a session of plain acquisitions that
+// the records of s can ride on at now, or 0: a session of a TTL no longer
+// than the records', on which this Backend holds keys (their holds renew
+// it until they release them), whose keys RenewBatch looked up less than
+// half its TTL ago (hostLookedUp). Its renewals keep the records alive and
+// look them up, so they cost nothing of their own; this Backend never keeps
+// a session alive for its heartbeats (that would keep its keys alive too).
+// It runs with s.mu held.
+func (b *Backend) hostSession(s *hbSession, now time.Time) clientv3.LeaseID {
+	var best clientv3.LeaseID
+	var bestTTL int64
+	for _, ps := range b.sessionList() {
+		ps.mu.Lock()
+		id, ttl := ps.id, ps.ttl
+		ps.mu.Unlock()
+		looked, ok := s.hosts[id]
+		if id == 0 || !ok || ttl > s.secs || ttl <= bestTTL || now.Sub(looked) >= time.Duration(ttl)*time.Second/2 {
+			continue
+		}
+		b.mu.Lock()
+		held := len(b.owned[id]) > 0
+		b.mu.Unlock()
+		if held {
+			best, bestTTL = id, ttl
+		}
+	}
+	for id, at := range s.hosts {
+		if now.Sub(at) >= time.Duration(s.secs)*time.Second {
+			delete(s.hosts, id)
+		}
+	}
+	return best
+}
+
+// hostLookedUp takes the look-up of the keys attached to session lease id
+// that RenewBatch made as the look-up of the heartbeat records riding on it.
+// It skips a heartbeat session whose batch is under way (the next renewal
+// will do), so a renewal never waits for a heartbeat.
+func (b *Backend) hostLookedUp(id clientv3.LeaseID, keys [][]byte) {
+	var hb [][]byte
+	for _, k := range keys {
+		if strings.Contains(string(k), heartbeatInfix) {
+			hb = append(hb, k)
+		}
+	}
+	now := time.Now()
+	for _, s := range b.hbSessionList() {
+		if !s.mu.TryLock() {
+			continue
+		}
+		s.hosts[id] = now
+		if s.on == id {
+			// Keys not refreshed here may be another heartbeat session's
+			// (of another TTL) riding on the same session: not adopted.
+			s.looked(hb, now, now, false)
+		}
+		s.mu.Unlock()
+	}
+}
+
 // ready reports whether cli's connection is up (gRPC's Ready state).
 func ready(cli *clientv3.Client) bool {
 	conn := cli.ActiveConnection()
 	return conn != nil && conn.GetState() == connectivity.Ready
 }
 
-// looked records a look-up of the keys attached to the session lease, sent
-// at sent during the batch started at start: a record this Backend refreshes
-// is written again unless it is among them, and a key among them that this
-// Backend does not refresh (a transaction whose outcome was unknown, a
+// looked records a look-up of the keys attached to the lease the records are
+// on, sent at sent during the batch started at start: a record this Backend
+// refreshes is written again unless it is among them. With adopt (the
+// session's own lease, which holds only its records), a key among them that
+// this Backend does not refresh (a transaction whose outcome was unknown, a
 // RemoveMember racing a batch) is deleted unless refreshed within a TTL. It
 // runs with s.mu held.
-func (s *hbSession) looked(keys [][]byte, sent, start time.Time) {
+func (s *hbSession) looked(keys [][]byte, sent, start time.Time, adopt bool) {
 	s.lastLook = sent
 	attached := make(map[string]bool, len(keys))
 	for _, k := range keys {
 		attached[string(k)] = true
-		if _, ok := s.beats[string(k)]; !ok {
+		if _, ok := s.beats[string(k)]; !ok && adopt {
 			s.beats[string(k)] = hbBeat{at: start, written: true}
 		}
 	}
@@ -323,11 +431,11 @@ func (b *Backend) writeBeats(ctx context.Context, s *hbSession, start time.Time,
 		if err != nil {
 			return err
 		}
-		ops = append(ops, clientv3.OpPut(k, string(value), clientv3.WithLease(s.id)))
+		ops = append(ops, clientv3.OpPut(k, string(value), clientv3.WithLease(s.on)))
 		changes = append(changes, change{k, true})
 		queued[k] = true
 	}
-	stale := time.Duration(s.ttl) * time.Second
+	stale := time.Duration(max(s.ttl, s.secs)) * time.Second
 	for k, beat := range s.beats {
 		if start.Sub(beat.at) < stale {
 			continue
@@ -339,7 +447,7 @@ func (b *Backend) writeBeats(ctx context.Context, s *hbSession, start time.Time,
 		// Deleted only while still on this session: a record written
 		// since by anyone else stays.
 		ops = append(ops, clientv3.OpTxn(
-			[]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(k), "=", s.id)},
+			[]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(k), "=", s.on)},
 			[]clientv3.Op{clientv3.OpDelete(k)}, nil))
 		changes = append(changes, change{k, false})
 	}
@@ -347,7 +455,10 @@ func (b *Backend) writeBeats(ctx context.Context, s *hbSession, start time.Time,
 		n := min(len(ops), txnBatchOps)
 		if _, err := b.cli.Txn(ctx).Then(ops[:n]...).Commit(); err != nil {
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-				s.id = 0
+				if s.on == s.id {
+					s.id = 0
+				}
+				s.on = 0
 			} else {
 				// The transaction may have committed: the next batch
 				// looks the keys up.

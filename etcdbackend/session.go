@@ -141,6 +141,9 @@ func (b *Backend) orphans(id clientv3.LeaseID, attached [][]byte) []string {
 		if _, held := b.owned[id][key]; held || b.pending[key] > 0 {
 			continue
 		}
+		if strings.Contains(key, heartbeatInfix) {
+			continue // a heartbeat record riding on the session (hostSession)
+		}
 		out = append(out, string(k))
 	}
 	return out
@@ -617,6 +620,7 @@ func (b *Backend) renewSession(ctx context.Context, id clientv3.LeaseID, leases 
 		// Looked up after the reply: an acquisition committed before the
 		// look-up is recorded in owned by now, or still pending.
 		orphans = b.orphans(id, ttl.Keys)
+		b.hostLookedUp(id, ttl.Keys)
 	}
 	for _, i := range items {
 		l := leases[i]
