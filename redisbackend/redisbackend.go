@@ -125,9 +125,10 @@
 // # Cost
 //
 // Each operation is one EVALSHA. With the elector's defaults (TTL 10 s,
-// renewal every 2 s, heartbeat every 5 s) an idle leader sends about 42
-// scripts a minute (30 renewals, 12 heartbeats) and an idle follower about
-// 19 (12 heartbeats, about 7 acquisition attempts scheduled from the
+// renewal every 3.3 s, heartbeat batches every 5 s, records of 15 s
+// rewritten every 10 s: see HeartbeatBatch) an idle leader sends about 24
+// scripts a minute (18 renewals, 6 heartbeats) and an idle follower about
+// 12 (6 heartbeats, about 6 acquisition attempts scheduled from the
 // lease's remaining TTL), plus 4 PINGs a minute each on the watch
 // connection.
 //
