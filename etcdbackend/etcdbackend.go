@@ -269,10 +269,12 @@
 //
 // Heartbeat records live under <prefix><key>/heartbeat/<id>. Those written
 // by HeartbeatBatch (backend.BatchHeartbeater, which the elector uses) share
-// a heartbeat session: one etcd lease per Backend and heartbeat TTL, so a
-// batch costs a keep-alive of it and a look-up of the keys attached to it,
-// sent together, plus the rewrite of the records found missing, whatever
-// the number of records (see HeartbeatBatch); a record the Backend stops
+// a heartbeat session: one etcd lease per Backend and heartbeat TTL, kept
+// alive only when it would otherwise have less than a quarter of its TTL
+// left at the next batch, and whose keys are looked up about once per TTL
+// (records found missing are rewritten), whatever the number of records; a
+// leader's records ride on the session lease its renewals keep alive and
+// look up (see HeartbeatBatch); a record the Backend stops
 // refreshing is deleted by a later batch once a TTL has passed, or ends
 // with the session. RemoveMember does not revoke a session's lease (other
 // records are on it). A record written by Heartbeat is attached to its own
