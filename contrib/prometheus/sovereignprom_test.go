@@ -108,6 +108,7 @@ func wantValue(t *testing.T, s map[string]map[string]float64, name, labels strin
 func electorOpts(m sovereign.Metrics) *sovereign.Options {
 	return &sovereign.Options{
 		TTL:             time.Second,
+		RenewInterval:   200 * time.Millisecond, // the figures below count on it
 		NoStartupJitter: true,
 		Logger:          slog.New(slog.DiscardHandler),
 		Metrics:         m,
