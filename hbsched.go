@@ -36,6 +36,7 @@ type hbScheduler struct {
 	mu       sync.Mutex
 	members  map[*Elector]*hbMember
 	timer    *time.Timer   // armed for the earliest next of a member; nil when none
+	due      time.Time     // when timer fires, while it is armed
 	inflight chan struct{} // closed when the batch being sent has been answered; nil when none
 }
 
@@ -61,8 +62,13 @@ func (e *Elector) scheduleHeartbeats(hb backend.BatchHeartbeater) {
 		hbScheds[key] = s
 	}
 	s.mu.Lock()
-	s.members[e] = &hbMember{next: time.Now().Add(coalesce.Gather)}
-	s.armLocked()
+	next := time.Now().Add(coalesce.Gather)
+	s.members[e] = &hbMember{next: next}
+	// Only an earlier instant moves the timer: no scan of every member for
+	// each of thousands of electors starting together.
+	if s.inflight == nil && (s.timer == nil || next.Before(s.due)) {
+		s.setLocked(next)
+	}
 	s.mu.Unlock()
 	hbSchedsMu.Unlock()
 }
@@ -107,12 +113,17 @@ func (s *hbScheduler) armLocked() {
 			first = m.next
 		}
 	}
-	d := time.Until(first)
+	s.setLocked(first)
+}
+
+// setLocked arms the timer for t.
+func (s *hbScheduler) setLocked(t time.Time) {
+	s.due = t
 	if s.timer == nil {
-		s.timer = time.AfterFunc(d, s.fire)
+		s.timer = time.AfterFunc(time.Until(t), s.fire)
 		return
 	}
-	s.timer.Reset(d)
+	s.timer.Reset(time.Until(t))
 }
 
 // fire sends the heartbeats due, reports each result to its elector and
