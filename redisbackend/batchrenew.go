@@ -204,8 +204,9 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRe
 // more than a quarter of its TTL left at the next batch (expected after as
 // long as the last gap between two batches asking for it) is left alone.
 // With the elector's defaults (a batch every 5 s, records of 15 s) each
-// record is written every 10 s instead of every 5 s. A record lost
-// meanwhile (RemoveMember by another instance, a restart without data) is
+// record is written every 10 s instead of every 5 s. A record removed
+// through this Backend (RemoveMember) is written by the next batch; one lost
+// otherwise (RemoveMember by another instance, a restart without data) is
 // written again within three quarters of its TTL.
 type beats struct {
 	mu    sync.Mutex

@@ -181,6 +181,19 @@ func TestHeartbeatBatch(t *testing.T) {
 			if h.n != 0 {
 				t.Errorf("a batch of records written a moment ago sent %d commands, want none", h.n)
 			}
+			// A record removed through this Backend is written by the next
+			// batch, however fresh it was.
+			if err := b.RemoveMember(ctx, "election-0", "node-0"); err != nil {
+				t.Fatal(err)
+			}
+			for i, err := range b.HeartbeatBatch(ctx, reqs) {
+				if err != nil {
+					t.Errorf("heartbeat %d after RemoveMember: %v", i, err)
+				}
+			}
+			if ms, err := b.Members(ctx, "election-0"); err != nil || len(ms) != 3 {
+				t.Errorf("members of election-0 after RemoveMember and a batch = %+v, %v; want 3", ms, err)
+			}
 			bad := b.HeartbeatBatch(ctx, []backend.HeartbeatRequest{{Key: "", ID: "x", TTL: time.Second}, {Key: "e", ID: "x", TTL: time.Second}})
 			if !errors.Is(bad[0], backend.ErrInvalid) || bad[1] != nil {
 				t.Errorf("got %v, want ErrInvalid for the empty key only", bad)
