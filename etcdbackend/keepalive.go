@@ -87,13 +87,9 @@ func (b *Backend) sendKeepAlive(ctx context.Context, id clientv3.LeaseID) (*kaWa
 // stream lives until the Backend is closed or it breaks; opening it is
 // bounded by ctx (and by the request timeout). It runs with b.ka.mu held.
 func (b *Backend) openKeepAliveLocked(ctx context.Context) error {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	if !b.track() {
 		return errors.New("backend closed")
 	}
-	b.watches.Add(1)
-	b.mu.Unlock()
 	sctx, cancel := context.WithCancel(b.life)
 	// Opening waits for a connection: bound it by ctx, not the stream's
 	// lifetime.

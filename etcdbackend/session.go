@@ -226,13 +226,9 @@ func (b *Backend) refreshMarkerLocked() {
 	if b.marker.refreshing {
 		return
 	}
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	if !b.track() {
 		return
 	}
-	b.watches.Add(1)
-	b.mu.Unlock()
 	b.marker.refreshing = true
 	go func() {
 		defer b.watches.Done()
@@ -413,13 +409,9 @@ const cleanUpRetry = time.Second
 // is closed. Nothing would end such a record otherwise: the session lives
 // on as long as other keys on it are renewed.
 func (b *Backend) cleanUp(key string, id clientv3.LeaseID, token, holderID string) {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	if !b.track() {
 		return
 	}
-	b.watches.Add(1)
-	b.mu.Unlock()
 	go func() {
 		defer b.watches.Done()
 		k := b.leaseKey(key)
@@ -689,3 +681,16 @@ func (b *Backend) AcquireConfirms() bool { return true }
 // EventReset or closes when its stream or the client's connection breaks,
 // so a follower with a live watch need not poll for the leader's expiry.
 func (b *Backend) ReportsExpiry() bool { return true }
+
+// track counts a goroutine the Backend is about to start among those Close
+// waits for (b.watches), unless the Backend is closed; the goroutine calls
+// b.watches.Done when it ends.
+func (b *Backend) track() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false
+	}
+	b.watches.Add(1)
+	return true
+}
