@@ -45,18 +45,35 @@ import (
 //   - the acquisition is Fair and K has a live waiter registered before this
 //     acquirer's own registration (or any live waiter, when it has none);
 //   - it is hierarchical and an ancestor has a live Exclusive holder, or, for
-//     an Exclusive lock, a live Shared holder.
+//     an Exclusive lock, a live Shared holder;
+//   - it is hierarchical, not Fair, and an ancestor has a live waiter in
+//     Exclusive mode, whatever the acquisition's own mode (writer preference
+//     across the tree: a stream of locks below cannot starve an Exclusive
+//     lock above). Only Exclusive waiters count; Shared waiters on an
+//     ancestor do not. Backends implementing this rule set
+//     ModeSupport.AncestorWaiters.
 //
 // For a conflict with an intent, Holders carries the record of the lock
 // below (its Key is that lock's key). When only waiters stand in the way,
 // Holders is empty, Waiting counts them, and Holder is the key's oldest
-// holder (or a record with just Key when it has none). ErrLimitMismatch
-// takes precedence over ErrHeld. A non-fair Exclusive acquisition does not
-// yield to fair waiters (it may jump the line); an Exclusive waiter on an
-// ancestor does not stop new locks below it (a stream of locks below can
-// delay an Exclusive lock above). A Shared acquisition whose Limit
-// differs from the limit of the key's live Shared holders fails with an
-// error wrapping ErrLimitMismatch and writes nothing.
+// holder (or a record with just Key when it has none). When only an
+// ancestor's Exclusive waiters stand in the way, HeldError.Key is the
+// requested key, Holders is empty, Waiting counts that ancestor's Exclusive
+// waiters and Holder is a record whose Key is the ancestor's key (its oldest
+// holder when it has one). ErrLimitMismatch takes precedence over ErrHeld.
+// A non-fair Exclusive acquisition does not yield to fair waiters (it may
+// jump the line). A Shared acquisition whose Limit differs from the limit of
+// the key's live Shared holders fails with an error wrapping
+// ErrLimitMismatch and writes nothing.
+//
+// The ancestor-waiter rule has the usual caveat of writer-preferring
+// reader-writer locks: a holder of a lock below that takes a second lock
+// below while an Exclusive waiter above is registered waits for that waiter,
+// which itself waits for the first lock; the waiter's registration TTL bounds
+// the wait (a waiter that stops trying stops blocking after its TTL), and an
+// acquirer that cannot afford it takes its locks below in one Fair line or
+// before the waiter registers. Plain Acquire (no Modes) and Fair
+// acquisitions are not affected: Fair acquisitions keep their own line.
 //
 // Hierarchy is a protocol every acquirer of a tree follows: a lock taken
 // without Ancestors takes no intent, so an ancestor's Exclusive lock does
@@ -117,6 +134,10 @@ type ModeSupport struct {
 	Hierarchical bool // ModeRequest.Ancestors
 	Fair         bool // ModeRequest.Fair
 	WriterFirst  bool // exclusive waiters block new Shared holders
+	// AncestorWaiters says the backend implements the ancestor-waiter rule
+	// (see Conflicts): Exclusive waiters on an ancestor block new
+	// hierarchical locks below it.
+	AncestorWaiters bool
 }
 
 // ModeRequest describes an acquisition by AcquireMode.
