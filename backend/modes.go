@@ -57,10 +57,11 @@ import (
 // below (its Key is that lock's key). When only waiters stand in the way,
 // Holders is empty, Waiting counts them, and Holder is the key's oldest
 // holder (or a record with just Key when it has none). When only an
-// ancestor's Exclusive waiters stand in the way, HeldError.Key is the
-// requested key, Holders is empty, Waiting counts that ancestor's Exclusive
-// waiters and Holder is a record whose Key is the ancestor's key (its oldest
-// holder when it has one). ErrLimitMismatch takes precedence over ErrHeld.
+// ancestor's Exclusive waiters stand in the way, Holders is empty, Waiting
+// counts the Exclusive waiters of that ancestor (the first of Ancestors,
+// outermost first, that has any) and Holder is a record whose Key is the
+// ancestor's key (its oldest holder when it has one). ErrLimitMismatch
+// takes precedence over ErrHeld.
 // A non-fair Exclusive acquisition does not yield to fair waiters (it may
 // jump the line). A Shared acquisition whose Limit differs from the limit of
 // the key's live Shared holders fails with an error wrapping
@@ -69,11 +70,11 @@ import (
 // The ancestor-waiter rule has the usual caveat of writer-preferring
 // reader-writer locks: a holder of a lock below that takes a second lock
 // below while an Exclusive waiter above is registered waits for that waiter,
-// which itself waits for the first lock; the waiter's registration TTL bounds
-// the wait (a waiter that stops trying stops blocking after its TTL), and an
-// acquirer that cannot afford it takes its locks below in one Fair line or
-// before the waiter registers. Plain Acquire (no Modes) and Fair
-// acquisitions are not affected: Fair acquisitions keep their own line.
+// which itself waits for the first lock. The waiter's registration TTL
+// bounds it once either side gives up: a waiter that stops re-trying stops
+// blocking after its TTL (at once if it withdraws with CancelWait). Plain
+// Acquire (no Modes), acquisitions without Ancestors and Fair acquisitions
+// (which keep their own line) are not affected.
 //
 // Hierarchy is a protocol every acquirer of a tree follows: a lock taken
 // without Ancestors takes no intent, so an ancestor's Exclusive lock does

@@ -86,7 +86,7 @@ type waiter struct {
 }
 
 // allModes is what a client supports unless SetModeSupport says otherwise.
-var allModes = backend.ModeSupport{Shared: true, Hierarchical: true, Fair: true, WriterFirst: true}
+var allModes = backend.ModeSupport{Shared: true, Hierarchical: true, Fair: true, WriterFirst: true, AncestorWaiters: true}
 
 // ModeSupport implements backend.Modes: a client supports every part of
 // Modes unless SetModeSupport restricted it. It does no I/O and ignores
@@ -110,7 +110,9 @@ func (b *Backend) modeSupport() backend.ModeSupport {
 // that needs what ms lacks, as a backend without those capabilities does.
 // It is a test hook for code that must cope with such backends. Without
 // WriterFirst, Exclusive waiters do not block this client's Shared
-// acquisitions (the store still registers them).
+// acquisitions, and without AncestorWaiters, Exclusive waiters on an
+// ancestor do not block this client's hierarchical acquisitions (the store
+// still registers them).
 func (b *Backend) SetModeSupport(ms backend.ModeSupport) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -123,7 +125,10 @@ func (b *Backend) SetModeSupport(ms backend.ModeSupport) {
 // conflicting live holder, in term order (for an intent, the record of the
 // lock below); when the acquisition only had to yield to waiters, Holders is
 // empty, Waiting counts them and Holder is the key's oldest holder, or a
-// record with only Key set when the key has none.
+// record with only Key set when the key has none. When those waiters are the
+// Exclusive waiters of an ancestor (the first of req.Ancestors, outermost
+// first, that has any), Holder is that ancestor's oldest holder or a record
+// with only the ancestor's Key.
 func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (backend.Lease, error) {
 	err := req.Validate()
 	ms := b.modeSupport()
@@ -133,7 +138,7 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 	if err := b.call(ctx, "AcquireMode", err); err != nil {
 		return backend.Lease{}, err
 	}
-	return b.store.acquireMode(req, ms.WriterFirst)
+	return b.store.acquireMode(req, ms.WriterFirst, ms.AncestorWaiters)
 }
 
 // Holders implements backend.Modes. A plain Acquire lease is listed as an
@@ -358,7 +363,7 @@ func (s *Store) ancestorConflictsLocked(as *keyState, m backend.Mode, now time.T
 	return recs
 }
 
-func (s *Store) acquireMode(req backend.ModeRequest, writerFirst bool) (backend.Lease, error) {
+func (s *Store) acquireMode(req backend.ModeRequest, writerFirst, ancestorWaiters bool) (backend.Lease, error) {
 	s.mu.Lock()
 	defer s.unlock()
 	now := time.Now()
@@ -409,6 +414,26 @@ func (s *Store) acquireMode(req backend.ModeRequest, writerFirst bool) (backend.
 			}
 		}
 	}
+	// The Exclusive waiters of an ancestor block a non-fair hierarchical
+	// acquisition, whatever its mode: those of the first ancestor,
+	// outermost first, that has any.
+	aboveKey := ""
+	if ancestorWaiters && !req.Fair {
+		for _, a := range req.Ancestors {
+			n := 0
+			if as := s.keys[a]; as != nil {
+				for _, w := range as.waiters() {
+					if w.mode == backend.Exclusive {
+						n++
+					}
+				}
+			}
+			if n > 0 {
+				aboveKey, waiting = a, waiting+n
+				break
+			}
+		}
+	}
 
 	if len(conflicts) > 0 || waiting > 0 {
 		if req.WaitID != "" && (req.Mode == backend.Exclusive || req.Fair) {
@@ -419,7 +444,11 @@ func (s *Store) acquireMode(req backend.ModeRequest, writerFirst bool) (backend.
 				ks.m().waiters = append(ks.waiters(), &waiter{id: req.WaitID, mode: req.Mode, expires: now.Add(req.TTL)})
 			}
 		}
-		return backend.Lease{}, s.heldErrorLocked(req.Key, conflicts, waiting)
+		held := s.heldErrorLocked(req.Key, conflicts, waiting)
+		if aboveKey != "" && len(held.Holders) == 0 {
+			held.Holder = s.heldErrorLocked(aboveKey, nil, 0).Holder
+		}
+		return backend.Lease{}, held
 	}
 
 	if own >= 0 {

@@ -224,7 +224,8 @@ func TestConformanceRestrictedModes(t *testing.T) {
 	}
 	for name, ms := range map[string]backend.ModeSupport{
 		"ExclusiveOnly": {},
-		"NoFair":        {Shared: true, Hierarchical: true, WriterFirst: true},
+		"NoFair":        {Shared: true, Hierarchical: true, WriterFirst: true, AncestorWaiters: true},
+		"HierarchyOnly": {Hierarchical: true, AncestorWaiters: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			backendtest.Run(t, func(t *testing.T) backendtest.Env {

@@ -475,7 +475,13 @@ func brokenEnv(t *testing.T, name string) backendtest.Env {
 	}
 	if _, ok := modeMutations[name]; ok || name == "modes-none" {
 		env.Open = func() backend.Backend {
-			return &brokenModes{Backend: store.Client(), name: name, sh: sh}
+			c := store.Client()
+			if name == "ancestor-waiters-ignored" {
+				ms := c.ModeSupport()
+				ms.AncestorWaiters = false
+				c.SetModeSupport(ms)
+			}
+			return &brokenModes{Backend: c, name: name, sh: sh}
 		}
 	}
 	count := func(m map[string]bool) int {

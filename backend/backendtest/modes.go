@@ -34,6 +34,7 @@ var modeCases = []struct {
 	{"ModesHoldersGetList", testModesHoldersGetList},
 	{"ModesWriterPreference", testModesWriterPreference},
 	{"ModesHierarchy", testModesHierarchy},
+	{"ModesAncestorWaiters", testModesAncestorWaiters},
 	{"ModesIntentExpires", testModesIntentExpires},
 	{"ModesFairOrder", testModesFairOrder},
 	{"ModesCancelWaitFair", testModesCancelWaitFair},
@@ -78,6 +79,8 @@ func (h *harness) openModes(need ...string) modesClient {
 			has = ms.Fair
 		case "WriterFirst":
 			has = ms.WriterFirst
+		case "AncestorWaiters":
+			has = ms.AncestorWaiters
 		default:
 			h.t.Fatalf("backendtest: unknown mode feature %q", n)
 		}
@@ -879,6 +882,152 @@ func testModesHierarchy(t *testing.T, h *harness) {
 	pl := h.acquireKey(m, hSet, "plain", longTTL)
 	h.heldBy(b, page(hPage1, "page-reader", backend.Shared), pl)
 	h.release(m, pl)
+}
+
+// testModesAncestorWaiters: an Exclusive waiter on an ancestor blocks new
+// non-fair hierarchical locks below it, Exclusive or Shared, at any depth,
+// with a HeldError naming the ancestor; it blocks neither keys outside its
+// subtree, nor plain Acquire, nor acquisitions without Ancestors, nor Fair
+// ones; Shared waiters above do not count; the refused acquirer registers
+// on its own key; the rule ends when the waiter withdraws, expires or
+// acquires.
+func testModesAncestorWaiters(t *testing.T, h *harness) {
+	m := h.openModes("Hierarchical", "AncestorWaiters")
+	b := h.openMore()
+	ms := m.ModeSupport()
+	page := func(key, id string, mode backend.Mode) backend.ModeRequest {
+		return below(modeReq(key, id, mode), hRoot, hSet)
+	}
+	// blockedBy expects r to be refused by waiting Exclusive waiters of
+	// ancestor alone, with holder (nil: none) as the ancestor's holder.
+	blockedBy := func(step string, r backend.ModeRequest, ancestor string, waiting int, holder *backend.Lease) {
+		t.Helper()
+		held := h.heldMode(b, r)
+		if len(held.Holders) != 0 || held.Waiting != waiting || held.Holder.Key != ancestor {
+			t.Errorf("%s: AcquireMode(%s): got HeldError Holders %s, Waiting %d, Holder.Key %q; want no holders, Waiting %d, Holder.Key %q (the ancestor with the Exclusive waiter)",
+				step, describe(r), recordsString(held.Holders), held.Waiting, held.Holder.Key, waiting, ancestor)
+		}
+		if holder != nil && !sameLease(held.Holder, *holder) {
+			t.Errorf("%s: AcquireMode(%s): got HeldError.Holder %q %q term %d, want the ancestor's oldest holder %q %q term %d",
+				step, describe(r), held.Holder.Key, held.Holder.HolderID, held.Holder.Term, holder.Key, holder.HolderID, holder.Term)
+		}
+		if holder == nil && held.Holder.HolderID != "" {
+			t.Errorf("%s: AcquireMode(%s): got HeldError.Holder %q by %q, want a record with only the ancestor's key", step, describe(r), held.Holder.Key, held.Holder.HolderID)
+		}
+	}
+
+	// A lock below keeps the file-set writer waiting: it registers.
+	p1 := h.acquireMode(m, page(hPage1, "page-1", backend.Exclusive))
+	writer := below(exclusive(hSet, "set-writer"), hRoot)
+	writer.WaitID = "set-writer-wait-1"
+	h.heldBy(m, writer, p1)
+
+	// New locks below the file set are refused, at any depth.
+	blockedBy("Exclusive page", page(hPage2, "page-2", backend.Exclusive), hSet, 1, nil)
+	deep := below(exclusive(hPage2+"/line", "line"), hRoot, hSet, hPage2)
+	blockedBy("a lock two levels below", deep, hSet, 1, nil)
+	if ms.Shared {
+		blockedBy("Shared page", page(hPage2, "page-2-reader", backend.Shared), hSet, 1, nil)
+	}
+	// A second Exclusive waiter above counts too.
+	writer2 := below(exclusive(hSet, "set-writer-2"), hRoot)
+	writer2.WaitID = "set-writer-2-wait"
+	h.heldBy(m, writer2, p1)
+	blockedBy("two writers waiting", page(hPage2, "page-2", backend.Exclusive), hSet, 2, nil)
+	if err := m.CancelWait(h.ctx, hSet, writer2.WaitID); err != nil {
+		t.Fatalf("CancelWait: %v", err)
+	}
+	blockedBy("one writer withdrew", page(hPage2, "page-2", backend.Exclusive), hSet, 1, nil)
+
+	// Outside the file set's subtree, without Ancestors, by plain Acquire
+	// or in a Fair line of its own: not affected.
+	h.release(b, h.acquireMode(b, below(exclusive(hRoot+"/other", "other"), hRoot)))
+	h.release(b, h.acquireMode(b, exclusive(hPage2, "not-hierarchical")))
+	h.release(b, h.acquireKey(b, hPage2, "plain", longTTL))
+	if ms.Fair {
+		fair := page(hPage2, "fair-page", backend.Exclusive)
+		fair.Fair = true
+		h.release(b, h.acquireMode(b, fair))
+	}
+
+	// The refused acquirer registers on its own key, as any failed
+	// acquisition: an Exclusive one blocks a Shared acquisition there.
+	p2w := page(hPage2, "page-2", backend.Exclusive)
+	p2w.WaitID = "page-2-wait"
+	blockedBy("Exclusive page with a WaitID", p2w, hSet, 1, nil)
+	if ms.Shared && ms.WriterFirst {
+		held := h.heldMode(b, shared(hPage2, "page-2-reader", 0))
+		if held.Waiting != 1 {
+			t.Errorf("Shared acquisition of the page whose refused acquirer registered: HeldError.Waiting %d, want 1", held.Waiting)
+		}
+	}
+	if err := b.CancelWait(h.ctx, hPage2, p2w.WaitID); err != nil {
+		t.Fatalf("CancelWait: %v", err)
+	}
+
+	// Withdrawn, the waiter blocks nobody.
+	if err := m.CancelWait(h.ctx, hSet, writer.WaitID); err != nil {
+		t.Fatalf("CancelWait: %v", err)
+	}
+	p2 := h.acquireMode(b, page(hPage2, "page-2", backend.Exclusive))
+	h.release(b, p2)
+
+	// Shared waiters above do not count (only Fair ones register).
+	if ms.Shared && ms.Fair {
+		sw := below(shared(hSet, "set-reader", 0), hRoot)
+		sw.Fair, sw.WaitID = true, "set-reader-wait"
+		h.heldBy(m, sw, p1)
+		h.release(b, h.acquireMode(b, page(hPage2, "page-2", backend.Exclusive)))
+		if err := m.CancelWait(h.ctx, hSet, sw.WaitID); err != nil {
+			t.Fatalf("CancelWait: %v", err)
+		}
+	}
+
+	// The waiter acquires once the locks below are gone; its success
+	// removes the registration; then locks below get in again.
+	writer.WaitID = "set-writer-wait-2"
+	h.heldBy(m, writer, p1)
+	blockedBy("writer registered again", page(hPage2, "page-2", backend.Exclusive), hSet, 1, nil)
+	h.release(m, p1)
+	x := h.acquireMode(m, writer)
+	h.heldBy(b, page(hPage2, "page-2", backend.Exclusive), x)
+	h.release(m, x)
+	h.release(b, h.acquireMode(b, page(hPage2, "page-2", backend.Exclusive)))
+
+	// With a holder above: a Shared lock on the file set lets Shared pages
+	// in until an Exclusive waiter registers; the HeldError then names the
+	// file set's holder.
+	if ms.Shared {
+		s := h.acquireMode(m, below(shared(hSet, "set-reader", 0), hRoot))
+		sp := h.acquireMode(b, page(hPage1, "page-1-reader", backend.Shared))
+		writer.WaitID = "set-writer-wait-3"
+		h.heldBy(m, writer, s, sp)
+		blockedBy("Shared page under a Shared file set", page(hPage2, "page-2-reader", backend.Shared), hSet, 1, &s)
+		h.release(m, s)
+		h.release(b, sp)
+		h.release(m, h.acquireMode(m, writer))
+	}
+
+	// A waiter that stops re-trying stops blocking after its TTL.
+	p1 = h.acquireMode(m, page(hPage1, "page-1", backend.Exclusive))
+	writer.WaitID = "set-writer-wait-4"
+	writer.TTL = h.env.ShortTTL
+	h.heldBy(m, writer, p1)
+	blockedBy("writer registered with a short TTL", page(hPage2, "page-2", backend.Exclusive), hSet, 1, nil)
+	var p2l backend.Lease
+	h.eventually("expiry of the file-set writer's registration", writer.TTL, func() (bool, string) {
+		l, err := b.AcquireMode(h.ctx, page(hPage2, "page-2", backend.Exclusive))
+		if err != nil {
+			if !errors.Is(err, backend.ErrHeld) {
+				t.Fatalf("page lock: got %v, want nil or ErrHeld", err)
+			}
+			return false, fmt.Sprintf("still refused: %v", err)
+		}
+		p2l = l
+		return true, ""
+	})
+	h.release(b, p2l)
+	h.release(m, p1)
 }
 
 // testModesIntentExpires: the intents of a lock that expires end with it.

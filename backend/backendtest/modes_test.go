@@ -38,6 +38,7 @@ var modeMutations = map[string][]string{
 	"keeps-wait-ids":                 {"ModesBoundedState"},
 	"restart-keeps-entries":          {"ModesRestartLosingData"},
 	"waiter-not-refreshed":           {"ModesWriterPreference"},
+	"ancestor-waiters-ignored":       {"ModesAncestorWaiters"},
 }
 
 func init() {
@@ -55,10 +56,15 @@ type brokenModes struct {
 }
 
 func (b *brokenModes) ModeSupport() backend.ModeSupport {
-	if b.name == "unsupported-silently-exclusive" {
+	ms := b.Backend.ModeSupport()
+	switch b.name {
+	case "unsupported-silently-exclusive":
 		return backend.ModeSupport{}
+	case "ancestor-waiters-ignored":
+		// Claims the rule; the client below was told not to apply it.
+		ms.AncestorWaiters = true
 	}
-	return b.Backend.ModeSupport()
+	return ms
 }
 
 func (b *brokenModes) AcquireMode(ctx context.Context, req backend.ModeRequest) (backend.Lease, error) {
