@@ -19,37 +19,70 @@ var (
 	_ backend.AcquireConfirmer = (*Backend)(nil)
 )
 
-// maxBatchKeys bounds the keys one batch script touches, so that a script
-// never blocks the server for long (about 3 µs a key).
+// maxBatchKeys bounds the items (leases or heartbeats) one batch script
+// serves, so that a script never blocks the server for long (about 3 µs a
+// key).
 const maxBatchKeys = 256
 
 // renewManyScript renews many leases, each exactly as renewScript does
-// (owner check, PEXPIRE, HSET renewed_at and ttl; keep the two in step).
-// KEYS are lease keys of one hash slot; ARGV holds holder, token and ttl ms
-// for each key in turn. It returns one status per key: OK, LOST, or an
-// array of WRONGTYPE, the key and a description of the foreign data found.
+// (owner check, PEXPIRE, HSET renewed_at and ttl; keep the two in step),
+// and refreshes the heartbeat record of a lease's holder when asked to.
+// ARGV holds holder, token, ttl ms and heartbeat ttl ms for each lease in
+// turn; KEYS are, for each lease in turn, its key and, when its heartbeat
+// ttl is not 0, its holder's heartbeat record and the members set, all of
+// one hash slot. It returns one status per lease: OK (renewed), OKH
+// (renewed, and the heartbeat refreshed), LOST, or an array of WRONGTYPE,
+// the key and a description of the foreign data found.
+//
+// The heartbeat refresh is heartbeatManyScript's write (keep the two in
+// step) with one difference: it runs only after the lease's owner check
+// passed, and only on a record that is there and is one of ours (a hash
+// with the fields at and ttl) in a members set that is a set; otherwise
+// it writes nothing and the lease's status is OK, so a missing record is
+// never created here (HeartbeatBatch writes it) and foreign data is never
+// touched (HeartbeatBatch reports it).
 var renewManyScript = redis.NewScript(luaBase + `
 local out = {}
 local now
-for i, k in ipairs(KEYS) do
-  local a = (i - 1) * 3
-  local holder, token, ttl = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local f = redis.pcall('HMGET', k, 'holder', 'token', 'term', 'modes')
+local k = 0
+for i = 1, #ARGV / 4 do
+  local a = (i - 1) * 4
+  local holder, token, ttl, hbttl = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  k = k + 1
+  local lk, hk, mk = KEYS[k], nil, nil
+  if hbttl ~= '0' then
+    hk, mk = KEYS[k + 1], KEYS[k + 2]
+    k = k + 2
+  end
+  local f = redis.pcall('HMGET', lk, 'holder', 'token', 'term', 'modes')
   if failed(f) then
-    out[i] = {'WRONGTYPE', k, 'a ' .. ktype(k)}
+    out[i] = {'WRONGTYPE', lk, 'a ' .. ktype(lk)}
   elseif f[4] == '1' and not f[1] then -- entries of backend.Modes, as in check_owner
     out[i] = 'LOST'
   elseif f[1] and f[2] and tonumber(f[3] or '') then
     if f[1] == holder and f[2] == token then
-      redis.call('PEXPIRE', k, ttl)
+      redis.call('PEXPIRE', lk, ttl)
       now = now or fmt(now_ms())
-      redis.call('HSET', k, 'renewed_at', now, 'ttl', ttl)
+      redis.call('HSET', lk, 'renewed_at', now, 'ttl', ttl)
       out[i] = 'OK'
+      if hk then
+        -- An error reply (foreign data) has no [1] either.
+        local v = redis.pcall('HMGET', hk, 'at', 'ttl')
+        if tonumber(v[1] or '') and tonumber(v[2] or '') and
+            not failed(redis.pcall('SADD', mk, holder)) then
+          redis.call('HSET', hk, 'at', now, 'ttl', hbttl)
+          redis.call('PEXPIRE', hk, hbttl)
+          if redis.call('PTTL', mk) < tonumber(hbttl) then
+            redis.call('PEXPIRE', mk, hbttl)
+          end
+          out[i] = 'OKH'
+        end
+      end
     else
       out[i] = 'LOST'
     end
-  elseif f[1] or f[2] or f[3] or redis.call('EXISTS', k) == 1 then
-    out[i] = {'WRONGTYPE', k, no_lease_fields}
+  elseif f[1] or f[2] or f[3] or redis.call('EXISTS', lk) == 1 then
+    out[i] = {'WRONGTYPE', lk, no_lease_fields}
   else
     out[i] = 'LOST'
   end
@@ -91,9 +124,18 @@ return out
 
 // RenewBatch implements backend.BatchRenewer: one script per hash slot (one
 // for every key on a single server) of at most 256 keys, all sent in one
-// pipeline (on a Cluster, one round trip per master). Leases of Modes entries, and every lease when WaitReplicas is
-// set (a renewal then waits for replicas), are renewed one by one with
-// Renew.
+// pipeline (on a Cluster, one round trip per master). Leases of Modes
+// entries, and every lease when WaitReplicas is set (a renewal then waits
+// for replicas), are renewed one by one with Renew.
+//
+// A renewal also covers its holder's heartbeat: when HeartbeatBatch of
+// this Backend keeps writing the record of the lease's holder ID for the
+// lease's key (the elector's heartbeat of a leader), the script that renews
+// the lease refreshes that record too (its at, its TTL, the members set's
+// expiry) if it is there and is ours, and HeartbeatBatch then finds it
+// fresh and sends nothing for it: an idle leader sends its renewals and no
+// heartbeat. A record found missing or foreign is left alone and the next
+// HeartbeatBatch writes (or reports) it.
 func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
 	errs := make([]error, len(leases))
 	if err := b.begin(ctx); err != nil {
@@ -101,7 +143,10 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 		return errs
 	}
 	var calls []batchScriptCall
-	groups := map[string]int{} // hash tag → index in calls of its open group
+	groups := map[string]int{}                   // hash tag → index in calls of its open group
+	hbKeys := make([]string, len(leases))        // the holder's heartbeat record refreshed, or ""
+	hbTTLs := make([]time.Duration, len(leases)) // and its TTL
+	now := time.Now()                            // before sending: a record refreshed lives its TTL from at least now
 	for i, l := range leases {
 		if l.Entry != nil || b.waitN > 0 {
 			errs[i] = b.Renew(ctx, l)
@@ -111,8 +156,8 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 			errs[i] = err
 			continue
 		}
-		lease, _, _ := b.leaseKeys(l.Key)
-		g := b.group(calls, groups, lease, 1)
+		lease, _, hb := b.leaseKeys(l.Key)
+		g := b.group(calls, groups, lease)
 		if g < 0 {
 			g = len(calls)
 			calls = append(calls, batchScriptCall{})
@@ -120,7 +165,13 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 		}
 		c := &calls[g]
 		c.keys = append(c.keys, lease)
-		c.args = append(c.args, l.HolderID, l.Token, ttlMillis(l.TTL))
+		var hbTTL any = 0
+		if ttl, ok := b.beats.active(hb+l.HolderID, now); ok {
+			hbKeys[i], hbTTLs[i] = hb+l.HolderID, ttl
+			c.keys = append(c.keys, hb+l.HolderID, b.keyBase(l.Key)+":members")
+			hbTTL = ttlMillis(ttl)
+		}
+		c.args = append(c.args, l.HolderID, l.Token, ttlMillis(l.TTL), hbTTL)
 		c.items = append(c.items, i)
 	}
 	b.runBatch(ctx, renewManyScript, calls, func(i int, reply any, err error) {
@@ -132,7 +183,12 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 		switch status, err := itemStatus("renew", l.Key, reply); {
 		case err != nil:
 			errs[i] = err
+		case status == "OKH":
+			b.beats.refreshed(hbKeys[i], hbTTLs[i], now)
 		case status == "OK":
+			if hbKeys[i] != "" {
+				b.beats.forget(hbKeys[i]) // missing or foreign: HeartbeatBatch sees to it
+			}
 		case status == "LOST":
 			errs[i] = fmt.Errorf("redisbackend: renew %q (term %d): %w", l.Key, l.Term, backend.ErrLeaseLost)
 		default:
@@ -166,7 +222,7 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRe
 		if b.beats.fresh(hb+r.ID, r.TTL, now) {
 			continue // the record outlives the next batch by a quarter of its TTL
 		}
-		g := b.group(calls, groups, hb+r.ID, 2)
+		g := b.group(calls, groups, hb+r.ID)
 		if g < 0 {
 			g = len(calls)
 			calls = append(calls, batchScriptCall{})
@@ -208,6 +264,12 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRe
 // through this Backend (RemoveMember) is written by the next batch; one lost
 // otherwise (RemoveMember by another instance, a restart without data) is
 // written again within three quarters of its TTL.
+//
+// RenewBatch refreshes, with the lease of the same key and holder ID, the
+// records that batches keep asking for (active) and notes it (refreshed):
+// a leader's record is then always fresh, and its heartbeat batches send
+// nothing. A renewal that finds the record missing or foreign forgets it,
+// so the next batch writes it.
 type beats struct {
 	mu    sync.Mutex
 	m     map[string]beat // record key → its last write
@@ -250,6 +312,35 @@ func (s *beats) wrote(key string, ttl time.Duration, sent time.Time) {
 		bt.gap = sent.Sub(bt.asked)
 	}
 	bt.written, bt.asked, bt.ttl = sent, sent, ttl
+	s.m[key] = bt
+}
+
+// active reports whether batches keep asking for the record at key (the
+// last one did within one and a half gaps between batches, or half its
+// TTL if that is longer), so that a renewal at now may refresh it; and the
+// TTL they ask for. A record nobody asks for any more (its instance
+// stopped heartbeating for the key) is not kept alive by renewals.
+func (s *beats) active(key string, now time.Time) (time.Duration, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	bt, ok := s.m[key]
+	if !ok || now.Sub(bt.asked) > max(bt.gap+bt.gap/2, bt.ttl/2) {
+		return 0, false
+	}
+	return bt.ttl, true
+}
+
+// refreshed notes that a renewal sent at sent refreshed the record at key
+// with ttl. It changes nothing when batches ask for the record with
+// another TTL or forgot it meanwhile.
+func (s *beats) refreshed(key string, ttl time.Duration, sent time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	bt, ok := s.m[key]
+	if !ok || bt.ttl != ttl || !sent.After(bt.written) {
+		return
+	}
+	bt.written = sent
 	s.m[key] = bt
 }
 
@@ -316,10 +407,10 @@ func keySlot(key string) uint16 {
 }
 
 // group returns the index in calls of the open group for key, or -1 when
-// there is none or it is full (keysPer keys per item).
-func (b *Backend) group(calls []batchScriptCall, groups map[string]int, key string, keysPer int) int {
+// there is none or it is full (maxBatchKeys items).
+func (b *Backend) group(calls []batchScriptCall, groups map[string]int, key string) int {
 	g, ok := groups[b.groupTag(key)]
-	if !ok || len(calls[g].keys)+keysPer > maxBatchKeys*keysPer {
+	if !ok || len(calls[g].items) >= maxBatchKeys {
 		return -1
 	}
 	return g

@@ -126,11 +126,12 @@
 //
 // Each operation is one EVALSHA. With the elector's defaults (TTL 10 s,
 // renewal every 3.3 s, heartbeat batches every 5 s, records of 15 s
-// rewritten every 10 s: see HeartbeatBatch) an idle leader sends about 24
-// scripts a minute (18 renewals, 6 heartbeats) and an idle follower about
-// 12 (6 heartbeats, about 6 acquisition attempts scheduled from the
-// lease's remaining TTL), plus 4 PINGs a minute each on the watch
-// connection.
+// rewritten every 10 s: see HeartbeatBatch) an idle leader sends about 18
+// scripts a minute, its renewals, each of which also refreshes the
+// leader's own heartbeat record, so that no heartbeat is left to send (see
+// RenewBatch), and an idle follower about 12 (6 heartbeats, about 6
+// acquisition attempts scheduled from the lease's remaining TTL), plus 4
+// PINGs a minute each on the watch connection.
 //
 // # Fencing terms
 //
