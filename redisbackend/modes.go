@@ -31,6 +31,9 @@ import (
 //     and the hash goes with its last live waiter (counter included).
 //   - A hierarchy's keys are all in one hash slot, so one script reaches
 //     them on Cluster: see Hierarchies and Cluster in the package doc.
+//     AcquireMode of a hierarchical lock that is not Fair reads its
+//     ancestors' waiter tickets in the same script: an Exclusive waiter
+//     above refuses it (ModeSupport.AncestorWaiters).
 //
 // Cost: a script reads every entry of its key (and of each ancestor, for
 // AcquireMode): O(entries) per operation, where a plain lease is O(1). A
@@ -38,9 +41,9 @@ import (
 // every hierarchical acquisition and release in its tree reads (only each
 // intent's expiry, unless it conflicts). Every operation is one round
 // trip; on the server (TestModesRoundTrips counts them) AcquireMode of a
-// free key runs 8 commands (14 with two ancestors), Renew of an entry 5
-// (13 with two ancestors), Release 6 (14), a failed AcquireMode 4 to 8,
-// Holders and Get 3 or 4. BenchmarkModes measured about 30 µs of server
+// free key runs 8 commands (16 with two ancestors, whose lease hashes and
+// waiter tickets it reads), Renew of an entry 5 (13 with two ancestors),
+// Release 6 (14), a failed AcquireMode 4 to 10, Holders and Get 3 or 4. BenchmarkModes measured about 30 µs of server
 // time per plain Acquire+Release pair of a lock key, 50 to 65 for an
 // Exclusive or Shared entry, 120 for a page with two ancestors under a
 // root holding 10 other pages.
@@ -48,9 +51,10 @@ import (
 var _ backend.Modes = (*Backend)(nil)
 
 // ModeSupport implements backend.Modes: Shared (with and without a limit),
-// hierarchies, fair queueing and writer preference are all supported.
+// hierarchies, fair queueing, writer preference and the Exclusive waiters of
+// an ancestor blocking new hierarchical locks below it are all supported.
 func (b *Backend) ModeSupport() backend.ModeSupport {
-	return backend.ModeSupport{Shared: true, Hierarchical: true, Fair: true, WriterFirst: true}
+	return backend.ModeSupport{Shared: true, Hierarchical: true, Fair: true, WriterFirst: true, AncestorWaiters: true}
 }
 
 // AcquireMode implements backend.Modes, in one script (one round trip; with
@@ -91,7 +95,7 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 	if req.Fair {
 		fair = "1"
 	}
-	keys := make([]string, 0, 3+len(req.Ancestors))
+	keys := make([]string, 0, 3+2*len(req.Ancestors))
 	keys = append(keys, base, base+":term", base+":waiters")
 	args := make([]any, 0, 12+len(req.Ancestors)+2*len(req.Metadata))
 	args = append(args, req.HolderID, token, ttl, ttlMillis(b.termKeep), mode, strconv.Itoa(req.Limit), fair,
@@ -99,6 +103,9 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 	for _, a := range req.Ancestors {
 		keys = append(keys, b.keyBase(a))
 		args = append(args, a)
+	}
+	for _, a := range req.Ancestors {
+		keys = append(keys, b.keyBase(a)+":waiters")
 	}
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
@@ -308,9 +315,11 @@ func (b *Backend) entryResult(op string, l backend.Lease, reply []any, waitErr, 
 
 // parseHeld decodes the reply of a failed acquisition of key: HELD (or
 // HELDM), the number of waiters yielded to, the number of conflicting
-// records, those records, then possibly the key's oldest holder, which
-// stands in for Holder when no record conflicts (the acquisition yielded to
-// waiters only).
+// records, those records, then possibly the key's (or, when it yielded to an
+// ancestor's Exclusive waiters, that ancestor's) oldest holder, which stands
+// in for Holder when no record conflicts (the acquisition yielded to waiters
+// only), or the ancestor's key alone, a string, when the ancestor has no
+// holder.
 func parseHeld(key string, reply []any) (*backend.HeldError, error) {
 	if len(reply) < 3 {
 		return nil, fmt.Errorf("short reply %#v", reply)
@@ -318,6 +327,11 @@ func parseHeld(key string, reply []any) (*backend.HeldError, error) {
 	n := int(num(reply[2]))
 	if n < 0 || len(reply) < 3+n {
 		return nil, fmt.Errorf("bad reply %#v", reply)
+	}
+	if n == 0 && len(reply) == 4 {
+		if above, ok := reply[3].(string); ok {
+			return &backend.HeldError{Waiting: int(max(0, num(reply[1]))), Holder: backend.Record{Key: above}}, nil
+		}
 	}
 	recs, err := parseRecords(key, reply[3:])
 	if err != nil {

@@ -260,13 +260,22 @@ end
 `
 
 // acquireModeScript: KEYS lease hash, term counter, waiters, then each
-// ancestor's lease hash; ARGV holder, token, ttl ms, TermRetention ms, mode
-// (x or s), limit, fair (1 or 0), wait ID (empty: none), publish command
-// (empty: none), channel, the key, the number of ancestors, the ancestors'
-// keys, then metadata name/value pairs. Returns OK and the term; HELD, the
-// number of waiters yielded to, the number of conflicting records, those
-// records in term order, then the key's oldest holder's record when no
-// record conflicts; or MISMATCH and the live holders' limit.
+// ancestor's lease hash, then each ancestor's waiters hash; ARGV holder,
+// token, ttl ms, TermRetention ms, mode (x or s), limit, fair (1 or 0), wait
+// ID (empty: none), publish command (empty: none), channel, the key, the
+// number of ancestors, the ancestors' keys, then metadata name/value pairs.
+// Returns OK and the term; HELD, the number of waiters yielded to, the
+// number of conflicting records, those records in term order, then, when no
+// record conflicts, the record of the key's oldest holder or, when the
+// acquisition yielded to the Exclusive waiters of an ancestor, that
+// ancestor's oldest holder's record (or just the ancestor's key, a string,
+// when it has none); or MISMATCH and the live holders' limit.
+//
+// The Exclusive waiters of an ancestor (those of the first ancestor,
+// outermost first, that has any) refuse a hierarchical acquisition that is
+// not Fair, whatever its mode: backend.ModeSupport.AncestorWaiters. The
+// ancestors' waiter tickets are in the tree's hash slot, read in the same
+// script.
 var acquireModeScript = redis.NewScript(luaBase + luaChunked + modesLua + `
 local max_term = 9007199254740991
 local t = redis.call('TIME')
@@ -321,6 +330,22 @@ for _, x in ipairs(w.ws) do
     end
   end
 end
+-- above: the first ancestor, outermost first, with live Exclusive waiters.
+local above = nil
+if not fair then
+  for i = 1, na do
+    local aw, awbad = load_waiters(KEYS[3 + na + i], now)
+    if awbad then return awbad end
+    local nx = 0
+    for _, x in ipairs(aw.ws) do
+      if x.m == 'x' then nx = nx + 1 end
+    end
+    if nx > 0 then
+      above, waiting = i, waiting + nx
+      break
+    end
+  end
+end
 if #conflicts > 0 or waiting > 0 then
   if wid ~= '' and (fair or mode == 'x') then
     local exp = now + tonumber(ARGV[3])
@@ -333,7 +358,16 @@ if #conflicts > 0 or waiting > 0 then
   table.sort(conflicts, by_term_key)
   local out = {'HELD', waiting, #conflicts}
   for _, x in ipairs(conflicts) do out[#out + 1] = x.r end
-  if #conflicts == 0 and #st.holders > 0 then out[#out + 1] = rec('', KEYS[1], st.holders[1], now) end
+  if #conflicts == 0 and above then
+    local ast = anc[above]
+    if #ast.holders > 0 then
+      out[#out + 1] = rec(ARGV[12 + above], KEYS[3 + above], ast.holders[1], now)
+    else
+      out[#out + 1] = ARGV[12 + above]
+    end
+  elseif #conflicts == 0 and #st.holders > 0 then
+    out[#out + 1] = rec('', KEYS[1], st.holders[1], now)
+  end
   return out
 end
 local cur = redis.pcall('GET', KEYS[2])

@@ -201,6 +201,17 @@ func TestModesRoundTrips(t *testing.T) {
 			_, err := b.AcquireMode(ctx, req("lock/f/set", "b", backend.Exclusive, 0, "lock/f"))
 			return held(err)
 		}},
+		{"AcquireMode Exclusive ancestor, fails, registers", func() error {
+			r := req("lock/f/set", "b", backend.Exclusive, 0, "lock/f")
+			r.WaitID = "fw"
+			_, err := b.AcquireMode(ctx, r)
+			return held(err)
+		}},
+		{"AcquireMode page, fails (Exclusive waiter above)", func() error {
+			_, err := b.AcquireMode(ctx, req("lock/f/set/p2", "c", backend.Exclusive, 0, "lock/f", "lock/f/set"))
+			return held(err)
+		}},
+		{"CancelWait ancestor", func() error { return b.CancelWait(ctx, "lock/f/set", "fw") }},
 		{"Release entry, 2 ancestors", func() error { return b.Release(ctx, page) }},
 		{"AcquireMode Shared Fair (free key), then Release", func() error {
 			r := req("lock/q", "a", backend.Shared, 0)
