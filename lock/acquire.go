@@ -65,13 +65,16 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 // backend error). opts may be nil.
 //
 // On a backend with backend.Modes, an Exclusive Acquire that finds Shared
-// holders registers as a waiter (when ModeSupport has WriterFirst), which
-// refuses new Shared holders until it is served (writer preference), and a
-// Fair Acquire registers in line at its first attempt. The registration is
-// kept alive by re-trying at least every third of the TTL, and withdrawn
-// (CancelWait) when the wait ends without the lock; a waiter that crashed
-// stops counting after its TTL. A hierarchical Acquire blocked by a holder
-// of an ancestor also watches that ancestor's key.
+// holders, or hierarchical locks below its key, registers as a waiter (when
+// ModeSupport has WriterFirst or AncestorWaiters), which refuses new Shared
+// holders until it is served (writer preference) and, with
+// AncestorWaiters, new hierarchical locks below its key (so a stream of
+// locks below cannot starve it); a Fair Acquire registers in line at its
+// first attempt. The registration is kept alive by re-trying at least every
+// third of the TTL, and withdrawn (CancelWait) when the wait ends without
+// the lock; a waiter that crashed stops counting after its TTL. A
+// hierarchical Acquire blocked by a holder of an ancestor, or by an
+// ancestor's Exclusive waiters, also watches that ancestor's key.
 func (l *Locker) Acquire(ctx context.Context, key string, opts *AcquireOptions) (lk *Lock, err error) {
 	start := time.Now()
 	defer func() { l.acquired(key, start, err) }()
@@ -166,10 +169,15 @@ func (l *Locker) supports(p *params) error {
 	return nil
 }
 
-// writerFirst reports whether an Exclusive waiter registers, refusing new
-// Shared holders while it waits.
-func (l *Locker) writerFirst() bool {
-	return l.modes != nil && l.modes.ModeSupport().WriterFirst
+// exclusiveWaits reports whether an Exclusive waiter registers: it then
+// refuses new Shared holders (WriterFirst) and new hierarchical locks below
+// its key (AncestorWaiters) while it waits.
+func (l *Locker) exclusiveWaits() bool {
+	if l.modes == nil {
+		return false
+	}
+	ms := l.modes.ModeSupport()
+	return ms.WriterFirst || ms.AncestorWaiters
 }
 
 // acquireHead is Acquire for the head of the key's local queue.
@@ -185,14 +193,16 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		}
 	}()
 	// waitID registers this wait at the store: an Exclusive waiter blocks
-	// new Shared holders (writer preference), a Fair one keeps its place.
-	// A plain Exclusive lock stays on the fast path (backend.Acquire) while
-	// only Exclusive holders stand in its way, and registers, through
-	// AcquireMode, once it finds Shared holders: readers that slipped in at
-	// a release are the last to go before it.
+	// new Shared holders (writer preference) and new hierarchical locks
+	// below its key, a Fair one keeps its place. A plain Exclusive lock
+	// stays on the fast path (backend.Acquire) while only Exclusive holders
+	// of its key stand in its way, and registers, through AcquireMode, once
+	// it finds Shared holders or locks below: readers that slipped in at a
+	// release, and the locks below taken before it registered, are the last
+	// to go before it.
 	var waitID string
 	register := p.modes()
-	if p.fair || (p.mode == Exclusive && l.writerFirst()) {
+	if p.fair || (p.mode == Exclusive && l.exclusiveWaits()) {
 		waitID = backend.NewToken()
 	}
 	registered := false // an attempt carried waitID: the store may hold it
@@ -228,7 +238,7 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		case errors.As(err, &held):
 			q.setLastHeld(held)
 			failures = 0
-			if waitID != "" && !register && sharedHolder(key, held) {
+			if waitID != "" && !register && (sharedHolder(key, held) || lockBelow(key, held)) {
 				register = true
 				continue // register at once, through AcquireMode
 			}
@@ -292,15 +302,36 @@ func sharedHolder(key string, held *HeldError) bool {
 	return false
 }
 
+// lockBelow reports whether held names a lock below key (its intent on
+// key is in the way).
+func lockBelow(key string, held *HeldError) bool {
+	for _, r := range held.Holders {
+		if isAncestor(key, r.Key) {
+			return true
+		}
+	}
+	return false
+}
+
 // blockingAncestor returns the lock key of an ancestor of key whose holder
-// is among held's holders, or "".
+// is among held's holders, or whose Exclusive waiters refused the attempt
+// (then Holders is empty and Holder.Key is that ancestor), or "".
 func blockingAncestor(key string, held *HeldError) string {
 	for _, r := range held.Holders {
-		if len(r.Key) < len(key) && strings.HasPrefix(key, r.Key) && key[len(r.Key)] == '/' {
+		if isAncestor(r.Key, key) {
 			return r.Key
 		}
 	}
+	if len(held.Holders) == 0 && isAncestor(held.Holder.Key, key) {
+		return held.Holder.Key
+	}
 	return ""
+}
+
+// isAncestor reports whether lock key a is an ancestor of lock key k in a
+// hierarchy ("a" of "a/b", not of "ab").
+func isAncestor(a, k string) bool {
+	return a != "" && len(a) < len(k) && strings.HasPrefix(k, a) && k[len(a)] == '/'
 }
 
 // minTTL returns the least TTL left among held's holders, and false when it

@@ -44,7 +44,13 @@
 //   - Hierarchical: "/" in the key are levels. A lock on "a/b/c" takes
 //     intent on "a" and "a/b" atomically with itself, so it conflicts with
 //     an Exclusive lock on "a" or "a/b", and an Exclusive lock on "a" waits
-//     for every hierarchical lock below it.
+//     for every hierarchical lock below it. While it waits, it refuses new
+//     hierarchical locks below "a" (when ModeSupport has AncestorWaiters:
+//     memory, Redis and etcd), so a stream of locks below cannot starve it;
+//     as with any writer-preferring reader-writer lock, a goroutine that
+//     holds "a/b" and then waits for "a/c" waits for that Exclusive waiter,
+//     which waits for "a/b", until one of them gives up: bound such waits
+//     with a context.
 //   - Fair: waiters are served first come, first served, across processes.
 //
 // A backend without the capability an option needs makes the acquisition

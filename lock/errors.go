@@ -67,7 +67,10 @@ type HeldError struct {
 	// When several holders conflict (Shared holders, locks below a
 	// hierarchical key), it is the oldest of them. When the attempt
 	// yielded only to waiters (Holders is empty, Waiting is not), it is
-	// the key's oldest holder, if any, or a record with only Key set.
+	// the key's oldest holder, if any, or a record with only Key set; when
+	// those waiters are the Exclusive waiters of an ancestor of a
+	// hierarchical key, Holder.Key is that ancestor (and Holder its oldest
+	// holder, if any).
 	Holder backend.Record
 	// Holders is every conflicting holder, in term order, with lock keys:
 	// the Shared holders of the key, an Exclusive holder of an ancestor of
@@ -77,8 +80,9 @@ type HeldError struct {
 	Holders []backend.Record
 	// Waiting is the number of waiters registered on the key that the
 	// attempt had to yield to: an Exclusive waiter ahead of a Shared
-	// acquisition (writer preference) or, with Fair, earlier waiters; 0
-	// when none or when the backend does not say.
+	// acquisition (writer preference), the Exclusive waiters of an
+	// ancestor ahead of a hierarchical acquisition (not Fair) or, with
+	// Fair, earlier waiters; 0 when none or when the backend does not say.
 	Waiting int
 	// Err is why a wait ended (ctx.Err()), or nil for a single attempt.
 	Err error
@@ -99,6 +103,9 @@ func (e *HeldError) Error() string {
 	}
 	fmt.Fprintf(&b, "lock %q", e.Key)
 	switch {
+	case len(e.Holders) == 0 && e.Waiting > 0 && h.Key != "" && h.Key != e.Key:
+		fmt.Fprintf(&b, " has %d exclusive waiting ahead on lock %q", e.Waiting, h.Key)
+		h = backend.Record{}
 	case len(e.Holders) == 0 && e.Waiting > 0:
 		fmt.Fprintf(&b, " has %d waiting ahead", e.Waiting)
 		h = backend.Record{}
