@@ -247,6 +247,75 @@ func TestResignHandsOverAtOnce(t *testing.T) {
 	})
 }
 
+// A resigned elector sitting out learns its successor from the successor's
+// acquisition event, with one read of the store; seeing its own release it
+// knows that nobody leads and reads nothing (that read would tell nothing
+// and load the store just as the successor acquires).
+func TestSittingOutReadsOnlyAfterAcquisition(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		var gets [2]atomic.Int32
+		es := make([]*sovereign.Elector, 2)
+		for i := range es {
+			cl := store.Client()
+			h := &hooked{Backend: cl}
+			h.onGet = func(context.Context, string) (backend.Record, error, bool) {
+				gets[i].Add(1)
+				return backend.Record{}, nil, false
+			}
+			e, err := sovereign.New(h, "election", "n"+string(rune('1'+i)), fastOpts())
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			t.Cleanup(func() {
+				e.Close()
+				cl.Close()
+			})
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatalf("Start: %v", err)
+			}
+			es[i] = e
+		}
+		var ls []*sovereign.Elector
+		for len(ls) != 1 {
+			time.Sleep(time.Millisecond)
+			ls = electortest.Leaders(es...)
+		}
+		li := 0
+		if ls[0] == es[1] {
+			li = 1
+		}
+		ni := 1 - li
+		synctest.Wait()
+		var mu sync.Mutex
+		var known []string // the leaders the resigned elector learns of
+		unsubscribe := es[li].Subscribe(func(ev sovereign.Event) {
+			if lc, ok := ev.(sovereign.LeaderChanged); ok {
+				mu.Lock()
+				known = append(known, lc.Leader.HolderID)
+				mu.Unlock()
+			}
+		})
+		defer unsubscribe()
+		before := gets[li].Load()
+		if err := es[li].Resign(t.Context()); err != nil {
+			t.Fatalf("Resign: %v", err)
+		}
+		synctest.Wait() // the successor acquires; the resigned elector sees both events
+		if !es[ni].IsLeader() {
+			t.Fatal("the other elector does not lead after the Resign")
+		}
+		if got := gets[li].Load() - before; got != 1 {
+			t.Errorf("the resigned elector read the store %d times during the hand-over, want 1 (after the successor's acquisition)", got)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(known) == 0 || known[len(known)-1] != es[ni].ID() {
+			t.Errorf("leaders the resigned elector learned of: %q, want the last to be %q", known, es[ni].ID())
+		}
+	})
+}
+
 func TestRunReleasesOnlyAfterFnReturns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newCluster(t, 2, fastOpts())

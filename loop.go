@@ -110,7 +110,8 @@ func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Le
 			next = minTime(next, ls.nextHB)
 		}
 		if ev, woke := e.waitUntil(ctx, next); woke {
-			if ev.Type == backend.EventReleased || ev.Type == backend.EventExpired {
+			gone := ev.Type == backend.EventReleased || ev.Type == backend.EventExpired
+			if gone {
 				e.setLeader(Record{})
 				if canAttempt {
 					e.setState(Candidate)
@@ -119,8 +120,13 @@ func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Le
 			// A release, an expiry, a change or a re-established watch: look
 			// now rather than at the scheduled time.
 			ls.nextAttempt = time.Now()
-			if !canAttempt {
+			if !canAttempt && !gone {
 				// Sitting out: no attempt now, but keep knowing who leads.
+				// After a release or an expiry nobody leads, and the next
+				// acquisition comes as a change of its own: a read now
+				// would tell nothing new, and after this elector's own
+				// Resign it would load the store just as the successor
+				// acquires.
 				e.refreshLeader(ctx)
 			}
 		}
