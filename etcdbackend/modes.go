@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -51,9 +52,10 @@ const MaxLimit = 64
 
 // ModeSupport reports that the backend supports every part of
 // backend.Modes: Shared locks with and without a limit (at most MaxLimit),
-// hierarchies, fair queueing and writer preference.
+// hierarchies, fair queueing, writer preference, and writer preference
+// across a tree (Exclusive waiters on an ancestor block new locks below).
 func (b *Backend) ModeSupport() backend.ModeSupport {
-	return backend.ModeSupport{Shared: true, Hierarchical: true, Fair: true, WriterFirst: true}
+	return backend.ModeSupport{Shared: true, Hierarchical: true, Fair: true, WriterFirst: true, AncestorWaiters: true}
 }
 
 // entryBase is the etcd key every entry key of key starts with; alone, it is
@@ -68,10 +70,14 @@ func (b *Backend) stateEnd(key string) string { return b.prefix + key + "\x01" }
 // the holders of one limit form one range.
 func limitPart(limit int) string { return fmt.Sprintf("%08x", limit) }
 
-// entryToken returns the token of an entry granted etcd lease id at
-// acquiredAt; slot is the slot of a limited Shared holder, or -1.
-func entryToken(id clientv3.LeaseID, acquiredAt time.Time, slot int) string {
+// entryToken returns the token of an entry on etcd lease id (onSession: a
+// session lease) acquired at acquiredAt; slot is the slot of a limited
+// Shared holder, or -1.
+func entryToken(id clientv3.LeaseID, acquiredAt time.Time, slot int, onSession bool) string {
 	t := newToken(id, acquiredAt)
+	if onSession {
+		t = newSessionToken(id, acquiredAt)
+	}
 	if slot >= 0 {
 		t += "-" + limitPart(slot)
 	}
@@ -143,12 +149,12 @@ func noneWithPrefix(p string) clientv3.Cmp {
 }
 
 // waitState is what the backend remembers of a registration it made, so
-// that a retry keeps its place in line (rev) and refreshes it with a
-// keep-alive of its etcd lease instead of a new grant.
+// that a retry keeps its place in line (rev) and refreshes it without a
+// write while it is still there.
 type waitState struct {
 	rev     int64            // create revision of the waiter key
 	mode    backend.Mode     // the mode of the waiter key
-	lease   clientv3.LeaseID // the etcd lease the waiter key is attached to
+	lease   clientv3.LeaseID // the session lease the waiter key is attached to
 	secs    int64            // the TTL it was asked for, in whole seconds
 	expires time.Time        // when it ends unless refreshed, by the local clock
 }
@@ -215,9 +221,11 @@ func txnOps(req backend.ModeRequest) int {
 	anc := len(req.Ancestors)
 	exclusive := req.Mode == backend.Exclusive
 	register := req.WaitID != "" && (exclusive || req.Fair)
-	cmps := 1 + 2*anc // lease records of the key and the ancestors, their Exclusive holders
+	// The lease records of the key and the ancestors, the ancestors'
+	// holders (all for Exclusive, the Exclusive ones for Shared).
+	cmps := 1 + 2*anc
 	if exclusive {
-		cmps += 2 + anc // holders, intents; the ancestors' Shared holders
+		cmps += 2 // holders, intents
 	} else {
 		cmps += 4 // Exclusive holders, Exclusive intents, 2 for the limit
 	}
@@ -228,16 +236,22 @@ func txnOps(req backend.ModeRequest) int {
 		cmps++
 	}
 	fail := 1 + anc // reads
-	regNeed := 0    // the nested transaction registering a Shared waiter
+	if !req.Fair {
+		cmps += anc // the ancestors' Exclusive waiters
+		fail += anc // and their count
+	}
+	regNeed := 0 // the nested transaction registering a Shared waiter
 	if register {
-		fail++
-		if !exclusive {
+		if exclusive {
+			fail += 2 // the other mode's key deleted, the put
+		} else {
+			fail++
 			regNeed = 2
 		}
 	}
 	ops := 1 + anc // the holder and its intents
 	if req.WaitID != "" {
-		ops++
+		ops += 2 // the registration deleted, in both modes
 	}
 	if exclusive || req.Limit == 0 {
 		return max(cmps, ops, fail) + regNeed
@@ -249,13 +263,17 @@ func txnOps(req backend.ModeRequest) int {
 
 // AcquireMode acquires req.Key in req.Mode, with intents on req.Ancestors,
 // in one etcd transaction whose comparisons encode every conflict of the
-// Modes contract. The entry gets its own etcd lease; a caller already
-// registered as a waiter by this Backend reuses its registration's lease
-// (refreshed by a keep-alive) instead of a new grant. On a conflict it
-// returns a *backend.HeldError listing the conflicting holders (with their
-// remaining TTLs, looked up in parallel) and, when req.WaitID is set and
-// the request is Exclusive or Fair, registers the waiter in the same
-// transaction.
+// Modes contract. Unless req.Detached, the entry and its intents are
+// attached to the session lease of the request's TTL, as Acquire's keys
+// are (see the package doc, "Sessions"): a success is that one transaction,
+// with a keep-alive of the session sent with it when the session has less
+// than the TTL left. A Detached request gets an etcd lease of its own,
+// granted first. On a conflict it returns a *backend.HeldError listing the
+// conflicting holders (with their remaining TTLs, looked up in parallel)
+// and, when req.WaitID is set and the request is Exclusive or Fair,
+// registers the waiter, on the session lease, in the same transaction.
+// When etcd says the session lease is gone, a new one is granted and the
+// acquisition tried again, once.
 func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (backend.Lease, error) {
 	secs, err := b.checkModeRequest(req)
 	if err != nil {
@@ -267,77 +285,23 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 	}
 	defer cancel()
 	op := fmt.Sprintf("acquire %q (%v)", req.Key, req.Mode)
-	var w waitState
-	if req.WaitID != "" {
-		w = b.waitStateOf(req.Key, req.WaitID)
-		if w.lease != 0 && w.mode != req.Mode {
-			// A registration in the other mode: not this request's
-			// place, and not reused; it is revoked once replaced.
-			w.rev, w.secs = 0, 0
-		}
-	}
-
-	// The etcd lease of the entry: the registration's, refreshed, or a
-	// new one.
-	var (
-		id      clientv3.LeaseID
-		granted int64
-		fresh   bool
-	)
-	if w.lease != 0 && w.secs == secs {
-		ttl, err := b.keepAliveOnce(ctx, w.lease)
-		switch {
-		case err == nil:
-			id, granted = w.lease, ttl
-			w.expires = time.Now().Add(time.Duration(ttl) * time.Second)
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			// The registration expired: it has no place in line any more.
-			b.forgetWait(req.Key, req.WaitID)
-			w = waitState{}
-		default:
-			return backend.Lease{}, fail(ctx, op+": keep-alive", err)
-		}
-	}
-	register := req.WaitID != "" && (req.Mode == backend.Exclusive || req.Fair)
-	if id != 0 {
-		b.setWaitState(req.Key, req.WaitID, w)
-	}
-	if b.seenHeld(req.Key) && (!register || id != 0) {
-		// The last attempt here found the key held, and no watch here has
-		// seen a holder go since: a read-only probe with the same
-		// comparisons answers without a grant, a revocation or a write
-		// (no raft proposal), as long as there is nothing to register
-		// (none asked, or the registration, just refreshed, is there).
-		cmps, _ := b.conflictCmps(req, w)
-		resp, err := b.cli.Txn(ctx).If(cmps...).Else(b.stateReads(req)...).Commit()
-		if err != nil {
-			return backend.Lease{}, fail(ctx, op+": probe", err)
-		}
-		if !resp.Succeeded && (!register || b.stillRegistered(req, id, resp.Responses[0].GetResponseRange().Kvs)) {
-			return backend.Lease{}, b.modeConflict(ctx, op, req, false, id, granted, false, w, resp.Responses, resp.Header.Revision)
-		}
-	}
-	if id == 0 {
-		grant, err := b.cli.Grant(ctx, secs)
-		if err != nil {
-			return backend.Lease{}, fail(ctx, op+": grant lease", err)
-		}
-		id, granted, fresh = grant.ID, grant.TTL, true
-	}
-
 	for attempt := 0; ; attempt++ {
-		lease, err := b.acquireOnce(ctx, op, req, register, id, granted, fresh, w)
+		lease, err := b.acquireModeOnce(ctx, op, req, secs)
+		// A Fair retry of a registration this Backend did not know of
+		// (made by another Backend, or forgotten): the failed transaction
+		// found nothing ahead of it and recorded its place in line, so it
+		// tries once more with it. A session lease found gone: once more
+		// on a new one.
 		var pos *staleWait
-		if attempt > 0 || !errors.As(err, &pos) {
+		if attempt > 0 || ctx.Err() != nil || (!errors.As(err, &pos) && !errors.Is(err, errSessionGone)) {
 			return lease, err
 		}
-		// A Fair retry of a registration this Backend did not know of
-		// (made by another Backend, or forgotten): the failed
-		// transaction found nothing ahead of it and told its place in
-		// line, so it tries once more with it.
-		w, fresh = pos.w, false
 	}
 }
+
+// errSessionGone reports that etcd no longer has the session lease an
+// acquisition used.
+var errSessionGone = errors.New("session lease gone")
 
 // stillRegistered reports whether kvs, a read of req.Key's state, hold
 // req's registration attached to etcd lease id.
@@ -352,86 +316,335 @@ func (b *Backend) stillRegistered(req backend.ModeRequest, id clientv3.LeaseID, 
 }
 
 // staleWait is the error of an acquisition that failed only because the
-// Backend did not know its registration's place in line; w is the
-// registration now.
-type staleWait struct{ w waitState }
+// Backend did not know its registration's place in line.
+type staleWait struct{}
 
 func (e *staleWait) Error() string { return "etcdbackend: registration not known here" }
 
-// acquireOnce runs the transaction of AcquireMode with etcd lease id
-// (fresh: granted for this call), and w, the registration as this Backend
-// knows it.
-func (b *Backend) acquireOnce(ctx context.Context, op string, req backend.ModeRequest, register bool, id clientv3.LeaseID,
-	granted int64, fresh bool, w waitState) (backend.Lease, error) {
-	t, err := b.buildAcquire(req, id, w)
-	if err != nil {
-		if fresh {
-			_, _ = b.cli.Revoke(ctx, id)
+// otherMode returns the mode that is not m.
+func otherMode(m backend.Mode) backend.Mode {
+	if m == backend.Exclusive {
+		return backend.Shared
+	}
+	return backend.Exclusive
+}
+
+// acquireModeOnce is one attempt of AcquireMode, with the request's TTL
+// in whole seconds.
+func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.ModeRequest, secs int64) (backend.Lease, error) {
+	exclusive := req.Mode == backend.Exclusive
+	register := req.WaitID != "" && (exclusive || req.Fair)
+	onSess := !req.Detached
+	sent := time.Now()
+
+	// The session lease: the entry's (unless Detached) and the
+	// registration's.
+	var s sessionState
+	if onSess || register {
+		var err error
+		if s, err = b.sessionLease(ctx, secs); err != nil {
+			return backend.Lease{}, fail(ctx, op+": grant session lease", err)
 		}
+	}
+	full := time.Duration(s.ttl) * time.Second
+	left := full - sent.Sub(s.lastSent)
+	// A key on the session lasts at least left after sent: when that is
+	// less than the TTL asked for, a keep-alive goes with the transaction
+	// (see acquireOnSession).
+	needKA := s.id != 0 && left < req.TTL
+
+	// The registration as this Backend knows it: on the current session
+	// only (one on a session since lost is gone with it), and its place in
+	// line only in the same mode.
+	var w waitState
+	if req.WaitID != "" {
+		w = b.waitStateOf(req.Key, req.WaitID)
+		switch {
+		case w.lease == 0 || w.lease != s.id:
+			w = waitState{}
+		case w.mode != req.Mode:
+			w.rev = 0
+		}
+	}
+	registeredHere := register && w.lease != 0 && w.mode == req.Mode
+
+	if b.seenHeld(req.Key) && (!register || registeredHere) {
+		// The last attempt here found the key held, and no watch here has
+		// seen a holder go since: a read-only probe with the same
+		// comparisons answers without a write (no raft proposal), as long
+		// as there is nothing to register (none asked, or the
+		// registration is there: the probe refreshes it, with a
+		// keep-alive of the session sent with it when needed).
+		var kaWait func() error
+		if needKA && registeredHere {
+			kaWait = b.sessionKeepAlive(ctx, s.id)
+		}
+		cmps, _ := b.conflictCmps(req, w)
+		resp, err := b.cli.Txn(ctx).If(cmps...).Else(b.stateReads(req)...).Commit()
+		var kaErr error
+		if kaWait != nil {
+			kaErr = kaWait()
+		}
+		if errors.Is(kaErr, rpctypes.ErrLeaseNotFound) {
+			b.sessionLost(s.id)
+			return backend.Lease{}, fmt.Errorf("etcdbackend: %s: %w", op, errSessionGone)
+		}
+		if err != nil {
+			return backend.Lease{}, fail(ctx, op+": probe", err)
+		}
+		if kaWait != nil && kaErr == nil {
+			// Kept alive after sent: a key on it lasts its full TTL.
+			needKA, left = false, full
+		}
+		if !resp.Succeeded && (!register || b.stillRegistered(req, s.id, resp.Responses[0].GetResponseRange().Kvs)) {
+			if register {
+				w.expires = sent.Add(req.TTL)
+				b.setWaitState(req.Key, req.WaitID, w)
+				b.noteRegistration(secs, s.id, b.waiterKey(req.Key, req.Mode, req.WaitID), req.Key, req.WaitID, w.expires)
+			}
+			return backend.Lease{}, b.modeConflict(ctx, op, req, false, s.id, 0, w, resp.Responses, resp.Header.Revision, sent)
+		}
+	}
+
+	// The entry's etcd lease: the session's, or (Detached) one of its own.
+	var (
+		id      clientv3.LeaseID
+		granted = s.ttl
+		fresh   clientv3.LeaseID // a grant of this call, revoked unless it holds the entry
+	)
+	if onSess {
+		id = s.id
+	} else {
+		grant, err := b.cli.Grant(ctx, secs)
+		if err != nil {
+			return backend.Lease{}, fail(ctx, op+": grant lease", err)
+		}
+		id, granted, fresh = grant.ID, grant.TTL, grant.ID
+	}
+	revokeFresh := func() {
+		if fresh != 0 && ctx.Err() == nil {
+			_, _ = b.cli.Revoke(ctx, fresh)
+		}
+	}
+	t, err := b.buildAcquire(req, id, s.id, onSess, w)
+	if err != nil {
+		revokeFresh()
 		return backend.Lease{}, fmt.Errorf("etcdbackend: %s: %w", op, err)
 	}
+	var kaWait func() error
+	if needKA {
+		kaWait = b.sessionKeepAlive(ctx, s.id)
+	}
+	if s.id != 0 {
+		b.setPendingMode(req, 1)
+		defer b.setPendingMode(req, -1) // after the keys are recorded
+	}
 	resp, err := b.cli.Txn(ctx).If(t.cmps...).Then(t.then...).Else(t.fail...).Commit()
+	var kaErr error
+	if kaWait != nil {
+		kaErr = kaWait()
+	}
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// Nothing was written: a lease the transaction attaches keys to
+		// is gone (the session's; a grant just made lives on).
+		revokeFresh()
+		b.sessionLost(s.id)
+		return backend.Lease{}, fmt.Errorf("etcdbackend: %s: %w", op, errSessionGone)
+	}
 	if err != nil {
-		// The outcome is unknown: the lease may hold the key. Revoking it
-		// frees the key (and drops a registration attached to it: the
-		// caller registers again).
-		if ctx.Err() == nil {
-			_, _ = b.cli.Revoke(ctx, id)
+		// The outcome is unknown: the entry may be held, by nobody. A
+		// grant of its own is revoked (which frees it); on the session,
+		// it is deleted in the background. A registration it may have
+		// made is withdrawn at its TTL unless a retry refreshes it.
+		if fresh != 0 {
+			revokeFresh()
+		} else {
+			b.cleanUpEntries(req, id, t.tokens())
 		}
-		if req.WaitID != "" {
-			b.forgetWait(req.Key, req.WaitID)
+		if register {
+			b.noteRegistration(secs, s.id, b.waiterKey(req.Key, req.Mode, req.WaitID), req.Key, req.WaitID, sent.Add(req.TTL))
 		}
 		return backend.Lease{}, fail(ctx, op, err)
 	}
 
 	failed := resp.Responses
-	slot := -1
+	token := ""
 	if resp.Succeeded {
 		failed = nil
+		token = t.token
 		if t.slots > 0 {
 			// Walk the chain of slot transactions to the one that won.
 			r := resp.Responses[0].GetResponseTxn()
 			for i := 0; ; i++ {
 				if r.Succeeded {
-					slot = i
+					token = t.slotTokens[i]
 					break
 				}
 				if i == t.slots-1 {
-					failed = r.Responses
+					failed, token = r.Responses, ""
 					break
 				}
 				r = r.Responses[0].GetResponseTxn()
 			}
 		}
 	}
-	if failed == nil {
-		token := t.token
-		if slot >= 0 {
-			token = t.slotTokens[slot]
+	if errors.Is(kaErr, rpctypes.ErrLeaseNotFound) {
+		b.sessionLost(s.id)
+		if token == "" || onSess {
+			// What the transaction put on the session went with it.
+			revokeFresh()
+			return backend.Lease{}, fmt.Errorf("etcdbackend: %s: %w", op, errSessionGone)
 		}
-		if req.WaitID != "" {
-			b.forgetWait(req.Key, req.WaitID)
-			if w.lease != 0 && w.lease != id && ctx.Err() == nil {
-				_, _ = b.cli.Revoke(ctx, w.lease) // held only the registration
+	}
+	if token == "" {
+		return backend.Lease{}, b.modeConflict(ctx, op, req, register, s.id, fresh, w, failed, resp.Header.Revision, sent)
+	}
+
+	ttl := time.Duration(granted) * time.Second
+	if onSess {
+		switch {
+		case kaWait != nil && kaErr == nil:
+		case kaWait == nil:
+			// The entry ends when the session does, at least left after
+			// sent, which is at least req.TTL.
+			ttl = min(ttl, left)
+		default:
+			// The entry may end before req.TTL has passed since sent:
+			// give it up, as for an unknown outcome.
+			b.cleanUpEntries(req, id, []string{token})
+			return backend.Lease{}, fail(ctx, op+": keep-alive of the session", kaErr)
+		}
+	}
+	lease := backend.Lease{
+		Key:      req.Key,
+		HolderID: req.HolderID,
+		Token:    token,
+		// The transaction's writes are at this revision, the holder
+		// key's create revision.
+		Term: uint64(resp.Header.Revision),
+		TTL:  ttl,
+		Entry: &backend.Entry{
+			Mode:      req.Mode,
+			Limit:     req.Limit,
+			Ancestors: slices.Clone(req.Ancestors),
+		},
+	}
+	if onSess {
+		b.ownEntry(id, lease)
+	}
+	if req.WaitID != "" {
+		// The transaction deleted the registration, in either mode.
+		b.forgetWait(req.Key, req.WaitID)
+		b.dropRegistrations(b.waiterKey(req.Key, req.Mode, req.WaitID), b.waiterKey(req.Key, otherMode(req.Mode), req.WaitID))
+	}
+	b.setSeenHeld(req.Key, false)
+	return lease, nil
+}
+
+// setPendingMode adds d to the acquisitions in flight of req's key and of
+// each of its ancestors (RenewBatch's orphan sweep leaves every key of
+// theirs alone meanwhile: the entry, its intents, the registration).
+func (b *Backend) setPendingMode(req backend.ModeRequest, d int) {
+	b.setPending(req.Key, d)
+	for _, a := range req.Ancestors {
+		b.setPending(a, d)
+	}
+}
+
+// entryKeys returns the etcd keys of entry l: its holder key and its
+// intents.
+func (b *Backend) entryKeys(l backend.Lease) (holder string, intents []string, err error) {
+	holder, err = b.holderKey(l.Key, l.Entry.Mode, l.Entry.Limit, l.Token)
+	if err != nil {
+		return "", nil, err
+	}
+	for _, a := range l.Entry.Ancestors {
+		intents = append(intents, b.intentKey(a, l.Entry.Mode, l.Token))
+	}
+	return holder, intents, nil
+}
+
+// ownEntry records that this Backend holds entry l, and its intents, on
+// session lease id (RenewBatch's owner check and orphan sweep).
+func (b *Backend) ownEntry(id clientv3.LeaseID, l backend.Lease) {
+	hk, intents, err := b.entryKeys(l)
+	if err != nil {
+		return
+	}
+	b.own(id, hk[len(b.prefix):], l.Token)
+	for _, k := range intents {
+		b.own(id, k[len(b.prefix):], l.Token)
+	}
+}
+
+// disownEntry forgets entry l, and its intents, on session lease id.
+func (b *Backend) disownEntry(id clientv3.LeaseID, l backend.Lease) {
+	hk, intents, err := b.entryKeys(l)
+	if err != nil {
+		return
+	}
+	b.disown(id, hk[len(b.prefix):], l.Token)
+	for _, k := range intents {
+		b.disown(id, k[len(b.prefix):], l.Token)
+	}
+}
+
+// cleanUpEntries deletes, in the background, the entries with the given
+// tokens (and their intents) that an acquisition of req whose outcome is
+// unknown may have put on session lease id, or that a Release that failed
+// left there, each only while its holder key is still attached to id and
+// holds its token (see cleanUp, which does the same for Acquire's keys).
+func (b *Backend) cleanUpEntries(req backend.ModeRequest, id clientv3.LeaseID, tokens []string) {
+	var ops []clientv3.Op
+	for _, token := range tokens {
+		l := backend.Lease{Key: req.Key, HolderID: req.HolderID, Token: token,
+			Entry: &backend.Entry{Mode: req.Mode, Limit: req.Limit, Ancestors: req.Ancestors}}
+		hk, intents, err := b.entryKeys(l)
+		if err != nil {
+			continue
+		}
+		h := recordHeader(token, req.HolderID)
+		del := []clientv3.Op{clientv3.OpDelete(hk)}
+		for _, k := range intents {
+			del = append(del, clientv3.OpDelete(k))
+		}
+		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{
+			clientv3.Compare(clientv3.LeaseValue(hk), "=", id),
+			clientv3.Compare(clientv3.Value(hk), ">", h),
+			clientv3.Compare(clientv3.Value(hk), "<", h[:len(h)-1]+"\x0b"),
+		}, del, nil))
+	}
+	if len(ops) == 0 || !b.track() {
+		return
+	}
+	go func() {
+		defer b.watches.Done()
+		for len(ops) > 0 {
+			// At most MaxLimit entries, each a transaction of at most
+			// 1+41 operations (the ancestors' bound): within
+			// --max-txn-ops along the deepest path.
+			n := min(len(ops), MaxLimit)
+			ctx, cancel := context.WithTimeout(b.life, b.timeout)
+			_, err := b.cli.Txn(ctx).Then(ops[:n]...).Commit()
+			cancel()
+			switch {
+			case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
+				ops = ops[n:]
+				continue
+			case b.life.Err() != nil:
+				return
+			}
+			select {
+			case <-b.life.Done():
+				return
+			case <-time.After(cleanUpRetry):
 			}
 		}
-		b.setSeenHeld(req.Key, false)
-		return backend.Lease{
-			Key:      req.Key,
-			HolderID: req.HolderID,
-			Token:    token,
-			// The transaction's writes are at this revision, the holder
-			// key's create revision.
-			Term: uint64(resp.Header.Revision),
-			TTL:  time.Duration(granted) * time.Second,
-			Entry: &backend.Entry{
-				Mode:      req.Mode,
-				Limit:     req.Limit,
-				Ancestors: slices.Clone(req.Ancestors),
-			},
-		}, nil
-	}
-	return backend.Lease{}, b.modeConflict(ctx, op, req, register, id, granted, fresh, w, failed, resp.Header.Revision)
+		for _, token := range tokens {
+			b.disownEntry(id, backend.Lease{Key: req.Key, HolderID: req.HolderID, Token: token,
+				Entry: &backend.Entry{Mode: req.Mode, Limit: req.Limit, Ancestors: req.Ancestors}})
+		}
+	}()
 }
 
 // acquireTxn is the transaction of one AcquireMode.
@@ -443,39 +656,60 @@ type acquireTxn struct {
 	slotTokens []string // limited Shared: the token of each slot
 }
 
-// buildAcquire builds the transaction of req with etcd lease id; w is the
-// request's registration as this Backend remembers it.
-func (b *Backend) buildAcquire(req backend.ModeRequest, id clientv3.LeaseID, w waitState) (acquireTxn, error) {
+// tokens returns every token the transaction may give its entry.
+func (t acquireTxn) tokens() []string {
+	if t.slots > 0 {
+		return t.slotTokens
+	}
+	return []string{t.token}
+}
+
+// buildAcquire builds the transaction of req: the entry and its intents
+// attached to etcd lease id (onSession: a session lease), a registration
+// to session lease regID; w is the request's registration as this Backend
+// remembers it.
+func (b *Backend) buildAcquire(req backend.ModeRequest, id, regID clientv3.LeaseID, onSession bool, w waitState) (acquireTxn, error) {
 	var t acquireTxn
 	key := req.Key
 	exclusive := req.Mode == backend.Exclusive
 	register := req.WaitID != "" && (exclusive || req.Fair)
-	wkey := ""
+	var wkeys []string // the registration's key in this mode, then in the other
 	if req.WaitID != "" {
-		wkey = b.waiterKey(key, req.Mode, req.WaitID)
+		wkeys = []string{b.waiterKey(key, req.Mode, req.WaitID), b.waiterKey(key, otherMode(req.Mode), req.WaitID)}
 	}
 	var mismatch []clientv3.Cmp
 	t.cmps, mismatch = b.conflictCmps(req, w)
 	t.fail = b.stateReads(req)
 	if register {
-		wv := strconv.Quote(req.HolderID)
-		put := clientv3.OpPut(wkey, wv, clientv3.WithLease(id))
+		// A registration in the other mode (the WaitID changed mode) is
+		// replaced. The put stays last (modeConflict looks for it there).
+		reg := []clientv3.Op{
+			clientv3.OpDelete(wkeys[1]),
+			clientv3.OpPut(wkeys[0], strconv.Quote(req.HolderID), clientv3.WithLease(regID)),
+		}
 		if exclusive {
-			t.fail = append(t.fail, put)
+			t.fail = append(t.fail, reg...)
 		} else {
 			// Nothing is written on a limit mismatch.
-			t.fail = append(t.fail, clientv3.OpTxn(mismatch, []clientv3.Op{put}, nil))
+			t.fail = append(t.fail, clientv3.OpTxn(mismatch, reg, nil))
 		}
 	}
-	return b.buildSuccess(t, req, id, wkey)
+	return b.buildSuccess(t, req, id, onSession, wkeys)
 }
 
 // stateReads returns the reads of the failure branch of req's transaction:
-// the key's whole state, and each ancestor's lease record and holders.
+// the key's whole state, each ancestor's lease record and holders, and,
+// when the ancestor-waiter rule applies (hierarchical, not Fair), the
+// number of each ancestor's Exclusive waiters.
 func (b *Backend) stateReads(req backend.ModeRequest) []clientv3.Op {
 	ops := []clientv3.Op{clientv3.OpGet(b.leaseKey(req.Key), clientv3.WithRange(b.stateEnd(req.Key)))}
 	for _, a := range req.Ancestors {
 		ops = append(ops, clientv3.OpGet(b.leaseKey(a), clientv3.WithRange(b.entryBase(a)+intentsPart)))
+	}
+	if !req.Fair {
+		for _, a := range req.Ancestors {
+			ops = append(ops, clientv3.OpGet(b.entryBase(a)+exclusiveWaiters, clientv3.WithPrefix(), clientv3.WithCountOnly()))
+		}
 	}
 	return ops
 }
@@ -519,23 +753,26 @@ func (b *Backend) conflictCmps(req backend.ModeRequest, w waitState) (cmps, mism
 		cmps = append(cmps, noneWithPrefix(base+exclusiveWaiters))
 	}
 	// The ancestors: no Exclusive holder, and for an Exclusive lock no
-	// Shared one either.
+	// holder at all; unless Fair, no Exclusive waiter either (writer
+	// preference across the tree).
 	for _, a := range req.Ancestors {
 		ab := b.entryBase(a)
-		cmps = append(cmps,
-			clientv3.Compare(clientv3.CreateRevision(b.leaseKey(a)), "=", 0),
-			noneWithPrefix(ab+exclusiveHolders))
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(b.leaseKey(a)), "=", 0))
 		if exclusive {
-			cmps = append(cmps, noneWithPrefix(ab+sharedHolders))
+			cmps = append(cmps, noneWithPrefix(ab+holdersPart))
+		} else {
+			cmps = append(cmps, noneWithPrefix(ab+exclusiveHolders))
+		}
+		if !req.Fair {
+			cmps = append(cmps, noneWithPrefix(ab+exclusiveWaiters))
 		}
 	}
-
 	return cmps, mismatch
 }
 
 // buildSuccess adds to t what a successful acquisition of req with etcd
-// lease id writes (deleting the registration wkey, if any).
-func (b *Backend) buildSuccess(t acquireTxn, req backend.ModeRequest, id clientv3.LeaseID, wkey string) (acquireTxn, error) {
+// lease id writes, deleting the registration's keys wkeys (if any).
+func (b *Backend) buildSuccess(t acquireTxn, req backend.ModeRequest, id clientv3.LeaseID, onSession bool, wkeys []string) (acquireTxn, error) {
 	key := req.Key
 	exclusive := req.Mode == backend.Exclusive
 	now := time.Now()
@@ -554,13 +791,13 @@ func (b *Backend) buildSuccess(t acquireTxn, req backend.ModeRequest, id clientv
 		for _, a := range req.Ancestors {
 			ops = append(ops, clientv3.OpPut(b.intentKey(a, req.Mode, token), iv, clientv3.WithLease(id)))
 		}
-		if wkey != "" {
-			ops = append(ops, clientv3.OpDelete(wkey))
+		for _, k := range wkeys {
+			ops = append(ops, clientv3.OpDelete(k))
 		}
 		return ops, nil
 	}
 	if exclusive || req.Limit == 0 {
-		t.token = entryToken(id, now, -1)
+		t.token = entryToken(id, now, -1, onSession)
 		hk, err := b.holderKey(key, req.Mode, req.Limit, t.token)
 		if err != nil {
 			return t, err
@@ -576,7 +813,7 @@ func (b *Backend) buildSuccess(t acquireTxn, req backend.ModeRequest, id clientv
 	t.slotTokens = make([]string, req.Limit)
 	next := t.fail
 	for i := req.Limit - 1; i >= 0; i-- {
-		t.slotTokens[i] = entryToken(id, now, i)
+		t.slotTokens[i] = entryToken(id, now, i, onSession)
 		ops, err := success(b.slotKey(key, req.Limit, i), t.slotTokens[i])
 		if err != nil {
 			return t, err
@@ -649,16 +886,22 @@ func parseEntry(key string, kv *mvccpb.KeyValue) (backend.Record, clientv3.Lease
 }
 
 // modeConflict turns the failure branch of an AcquireMode (reads of the
-// key and its ancestors, and the registration) into an error: a
-// *backend.HeldError, or one wrapping backend.ErrLimitMismatch. It records
-// the registration and frees the etcd leases nothing holds any more.
-func (b *Backend) modeConflict(ctx context.Context, op string, req backend.ModeRequest, register bool, id clientv3.LeaseID,
-	granted int64, fresh bool, w waitState, rs []*etcdserverpb.ResponseOp, rev int64) error {
+// key and its ancestors, and the registration on session lease regID) into
+// an error: a *backend.HeldError, or one wrapping backend.ErrLimitMismatch.
+// It records the registration, and revokes fresh, a grant of the attempt
+// that holds nothing (0: none).
+func (b *Backend) modeConflict(ctx context.Context, op string, req backend.ModeRequest, register bool, regID, fresh clientv3.LeaseID,
+	w waitState, rs []*etcdserverpb.ResponseOp, rev int64, sent time.Time) error {
 	exclusive := req.Mode == backend.Exclusive
+	n := len(req.Ancestors)
 	st := b.splitState(req.Key, rs[0].GetResponseRange().Kvs)
-	ancs := make([]keyState, len(req.Ancestors))
+	ancs := make([]keyState, n)
+	ancWaiting := make([]int64, n) // Exclusive waiters of each ancestor
 	for i, a := range req.Ancestors {
 		ancs[i] = b.splitState(a, rs[1+i].GetResponseRange().Kvs)
+		if !req.Fair {
+			ancWaiting[i] = rs[1+n+i].GetResponseRange().Count
+		}
 	}
 	registered := false
 	if register {
@@ -670,11 +913,12 @@ func (b *Backend) modeConflict(ctx context.Context, op string, req backend.ModeR
 		}
 	}
 
-	// The registration: its place in line and its lease.
-	wkey := ""
+	// The registration: its place in line.
+	wkey, okey := "", ""
 	var before *mvccpb.KeyValue // the registration as it was before
 	if req.WaitID != "" {
 		wkey = b.waiterKey(req.Key, req.Mode, req.WaitID)
+		okey = b.waiterKey(req.Key, otherMode(req.Mode), req.WaitID)
 		for _, kv := range st.waiters {
 			if string(kv.Key) == wkey {
 				before = kv
@@ -682,29 +926,20 @@ func (b *Backend) modeConflict(ctx context.Context, op string, req backend.ModeR
 		}
 	}
 	var revoke []clientv3.LeaseID
+	if fresh != 0 {
+		revoke = append(revoke, fresh) // holds nothing
+	}
 	myRev := int64(0)
-	switch {
-	case registered:
+	if registered {
 		myRev = rev
 		if before != nil {
 			myRev = before.CreateRevision
-			if before.Lease != 0 && clientv3.LeaseID(before.Lease) != id {
-				revoke = append(revoke, clientv3.LeaseID(before.Lease))
-			}
-		}
-		if w.lease != 0 && w.lease != id && !slices.Contains(revoke, w.lease) {
-			revoke = append(revoke, w.lease)
 		}
 		secs, _ := ttlSeconds(req.TTL)
-		b.setWaitState(req.Key, req.WaitID, waitState{
-			rev:     myRev,
-			mode:    req.Mode,
-			lease:   id,
-			secs:    secs,
-			expires: time.Now().Add(time.Duration(granted) * time.Second),
-		})
-	case fresh:
-		revoke = append(revoke, id) // holds nothing
+		expires := sent.Add(req.TTL)
+		b.setWaitState(req.Key, req.WaitID, waitState{rev: myRev, mode: req.Mode, lease: regID, secs: secs, expires: expires})
+		b.noteRegistration(secs, regID, wkey, req.Key, req.WaitID, expires)
+		b.dropRegistrations(okey)
 	}
 	if myRev == 0 && before != nil {
 		myRev = before.CreateRevision // registered before this attempt
@@ -773,10 +1008,9 @@ func (b *Backend) modeConflict(ctx context.Context, op string, req backend.ModeR
 	switch {
 	case req.Fair:
 		for _, kv := range st.waiters {
-			// Not counting this request's own registration, nor one it
-			// replaced (in the other mode), being revoked.
-			if string(kv.Key) != wkey && (myRev == 0 || kv.CreateRevision < myRev) &&
-				!slices.Contains(revoke, clientv3.LeaseID(kv.Lease)) {
+			// Not counting this request's own registration, in either
+			// mode.
+			if k := string(kv.Key); k != wkey && k != okey && (myRev == 0 || kv.CreateRevision < myRev) {
 				waiting++
 			}
 		}
@@ -787,12 +1021,23 @@ func (b *Backend) modeConflict(ctx context.Context, op string, req backend.ModeR
 			}
 		}
 	}
+	// Only an ancestor's Exclusive waiters in the way: the outermost
+	// such ancestor names the conflict.
+	holderKey, holderState := req.Key, st
+	if len(conflicts) == 0 && waiting == 0 {
+		for i, a := range req.Ancestors {
+			if ancWaiting[i] > 0 {
+				holderKey, holderState, waiting = a, ancs[i], int(ancWaiting[i])
+				break
+			}
+		}
+	}
 
 	if req.Fair && registered && len(conflicts) == 0 && waiting == 0 && w.rev != myRev {
 		if _, err := b.entryRecords(ctx, nil, nil, revoke); err != nil {
 			return fail(ctx, op, err)
 		}
-		return &staleWait{w: b.waitStateOf(req.Key, req.WaitID)}
+		return &staleWait{}
 	}
 	recs, err := b.entryRecords(ctx, owners, conflicts, revoke)
 	if err != nil {
@@ -804,15 +1049,15 @@ func (b *Backend) modeConflict(ctx context.Context, op string, req backend.ModeR
 	case len(recs) > 0:
 		held.Holder = recs[0]
 	default:
-		held.Holder = backend.Record{Key: req.Key}
+		held.Holder = backend.Record{Key: holderKey}
 		var all []*mvccpb.KeyValue
-		if st.plain != nil {
-			all = append(all, st.plain)
+		if holderState.plain != nil {
+			all = append(all, holderState.plain)
 		}
-		all = append(all, st.holders...)
+		all = append(all, holderState.holders...)
 		if len(all) > 0 {
 			slices.SortFunc(all, func(x, y *mvccpb.KeyValue) int { return cmp.Compare(x.CreateRevision, y.CreateRevision) })
-			if r, err := b.entryRecords(ctx, []string{req.Key}, all[:1], nil); err == nil && len(r) == 1 {
+			if r, err := b.entryRecords(ctx, []string{holderKey}, all[:1], nil); err == nil && len(r) == 1 {
 				held.Holder = r[0]
 			}
 		}
@@ -918,10 +1163,9 @@ func (b *Backend) liveRecords(ctx context.Context, op, key string, st keyState) 
 	return out, nil
 }
 
-// CancelWait withdraws the registration waitID of key. When this Backend
-// made the registration, it revokes the registration's etcd lease, which
-// deletes it (one request); otherwise it deletes the waiter keys and then
-// revokes the lease they were attached to (two). Watchers of the key see
+// CancelWait withdraws the registration waitID of key: one transaction
+// deleting its key in either mode, whoever made it (a registration rides
+// on its Backend's session lease, which stays). Watchers of the key see
 // backend.EventChanged, so that the waiters behind it look again.
 func (b *Backend) CancelWait(ctx context.Context, key, waitID string) error {
 	if err := checkKey(key); err != nil {
@@ -935,33 +1179,13 @@ func (b *Backend) CancelWait(ctx context.Context, key, waitID string) error {
 		return err
 	}
 	defer cancel()
-	op := fmt.Sprintf("cancel wait %q of %q", waitID, key)
-	if w := b.waitStateOf(key, waitID); w.lease != 0 {
-		_, err := b.cli.Revoke(ctx, w.lease)
-		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return fail(ctx, op, err)
-		}
-		b.forgetWait(key, waitID)
-		return nil
+	wx, ws := b.waiterKey(key, backend.Exclusive, waitID), b.waiterKey(key, backend.Shared, waitID)
+	if _, err := b.cli.Txn(ctx).Then(clientv3.OpDelete(wx), clientv3.OpDelete(ws)).Commit(); err != nil {
+		// The registration stays known here: it is withdrawn at its TTL.
+		return fail(ctx, fmt.Sprintf("cancel wait %q of %q", waitID, key), err)
 	}
-	resp, err := b.cli.Txn(ctx).Then(
-		clientv3.OpDelete(b.waiterKey(key, backend.Exclusive, waitID), clientv3.WithPrevKV()),
-		clientv3.OpDelete(b.waiterKey(key, backend.Shared, waitID), clientv3.WithPrevKV()),
-	).Commit()
-	if err != nil {
-		return fail(ctx, op, err)
-	}
-	for _, r := range resp.Responses {
-		for _, kv := range r.GetResponseDeleteRange().PrevKvs {
-			if kv.Lease == 0 {
-				continue
-			}
-			// The lease held only this registration.
-			if _, err := b.cli.Revoke(ctx, clientv3.LeaseID(kv.Lease)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-				return fail(ctx, op+": revoke lease", err)
-			}
-		}
-	}
+	b.forgetWait(key, waitID)
+	b.dropRegistrations(wx, ws)
 	return nil
 }
 
@@ -985,11 +1209,16 @@ func (b *Backend) entryOwnerCheck(l backend.Lease, id clientv3.LeaseID, intents 
 }
 
 // renewEntry is Renew of an entry: an owner-checked read-only transaction,
-// then a keep-alive of the entry's etcd lease, which its intents share.
+// then a keep-alive of the entry's etcd lease, which its intents share. For
+// an entry on a session, the two are sent together (see
+// renewEntryOnSession).
 func (b *Backend) renewEntry(ctx context.Context, l backend.Lease, id clientv3.LeaseID) error {
 	cmps, _, err := b.entryOwnerCheck(l, id, true)
 	if err != nil {
 		return fmt.Errorf("etcdbackend: renew %q: foreign token: %w", l.Key, backend.ErrLeaseLost)
+	}
+	if onSession(l.Token) {
+		return b.renewEntryOnSession(ctx, l, id, cmps)
 	}
 	resp, err := b.cli.Txn(ctx).If(cmps...).Commit()
 	if err != nil {
@@ -1007,27 +1236,49 @@ func (b *Backend) renewEntry(ctx context.Context, l backend.Lease, id clientv3.L
 	return nil
 }
 
+// renewEntryOnSession is Renew of an entry on session lease id: the
+// owner-checked read-only transaction (cmps, checking the entry and its
+// intents) and a keep-alive of the session, sent together, as
+// renewOnSession does for Acquire's keys.
+func (b *Backend) renewEntryOnSession(ctx context.Context, l backend.Lease, id clientv3.LeaseID, cmps []clientv3.Cmp) error {
+	var (
+		check *clientv3.TxnResponse
+		err   error
+		wg    sync.WaitGroup
+	)
+	wg.Go(func() { check, err = b.cli.Txn(ctx).If(cmps...).Commit() })
+	kaErr := b.keepSession(ctx, id)
+	wg.Wait()
+	switch {
+	case errors.Is(kaErr, backend.ErrLeaseLost):
+		return fmt.Errorf("etcdbackend: renew %q term %d (%v): %w", l.Key, l.Term, l.Entry.Mode, kaErr)
+	case err != nil:
+		return fail(ctx, fmt.Sprintf("renew %q", l.Key), err)
+	case !check.Succeeded:
+		b.disownEntry(id, l)
+		return fmt.Errorf("etcdbackend: renew %q term %d (%v): %w", l.Key, l.Term, l.Entry.Mode, backend.ErrLeaseLost)
+	case kaErr != nil:
+		return fail(ctx, fmt.Sprintf("renew %q: keep-alive", l.Key), kaErr)
+	}
+	return nil
+}
+
 // releaseEntry is Release of an entry: one owner-checked transaction
 // deletes the entry and its intents and writes the release marker of the
-// key and of each ancestor (so their watchers see backend.EventReleased),
-// then the entry's etcd lease, which holds only the markers now, is
-// revoked.
+// key and of each ancestor (so their watchers see backend.EventReleased).
+// An entry on a session is then done (see releaseEntryOnSession); an entry
+// with a lease of its own (Detached) has that lease, which holds only the
+// markers now, revoked.
 func (b *Backend) releaseEntry(ctx context.Context, l backend.Lease, id clientv3.LeaseID) error {
 	// Release deletes whatever of the entry is left.
 	cmps, hk, err := b.entryOwnerCheck(l, id, false)
 	if err != nil {
 		return fmt.Errorf("etcdbackend: release %q: foreign token: %w", l.Key, backend.ErrLeaseLost)
 	}
-	ops := []clientv3.Op{
-		clientv3.OpDelete(hk),
-		clientv3.OpPut(b.releaseMarker(l.Key), "released", clientv3.WithLease(id)),
+	if onSession(l.Token) {
+		return b.releaseEntryOnSession(ctx, l, id, cmps, hk)
 	}
-	for _, a := range l.Entry.Ancestors {
-		ops = append(ops,
-			clientv3.OpDelete(b.intentKey(a, l.Entry.Mode, l.Token)),
-			clientv3.OpPut(b.releaseMarker(a), "released", clientv3.WithLease(id)))
-	}
-	resp, err := b.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	resp, err := b.cli.Txn(ctx).If(cmps...).Then(b.releaseOps(l, hk, id)...).Commit()
 	if err != nil {
 		return fail(ctx, fmt.Sprintf("release %q", l.Key), err)
 	}
@@ -1038,6 +1289,54 @@ func (b *Backend) releaseEntry(ctx context.Context, l backend.Lease, id clientv3
 		_, _ = b.cli.Revoke(ctx, id)
 	}
 	return nil
+}
+
+// releaseOps returns the writes of the release of entry l, whose holder
+// key is hk: deleting it and its intents, and the release markers of its
+// key and ancestors, attached to etcd lease marker.
+func (b *Backend) releaseOps(l backend.Lease, hk string, marker clientv3.LeaseID) []clientv3.Op {
+	ops := []clientv3.Op{
+		clientv3.OpDelete(hk),
+		clientv3.OpPut(b.releaseMarker(l.Key), "released", clientv3.WithLease(marker)),
+	}
+	for _, a := range l.Entry.Ancestors {
+		ops = append(ops,
+			clientv3.OpDelete(b.intentKey(a, l.Entry.Mode, l.Token)),
+			clientv3.OpPut(b.releaseMarker(a), "released", clientv3.WithLease(marker)))
+	}
+	return ops
+}
+
+// releaseEntryOnSession is Release of an entry on session lease id: the
+// owner-checked transaction (cmps, on holder key hk) alone, its markers on
+// the release markers' lease (see releaseOnSession); the session stays.
+// When etcd says the markers' lease is gone, a new one is granted and the
+// transaction retried, once. When the outcome is unknown, the entry is
+// deleted in the background, as Acquire's keys are.
+func (b *Backend) releaseEntryOnSession(ctx context.Context, l backend.Lease, id clientv3.LeaseID, cmps []clientv3.Cmp, hk string) error {
+	req := backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: l.Key, HolderID: l.HolderID},
+		Mode: l.Entry.Mode, Limit: l.Entry.Limit, Ancestors: l.Entry.Ancestors}
+	for attempt := 0; ; attempt++ {
+		mid, err := b.markerLease(ctx)
+		if err != nil {
+			b.cleanUpEntries(req, id, []string{l.Token})
+			return fail(ctx, fmt.Sprintf("release %q: grant marker lease", l.Key), err)
+		}
+		resp, err := b.cli.Txn(ctx).If(cmps...).Then(b.releaseOps(l, hk, mid)...).Commit()
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && attempt == 0 {
+			b.markerLost(mid)
+			continue
+		}
+		if err != nil {
+			b.cleanUpEntries(req, id, []string{l.Token})
+			return fail(ctx, fmt.Sprintf("release %q", l.Key), err)
+		}
+		b.disownEntry(id, l)
+		if !resp.Succeeded {
+			return fmt.Errorf("etcdbackend: release %q term %d (%v): %w", l.Key, l.Term, l.Entry.Mode, backend.ErrLeaseLost)
+		}
+		return nil
+	}
 }
 
 // setEntryMetadata is SetMetadata of an entry: one owner-checked

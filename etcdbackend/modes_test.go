@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -97,7 +98,10 @@ func modeRequest(key, holder string, m backend.Mode) backend.ModeRequest {
 
 // TestModesRoundTrips counts the requests, and the raft proposals among
 // them, of each operation of backend.Modes; the test's log is the table
-// the package doc gives.
+// the package doc gives. Entries that are not Detached ride on the
+// session lease of their TTL: once it is granted, an acquisition is one
+// transaction, a release one transaction, and renewals of any number of
+// them are the session's keep-alive and look-up.
 func TestModesRoundTrips(t *testing.T) {
 	ctx := testCtx(t)
 	var n counter
@@ -118,7 +122,7 @@ func TestModesRoundTrips(t *testing.T) {
 		}
 		return fmt.Errorf("got %v, want ErrHeld", err)
 	}
-	var x, s, lim, tree backend.Lease
+	var x, s, lim, tree, det backend.Lease
 	waiter := modeRequest("held", "waiter", backend.Exclusive)
 	waiter.WaitID = "w1"
 	fair := modeRequest("held", "fair", backend.Exclusive)
@@ -128,53 +132,71 @@ func TestModesRoundTrips(t *testing.T) {
 		do          func() error
 		want, raftW int
 	}{
-		{"Exclusive of a free key (grant, txn)", func() (err error) {
+		{"Exclusive of a free key, first use of its TTL (grant of the session, txn)", func() (err error) {
 			x, err = b.AcquireMode(ctx, modeRequest("x", "a", backend.Exclusive))
 			return err
 		}, 2, 2},
-		{"Shared of a key with a Shared holder (grant, txn)", func() (err error) {
+		{"Shared of a key with a Shared holder (txn)", func() (err error) {
 			s, err = b.AcquireMode(ctx, modeRequest("shared", "a", backend.Shared))
 			return err
-		}, 2, 2},
-		{"Shared with limit 3, slot 0 taken (grant, txn)", func() (err error) {
+		}, 1, 1},
+		{"Shared with limit 3, slot 0 taken (txn)", func() (err error) {
 			req := modeRequest("sem", "a", backend.Shared)
 			req.Limit = 3
 			if _, err := other.AcquireMode(ctx, req); err != nil {
 				return err
 			}
+			n.reset()
+			r.take()
 			lim, err = b.AcquireMode(ctx, req)
 			return err
-		}, 2, 2},
-		{"Exclusive with 2 ancestors (grant, txn)", func() (err error) {
+		}, 1, 1},
+		{"Exclusive with 2 ancestors (txn)", func() (err error) {
 			req := modeRequest("t/a/b", "a", backend.Exclusive)
 			req.Ancestors = []string{"t", "t/a"}
 			tree, err = b.AcquireMode(ctx, req)
 			return err
+		}, 1, 1},
+		{"Exclusive, Detached (grant, txn)", func() (err error) {
+			req := modeRequest("det", "a", backend.Exclusive)
+			req.Detached = true
+			det, err = b.AcquireMode(ctx, req)
+			return err
 		}, 2, 2},
-		{"Renew of an entry (read-only txn, keep-alive)", func() error { return b.Renew(ctx, tree) }, 2, 0},
+		{"Renew of an entry (read-only txn and keep-alive of the session, sent together)", func() error { return b.Renew(ctx, tree) }, 2, 0},
+		{"RenewBatch of 4 entries on the session (keep-alive and look-up of the session, sent together)", func() error {
+			return errors.Join(b.RenewBatch(ctx, []backend.Lease{x, s, lim, tree})...)
+		}, 2, 0},
+		{"Renew of a Detached entry (read-only txn, keep-alive)", func() error { return b.Renew(ctx, det) }, 2, 0},
 		{"SetMetadata of an entry with 2 ancestors (txn)", func() error {
 			return b.SetMetadata(ctx, tree, map[string]string{"k": "v"})
 		}, 1, 1},
-		{"Shared of a held key, no WaitID (grant, txn, revoke, 1 lease look-up)", func() error {
+		{"Shared of a held key, no WaitID (txn, 1 lease look-up)", func() error {
 			_, err := b.AcquireMode(ctx, modeRequest("held", "a", backend.Shared))
 			return isHeld(err)
-		}, 4, 3},
-		{"Exclusive with WaitID of a held key, first try (grant, txn registering, 1 lease look-up)", func() error {
+		}, 2, 1},
+		{"Exclusive with WaitID of a held key, first try (txn registering, 1 lease look-up)", func() error {
 			_, err := b.AcquireMode(ctx, waiter)
 			return isHeld(err)
-		}, 3, 2},
-		{"the same, retried (keep-alive of the registration, read-only probe txn, 1 lease look-up)", func() error {
+		}, 2, 1},
+		{"the same, retried (read-only probe txn, 1 lease look-up)", func() error {
 			_, err := b.AcquireMode(ctx, waiter)
 			return isHeld(err)
-		}, 3, 0},
+		}, 2, 0},
 		{"Shared of a key found held before, no WaitID (read-only probe txn, 1 lease look-up)", func() error {
 			_, err := b.AcquireMode(ctx, modeRequest("held", "a", backend.Shared))
 			return isHeld(err)
 		}, 2, 0},
-		{"Fair with WaitID of a held key, first try (grant, txn registering, 1 lease look-up)", func() error {
+		{"Fair with WaitID of a held key, first try (txn registering, 1 lease look-up)", func() error {
 			_, err := b.AcquireMode(ctx, fair)
 			return isHeld(err)
-		}, 3, 2},
+		}, 2, 1},
+		{"Exclusive, Detached, of a held key, no WaitID (read-only probe txn, 1 lease look-up)", func() error {
+			req := modeRequest("held", "a", backend.Exclusive)
+			req.Detached = true
+			_, err := b.AcquireMode(ctx, req)
+			return isHeld(err)
+		}, 2, 0},
 		{"Holders of a key with 2 Shared holders (range, 2 lease look-ups)", func() error {
 			recs, err := b.Holders(ctx, "shared")
 			if err == nil && len(recs) != 2 {
@@ -186,11 +208,11 @@ func TestModesRoundTrips(t *testing.T) {
 			_, err := b.Get(ctx, "shared")
 			return err
 		}, 2, 0},
-		{"CancelWait of a registration made here (revoke)", func() error { return b.CancelWait(ctx, "held", fair.WaitID) }, 1, 1},
-		{"Release of an entry with 2 ancestors (txn, revoke)", func() error { return b.Release(ctx, tree) }, 2, 2},
-		{"Release of a Shared entry (txn, revoke)", func() error { return b.Release(ctx, s) }, 2, 2},
-		{"Release of a limited Shared entry (txn, revoke)", func() error { return b.Release(ctx, lim) }, 2, 2},
-		{"CancelWait of a registration made elsewhere (txn, revoke)", func() error {
+		{"CancelWait of a registration made here (txn)", func() error { return b.CancelWait(ctx, "held", fair.WaitID) }, 1, 1},
+		{"Release of an entry with 2 ancestors, the first release (grant of the markers' lease, txn)", func() error { return b.Release(ctx, tree) }, 2, 2},
+		{"Release of a Shared entry (txn)", func() error { return b.Release(ctx, s) }, 1, 1},
+		{"Release of a limited Shared entry (txn)", func() error { return b.Release(ctx, lim) }, 1, 1},
+		{"CancelWait of a registration made elsewhere (txn)", func() error {
 			w := modeRequest("x", "elsewhere", backend.Exclusive)
 			w.WaitID = "w2"
 			if err := isHeld(func() error { _, err := other.AcquireMode(ctx, w); return err }()); err != nil {
@@ -199,8 +221,9 @@ func TestModesRoundTrips(t *testing.T) {
 			n.reset()
 			r.take()
 			return b.CancelWait(ctx, "x", w.WaitID)
-		}, 2, 2},
-		{"Release of an Exclusive entry (txn, revoke)", func() error { return b.Release(ctx, x) }, 2, 2},
+		}, 1, 1},
+		{"Release of an Exclusive entry (txn)", func() error { return b.Release(ctx, x) }, 1, 1},
+		{"Release of a Detached entry (txn, revoke)", func() error { return b.Release(ctx, det) }, 2, 2},
 	}
 	for _, st := range steps {
 		n.reset()
@@ -210,7 +233,7 @@ func TestModesRoundTrips(t *testing.T) {
 		}
 		got, byMethod := n.total(), n.byMethod()
 		raftW, raftBy := r.take()
-		t.Logf("%-95s %d requests %v, %d raft writes %v", st.name, got, byMethod, raftW, raftBy)
+		t.Logf("%-100s %d requests %v, %d raft writes %v", st.name, got, byMethod, raftW, raftBy)
 		if got != int64(st.want) || raftW != st.raftW {
 			t.Errorf("%s: got %d requests %v and %d raft writes %v, want %d and %d", st.name, got, byMethod, raftW, raftBy, st.want, st.raftW)
 		}
@@ -222,11 +245,11 @@ func TestModesRoundTrips(t *testing.T) {
 	}
 }
 
-// TestModesRegisteredWaiterReusesItsLease checks the count of the step
-// above that the table cannot measure: a registered waiter's successful
-// acquisition refreshes its registration's lease and takes it over,
-// with no grant.
-func TestModesRegisteredWaiterReusesItsLease(t *testing.T) {
+// TestModesRegisteredWaiterAcquiresInOneTransaction checks the count of
+// the step above that the table cannot measure: a registered waiter's
+// successful acquisition is one transaction, which deletes its
+// registration, with no grant and no keep-alive.
+func TestModesRegisteredWaiterAcquiresInOneTransaction(t *testing.T) {
 	ctx := testCtx(t)
 	var n counter
 	var r raftCounter
@@ -262,14 +285,21 @@ func TestModesRegisteredWaiterReusesItsLease(t *testing.T) {
 	}
 	got, byMethod := n.total(), n.byMethod()
 	raftW, _ := r.take()
-	if got != 2 || raftW != 1 || byMethod["LeaseGrant"] != 0 {
-		t.Errorf("registered waiter's acquisition: got %d requests %v, %d raft writes; want 2 (keep-alive, txn), 1", got, byMethod, raftW)
+	if got != 1 || raftW != 1 || byMethod["Txn"] != 1 {
+		t.Errorf("registered waiter's acquisition: got %d requests %v, %d raft writes; want 1 (txn), 1", got, byMethod, raftW)
 	}
 	if err := b.Renew(ctx, l); err != nil {
-		t.Errorf("Renew of the lease taken over from the registration: %v", err)
+		t.Errorf("Renew: %v", err)
 	}
+	// The registration went with the success: a Shared reader is not
+	// refused by writer preference once the lock is released.
 	if err := b.Release(ctx, l); err != nil {
 		t.Errorf("Release: %v", err)
+	}
+	if l, err := other.AcquireMode(ctx, modeRequest("k", "reader", backend.Shared)); err != nil {
+		t.Errorf("Shared acquisition after the waiter acquired and released: got %v, want nil (no waiter left)", err)
+	} else if err := other.Release(ctx, l); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -621,5 +651,294 @@ func TestModesLostIntentLosesTheEntry(t *testing.T) {
 	}
 	if recs, err := b.Holders(ctx, "a/b"); err != nil || len(recs) != 0 {
 		t.Errorf("Holders after Release: got %v, %v; want none", recs, err)
+	}
+}
+
+// entryLeases returns the etcd lease of every entry key (holder, intent,
+// waiter) under prefix+key, read through raw.
+func entryLeases(t *testing.T, ctx context.Context, raw *clientv3.Client, prefix, key string) map[string]int64 {
+	t.Helper()
+	resp, err := raw.Get(ctx, prefix+key+"\x00", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(map[string]int64)
+	for _, kv := range resp.Kvs {
+		if len(kv.Key) > len(prefix+key+"\x00") { // not the release marker
+			out[string(kv.Key)[len(prefix):]] = kv.Lease
+		}
+	}
+	return out
+}
+
+// TestModesEntriesRideOnTheSession: an entry that is not Detached, its
+// intents and a waiter registration are attached to the session lease
+// of their TTL (one of the Backend's shared leases); a Detached entry and
+// its intents to a lease of their own, revoked by its Release.
+func TestModesEntriesRideOnTheSession(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	raw := newClient(t, nil, nil)
+	b := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: prefix})
+	other := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: prefix})
+
+	req := modeRequest("a/b", "h", backend.Shared)
+	req.Ancestors = []string{"a"}
+	l, err := b.AcquireMode(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := other.AcquireMode(ctx, modeRequest("w", "other", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := modeRequest("w", "waiter", backend.Exclusive)
+	w.WaitID = "wait"
+	if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	shared := etcdbackend.SharedLeases(b)
+	for _, key := range []string{"a/b", "a"} {
+		for k, id := range entryLeases(t, ctx, raw, prefix, key) {
+			if !shared[id] {
+				t.Errorf("entry key %q: got etcd lease %x, want one of the Backend's session leases %v", k, id, shared)
+			}
+		}
+	}
+	regs := entryLeases(t, ctx, raw, prefix, "w")
+	found := false
+	for k, id := range regs {
+		if strings.Contains(k, "\x00wx/") {
+			found = true
+			if !shared[id] {
+				t.Errorf("registration %q: got etcd lease %x, want one of the Backend's session leases %v", k, id, shared)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no registration under %q: %v", "w", regs)
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.CancelWait(ctx, "w", w.WaitID); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+
+	det := modeRequest("d/e", "h", backend.Exclusive)
+	det.Ancestors, det.Detached = []string{"d"}, true
+	dl, err := b.AcquireMode(ctx, det)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var own int64
+	for _, key := range []string{"d/e", "d"} {
+		for k, id := range entryLeases(t, ctx, raw, prefix, key) {
+			if shared[id] || id == 0 || (own != 0 && id != own) {
+				t.Errorf("Detached entry key %q: got etcd lease %x, want one lease of its own, not a shared one", k, id)
+			}
+			own = id
+		}
+	}
+	if err := b.Release(ctx, dl); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := raw.TimeToLive(ctx, clientv3.LeaseID(own)); err != nil || resp.TTL != -1 {
+		t.Errorf("the Detached entry's lease after its Release: got TTL %v (err %v), want -1 (revoked)", resp.TTL, err)
+	}
+}
+
+// TestModesOrphanSweepKeepsEntries: RenewBatch's sweep of the session's
+// orphans deletes a key on the session that this Backend does not hold,
+// and leaves alone its live entries, their intents and its waiter
+// registrations, which keep doing their work afterwards.
+func TestModesOrphanSweepKeepsEntries(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	raw := newClient(t, nil, nil)
+	b := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: prefix})
+	other := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: prefix})
+
+	req := modeRequest("a/b", "h", backend.Exclusive)
+	req.Ancestors = []string{"a"}
+	l, err := b.AcquireMode(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sem := modeRequest("s", "h", backend.Shared)
+	sem.Limit = 2
+	sl, err := b.AcquireMode(ctx, sem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := other.AcquireMode(ctx, modeRequest("w", "other", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := modeRequest("w", "waiter", backend.Exclusive)
+	w.WaitID = "wait"
+	if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	// An orphan: an entry key on the session that nobody holds.
+	var session int64
+	for k, id := range entryLeases(t, ctx, raw, prefix, "a/b") {
+		if strings.Contains(k, "\x00hx/") {
+			session = id
+		}
+	}
+	orphan := prefix + "o\x00hx/orphan"
+	if _, err := raw.Put(ctx, orphan, "x", clientv3.WithLease(clientv3.LeaseID(session))); err != nil {
+		t.Fatal(err)
+	}
+
+	for i, err := range b.RenewBatch(ctx, []backend.Lease{l, sl}) {
+		if err != nil {
+			t.Errorf("RenewBatch, lease %d: %v", i, err)
+		}
+	}
+	if resp, err := raw.Get(ctx, orphan); err != nil || len(resp.Kvs) != 0 {
+		t.Errorf("the orphan after RenewBatch: got %d keys (err %v), want it deleted", len(resp.Kvs), err)
+	}
+	// Everything else is still there and at work.
+	for i, err := range b.RenewBatch(ctx, []backend.Lease{l, sl}) {
+		if err != nil {
+			t.Errorf("second RenewBatch, lease %d: %v", i, err)
+		}
+	}
+	if recs, err := other.Holders(ctx, "a/b"); err != nil || len(recs) != 1 {
+		t.Errorf("Holders of the entry: got %v, %v; want 1 record", recs, err)
+	}
+	if _, err := other.AcquireMode(ctx, modeRequest("a", "x", backend.Exclusive)); !errors.Is(err, backend.ErrHeld) {
+		t.Errorf("Exclusive on the ancestor (the entry's intent there): got %v, want ErrHeld", err)
+	}
+	if recs, err := other.Holders(ctx, "s"); err != nil || len(recs) != 1 {
+		t.Errorf("Holders of the semaphore: got %v, %v; want 1 record", recs, err)
+	}
+	var he *backend.HeldError
+	if _, err := other.AcquireMode(ctx, modeRequest("w", "reader", backend.Shared)); !errors.As(err, &he) || he.Waiting != 1 {
+		t.Errorf("Shared on the key with the registration: got %v, want a HeldError with Waiting 1", err)
+	}
+	for _, x := range []struct {
+		b *etcdbackend.Backend
+		l backend.Lease
+	}{{b, l}, {b, sl}, {other, held}} {
+		if err := x.b.Release(ctx, x.l); err != nil {
+			t.Errorf("Release of %q: %v", x.l.Key, err)
+		}
+	}
+	if err := b.CancelWait(ctx, "w", w.WaitID); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestModesRegistrationExpires: a registration on the session that its
+// waiter stops refreshing (without CancelWait) is withdrawn by its
+// Backend at its TTL, counted from the send time of its last refresh,
+// while the session lives on with the Backend's other keys; a refresh
+// moves that time. The key has a Shared holder, so a Shared reader is
+// refused by the Exclusive waiter alone (writer preference).
+func TestModesRegistrationExpires(t *testing.T) {
+	ctx := testCtx(t)
+	b, other := modesPair(t, nil, nil)
+	held, err := other.AcquireMode(ctx, modeRequest("k", "other", backend.Shared))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep, err := b.AcquireMode(ctx, modeRequest("keep", "h", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := modeRequest("k", "waiter", backend.Exclusive)
+	w.WaitID = "wait"
+	before := time.Now()
+	if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	after := time.Now()
+	if at := etcdbackend.RegistrationTimer(b); at.Before(before.Add(w.TTL)) || at.After(after.Add(w.TTL)) {
+		t.Errorf("the withdrawal timer: got %v, want between %v and %v (the registration's TTL after its send time)", at, before.Add(w.TTL), after.Add(w.TTL))
+	}
+	reader := func() error {
+		l, err := other.AcquireMode(ctx, modeRequest("k", "reader", backend.Shared))
+		if err == nil {
+			err = other.Release(ctx, l)
+		}
+		return err
+	}
+	// A refresh: due a TTL after its send time, not before.
+	refreshed := time.Now()
+	if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("retry: got %v, want ErrHeld", err)
+	}
+	if !refreshed.After(after) {
+		t.Fatalf("the clock did not move: %v, %v", after, refreshed)
+	}
+	// Past the first registration's TTL, within the refresh's.
+	etcdbackend.ExpireRegistrations(b, after.Add(w.TTL))
+	var he *backend.HeldError
+	if err := reader(); !errors.As(err, &he) || he.Waiting != 1 {
+		t.Fatalf("Shared before the registration's TTL: got %v, want a HeldError with Waiting 1", err)
+	}
+	etcdbackend.ExpireRegistrations(b, time.Now().Add(w.TTL))
+	if err := reader(); err != nil {
+		t.Errorf("Shared after the registration's TTL: got %v, want nil (withdrawn)", err)
+	}
+	if err := b.Renew(ctx, keep); err != nil {
+		t.Errorf("Renew of an entry on the same session: %v", err)
+	}
+	// The waiter comes back: it registers again.
+	if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode after the withdrawal: got %v, want ErrHeld", err)
+	}
+	if err := reader(); !errors.As(err, &he) || he.Waiting != 1 {
+		t.Errorf("Shared after the waiter registered again: got %v, want a HeldError with Waiting 1", err)
+	}
+	if err := b.CancelWait(ctx, "k", w.WaitID); err != nil {
+		t.Error(err)
+	}
+	for _, x := range []struct {
+		b *etcdbackend.Backend
+		l backend.Lease
+	}{{b, keep}, {other, held}} {
+		if err := x.b.Release(ctx, x.l); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestModesSessionLost: when the session lease is gone (revoked by hand
+// here; expired in life), the entries on it are lost (Renew and
+// RenewBatch say so) and the next AcquireMode grants a new session.
+func TestModesSessionLost(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	raw := newClient(t, nil, nil)
+	b := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: prefix})
+	l, err := b.AcquireMode(ctx, modeRequest("a", "h", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := range etcdbackend.SharedLeases(b) {
+		if _, err := raw.Revoke(ctx, clientv3.LeaseID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l2, err := b.AcquireMode(ctx, modeRequest("b", "h", backend.Shared))
+	if err != nil {
+		t.Fatalf("AcquireMode after the session was revoked: got %v, want a lease on a new session", err)
+	}
+	if err := b.Renew(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of an entry on the revoked session: got %v, want ErrLeaseLost", err)
+	}
+	errs := b.RenewBatch(ctx, []backend.Lease{l, l2})
+	if !errors.Is(errs[0], backend.ErrLeaseLost) || errs[1] != nil {
+		t.Errorf("RenewBatch: got %v, want ErrLeaseLost for the lost entry and nil for the new one", errs)
+	}
+	if err := b.Release(ctx, l2); err != nil {
+		t.Error(err)
 	}
 }

@@ -15,14 +15,31 @@ import (
 	"github.com/sovereign-go/sovereign/backend"
 )
 
-// session is the etcd lease that the plain acquisitions of one TTL share
-// (see the package doc, "Sessions"), granted for that TTL plus its
-// headroom (sessionHeadroom).
+// session is the etcd lease that the acquisitions of one TTL that are not
+// Detached share, with the waiter registrations of that TTL (see the
+// package doc, "Sessions"), granted for that TTL plus its headroom
+// (sessionHeadroom).
 type session struct {
-	mu       sync.Mutex       // serialises grants; guards the fields below
+	mu       sync.Mutex       // serialises grants; guards id, ttl, lastSent
 	id       clientv3.LeaseID // 0: none yet, or lost
 	ttl      int64            // granted TTL of id, in seconds
 	lastSent time.Time        // send time of the grant or last keep-alive of id that succeeded
+
+	// regMu guards the registrations below; it is never held while
+	// another lock is taken.
+	regMu   sync.Mutex
+	regs    map[string]sessionReg // waiter registrations on a session lease of this TTL, by etcd key
+	timer   *time.Timer           // withdraws the registrations due (expireRegistrations); nil until the first
+	timerAt time.Time             // when timer fires; zero: not armed
+}
+
+// sessionReg is a waiter registration this Backend made on a session
+// lease: key and waitID are its AcquireMode's, expires when the Backend
+// withdraws it unless a retry refreshes it first.
+type sessionReg struct {
+	id          clientv3.LeaseID
+	key, waitID string
+	expires     time.Time
 }
 
 // sessionState is what Acquire needs of a session: its lease, TTL, and
@@ -92,16 +109,168 @@ func (b *Backend) sessionList() []*session {
 }
 
 // sessionLost forgets etcd lease id, found gone: the next acquisition on
-// its TTL grants a new session, and the keys that were on it are lost.
+// its TTL grants a new session, and the keys that were on it are lost,
+// waiter registrations included.
 func (b *Backend) sessionLost(id clientv3.LeaseID) {
+	if id == 0 {
+		return
+	}
 	for _, s := range b.sessionList() {
 		s.mu.Lock()
 		if s.id == id {
 			s.id = 0
 		}
 		s.mu.Unlock()
+		s.regMu.Lock()
+		for k, r := range s.regs {
+			if r.id == id {
+				delete(s.regs, k)
+			}
+		}
+		s.regMu.Unlock()
 	}
 	b.forgetLease(id)
+}
+
+// sessionKeepAlive sends a keep-alive of session lease id in the
+// background, and returns a function that waits for its outcome.
+func (b *Backend) sessionKeepAlive(ctx context.Context, id clientv3.LeaseID) func() error {
+	var (
+		err error
+		wg  sync.WaitGroup
+	)
+	wg.Go(func() {
+		sent := time.Now()
+		if _, err = b.keepAliveOnce(ctx, id); err == nil {
+			b.sessionKept(id, sent)
+		}
+	})
+	return func() error {
+		wg.Wait()
+		return err
+	}
+}
+
+// noteRegistration records waiter registration etcdKey (waitID of key) on
+// session lease id of TTL secs, to be withdrawn at expires unless noted
+// again with a later time first (see expireRegistrations), and owned by
+// this Backend until then (RenewBatch's orphan sweep leaves it alone).
+func (b *Backend) noteRegistration(secs int64, id clientv3.LeaseID, etcdKey, key, waitID string, expires time.Time) {
+	if id == 0 {
+		return
+	}
+	b.own(id, etcdKey[len(b.prefix):], waitID)
+	s := b.sessionFor(secs)
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	if s.regs == nil {
+		s.regs = make(map[string]sessionReg)
+	}
+	s.regs[etcdKey] = sessionReg{id: id, key: key, waitID: waitID, expires: expires}
+	b.armRegTimerLocked(s, expires)
+}
+
+// armRegTimerLocked makes s's timer fire no later than at. It runs with
+// s.regMu held.
+func (b *Backend) armRegTimerLocked(s *session, at time.Time) {
+	if !s.timerAt.IsZero() && !at.Before(s.timerAt) {
+		return
+	}
+	s.timerAt = at
+	if s.timer == nil {
+		s.timer = time.AfterFunc(time.Until(at), func() { b.expireRegistrations(s, time.Now()) })
+		return
+	}
+	s.timer.Reset(time.Until(at))
+}
+
+// dropRegistrations forgets the registrations with the given etcd keys,
+// deleted or replaced.
+func (b *Backend) dropRegistrations(etcdKeys ...string) {
+	var gone []sessionReg
+	var goneKeys []string
+	for _, s := range b.sessionList() {
+		s.regMu.Lock()
+		for _, k := range etcdKeys {
+			if r, ok := s.regs[k]; ok {
+				gone, goneKeys = append(gone, r), append(goneKeys, k)
+				delete(s.regs, k)
+			}
+		}
+		s.regMu.Unlock()
+	}
+	for i, r := range gone {
+		b.disown(r.id, goneKeys[i][len(b.prefix):], r.waitID)
+	}
+}
+
+// expireRegistrations withdraws the registrations of s whose time has
+// come: a waiter that stopped trying without CancelWait (or whose
+// CancelWait failed) leaves one behind, which the session, kept alive by
+// the other keys on it, would keep for as long as it lives. Each is
+// deleted only while it is still attached to its session lease (one
+// transaction for all of them); when that fails, they are tried again
+// after cleanUpRetry. It runs on s's timer, at now, and arms it for the
+// next.
+func (b *Backend) expireRegistrations(s *session, now time.Time) {
+	due := make(map[string]sessionReg)
+	s.regMu.Lock()
+	s.timerAt = time.Time{}
+	next := time.Time{}
+	for k, r := range s.regs {
+		if !r.expires.After(now) {
+			due[k] = r
+			delete(s.regs, k)
+		} else if next.IsZero() || r.expires.Before(next) {
+			next = r.expires
+		}
+	}
+	if !next.IsZero() {
+		b.armRegTimerLocked(s, next)
+	}
+	s.regMu.Unlock()
+	if len(due) == 0 || !b.track() {
+		return
+	}
+	defer b.watches.Done()
+	var ops []clientv3.Op
+	for k, r := range due {
+		ops = append(ops, clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(k), "=", r.id)},
+			[]clientv3.Op{clientv3.OpDelete(k)}, nil))
+	}
+	var err error
+	for len(ops) > 0 && err == nil {
+		n := min(len(ops), txnBatchOps/2)
+		ctx, cancel := context.WithTimeout(b.life, b.timeout)
+		_, err = b.cli.Txn(ctx).Then(ops[:n]...).Commit()
+		cancel()
+		ops = ops[n:]
+	}
+	s.regMu.Lock()
+	var gone []string
+	for k, r := range due {
+		if _, again := s.regs[k]; again {
+			continue // noted again meanwhile
+		}
+		if err != nil && b.life.Err() == nil {
+			r.expires = now.Add(cleanUpRetry)
+			s.regs[k] = r
+			b.armRegTimerLocked(s, r.expires)
+			continue
+		}
+		gone = append(gone, k)
+	}
+	s.regMu.Unlock()
+	for _, k := range gone {
+		r := due[k]
+		b.disown(r.id, k[len(b.prefix):], r.waitID)
+		b.mu.Lock()
+		if w, ok := b.waits[waitMapKey(r.key, r.waitID)]; ok && w.lease == r.id && !w.expires.After(now) {
+			delete(b.waits, waitMapKey(r.key, r.waitID))
+		}
+		b.mu.Unlock()
+	}
 }
 
 // own records that this Backend holds key on session lease id with token.
@@ -138,7 +307,10 @@ func (b *Backend) orphans(id clientv3.LeaseID, attached [][]byte) []string {
 		if !ok {
 			continue
 		}
-		if _, held := b.owned[id][key]; held || b.pending[key] > 0 {
+		// An entry, intent or registration of backend.Modes is pending
+		// with its key (an intent with its ancestor's).
+		of, _, _ := strings.Cut(key, "\x00")
+		if _, held := b.owned[id][key]; held || b.pending[of] > 0 {
 			continue
 		}
 		if strings.Contains(key, heartbeatInfix) {
@@ -563,11 +735,11 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 			continue
 		}
 		id, ok := parseToken(l.Token)
-		if l.Entry != nil || !ok || !onSession(l.Token) {
+		if !ok || !onSession(l.Token) {
 			single = append(single, i)
 			continue
 		}
-		if _, known := b.owns(id, l.Key, l.Token); !known {
+		if _, known := b.owns(id, "", ""); !known {
 			single = append(single, i)
 			continue
 		}
@@ -623,6 +795,11 @@ func (b *Backend) renewSession(ctx context.Context, id clientv3.LeaseID, leases 
 			errs[i] = fail(ctx, fmt.Sprintf("renew %q: keep-alive", l.Key), kaErr)
 		case ttlErr != nil:
 			errs[i] = fail(ctx, fmt.Sprintf("renew %q: look up session keys", l.Key), ttlErr)
+		case l.Entry != nil:
+			if !b.entryAttached(id, l, attached) {
+				b.disownEntry(id, l)
+				errs[i] = fmt.Errorf("etcdbackend: renew %q term %d (%v): %w", l.Key, l.Term, l.Entry.Mode, backend.ErrLeaseLost)
+			}
 		default:
 			owned, _ := b.owns(id, l.Key, l.Token)
 			if !owned || !attached[b.leaseKey(l.Key)] {
@@ -634,6 +811,23 @@ func (b *Backend) renewSession(ctx context.Context, id clientv3.LeaseID, leases 
 	if len(orphans) > 0 {
 		b.deleteOrphans(ctx, id, orphans, ttl.Revision)
 	}
+}
+
+// entryAttached reports whether entry l is held on session lease id: its
+// holder key and every intent of it attached to the session (attached,
+// from the look-up), each acquired by this Backend with l's token and
+// neither released nor found lost since.
+func (b *Backend) entryAttached(id clientv3.LeaseID, l backend.Lease, attached map[string]bool) bool {
+	hk, intents, err := b.entryKeys(l)
+	if err != nil {
+		return false
+	}
+	for _, k := range append(intents, hk) {
+		if owned, _ := b.owns(id, k[len(b.prefix):], l.Token); !owned || !attached[k] {
+			return false
+		}
+	}
+	return true
 }
 
 // deleteOrphans deletes the etcd keys orphans from session lease id, each

@@ -1,0 +1,25 @@
+package etcdbackend
+
+import "time"
+
+// ExpireRegistrations runs, on every session of b, the withdrawal of the
+// waiter registrations that are due at at, as their timer would then.
+func ExpireRegistrations(b *Backend, at time.Time) {
+	for _, s := range b.sessionList() {
+		b.expireRegistrations(s, at)
+	}
+}
+
+// RegistrationTimer returns the earliest instant a timer of b's sessions
+// is armed for (zero: none).
+func RegistrationTimer(b *Backend) time.Time {
+	var first time.Time
+	for _, s := range b.sessionList() {
+		s.regMu.Lock()
+		if !s.timerAt.IsZero() && (first.IsZero() || s.timerAt.Before(first)) {
+			first = s.timerAt
+		}
+		s.regMu.Unlock()
+	}
+	return first
+}
