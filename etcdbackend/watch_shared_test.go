@@ -191,3 +191,46 @@ func TestWatchResetReachesEverySubscription(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchJoiningALiveSharedWatchMissesNothing: a Watch made while the
+// shared etcd watch already runs returns without a round trip, and still
+// delivers every change made after it returns, also while the shared watch
+// is busy with other keys' changes.
+func TestWatchJoiningALiveSharedWatchMissesNothing(t *testing.T) {
+	ctx := testCtx(t)
+	opts := &etcdbackend.Options{Prefix: newPrefix()}
+	w := newBackend(t, newClient(t, nil, nil), opts)
+	a := newBackend(t, newClient(t, nil, nil), opts)
+	if _, err := w.Watch(ctx, "busy"); err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	for i := range 50 {
+		// Traffic on another key keeps the shared watch behind the
+		// store now and then.
+		l, err := a.Acquire(ctx, backend.AcquireRequest{Key: "busy", HolderID: "a", TTL: time.Minute})
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		key := fmt.Sprintf("k%d", i)
+		events, err := w.Watch(ctx, key)
+		if err != nil {
+			t.Fatalf("Watch(%q): %v", key, err)
+		}
+		if err := a.Release(ctx, l); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		k, err := a.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: time.Minute})
+		if err != nil {
+			t.Fatalf("Acquire(%q): %v", key, err)
+		}
+		if e := nextEvent(t, events, "acquisition after Watch returned", 10*time.Second); e.Type != backend.EventChanged {
+			t.Fatalf("%q: got %v, want %v", key, e.Type, backend.EventChanged)
+		}
+		if err := a.Release(ctx, k); err != nil {
+			t.Fatalf("Release(%q): %v", key, err)
+		}
+		if e := nextEvent(t, events, "release", 10*time.Second); e.Type != backend.EventReleased {
+			t.Fatalf("%q: got %v, want %v", key, e.Type, backend.EventReleased)
+		}
+	}
+}
