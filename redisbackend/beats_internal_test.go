@@ -73,3 +73,60 @@ func TestBeatsWriteOnlyWhatNeedsIt(t *testing.T) {
 		}
 	})
 }
+
+// A leader's renewals refresh its record just often enough that no batch
+// has to write it, whatever the phase between renewals and batches: after
+// the first batch, batches write nothing, renewals refresh less often than
+// they come, and the record never runs short.
+func TestBeatsRenewalsCoverBatches(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		ttl, batch, renew  time.Duration
+		maxRefreshesPerMin int
+	}{
+		{"elector defaults at TTL 10s", 15 * time.Second, 5 * time.Second, 10 * time.Second / 3, 12},
+		{"elector defaults at TTL 2s", 7 * time.Second, time.Second, 2 * time.Second / 3, 16},
+		{"renewals slower than batches", 15 * time.Second, 2 * time.Second, 3 * time.Second, 20},
+	} {
+		for phase := range 8 {
+			t.Run(tc.name, func(t *testing.T) {
+				var s beats
+				t0 := time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
+				nextBatch := t0
+				nextRenew := t0.Add(time.Duration(phase) * tc.renew / 8)
+				end := t0.Add(10 * time.Minute)
+				var expires time.Time
+				writes, refreshes := 0, 0
+				for nextBatch.Before(end) || nextRenew.Before(end) {
+					now := nextRenew
+					if nextBatch.Before(nextRenew) || nextBatch.Equal(nextRenew) {
+						now = nextBatch
+						nextBatch = nextBatch.Add(tc.batch)
+						if !s.fresh("k", tc.ttl, now) {
+							if writes > 0 {
+								t.Errorf("batch at %v wrote the record (refreshed %v ago by renewals)", now.Sub(t0), now.Sub(expires.Add(-tc.ttl)))
+							}
+							writes++
+							s.wrote("k", tc.ttl, now)
+							expires = now.Add(tc.ttl)
+						}
+					} else {
+						nextRenew = nextRenew.Add(tc.renew)
+						if ttl, ok := s.renewal("k", now); ok {
+							refreshes++
+							s.refreshed("k", ttl, now)
+							expires = now.Add(ttl)
+						}
+					}
+					if !expires.IsZero() && expires.Sub(now) <= tc.ttl/4 {
+						t.Fatalf("at %v the record has %v left", now.Sub(t0), expires.Sub(now))
+					}
+				}
+				if perMin := refreshes / 10; perMin > tc.maxRefreshesPerMin {
+					t.Errorf("phase %d/8: %d refreshes a minute, want at most %d (renewals: %d a minute)", phase, perMin, tc.maxRefreshesPerMin, int(time.Minute/tc.renew))
+				}
+				t.Logf("phase %d/8: %d refreshes a minute, renewals %d", phase, refreshes/10, int(time.Minute/tc.renew))
+			})
+		}
+	}
+}
