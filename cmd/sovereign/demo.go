@@ -16,8 +16,9 @@ import (
 
 // startDemo runs candidates on the in-memory backend b, so that serve
 // --demo has something to show: three replicas of a "billing-cron" whose
-// leader resigns now and then, a lone "nightly-report" and a held lock. It
-// returns a function that stops them and waits for them.
+// leader resigns now and then, a lone "nightly-report", a held lock and a
+// shared lock (a semaphore of 3) held by two readers. It returns a function
+// that stops them and waits for them.
 func startDemo(ctx context.Context, b backend.Backend, prefix string) (stop func(), err error) {
 	if _, ok := b.(*memorybackend.Backend); !ok {
 		return nil, errors.New("--demo needs --backend memory://")
@@ -82,6 +83,29 @@ func startDemo(ctx context.Context, b backend.Backend, prefix string) (stop func
 			}
 		}
 	})
+	// A shared lock with two holders, each renewed on its own.
+	if m, ok := b.(backend.Modes); ok {
+		for _, id := range []string{"report-a", "report-b"} {
+			wg.Go(func() {
+				l, err := m.AcquireMode(ctx, backend.ModeRequest{
+					AcquireRequest: backend.AcquireRequest{Key: lockPrefix + prefix + "reports/read", HolderID: id, TTL: 15 * time.Second},
+					Mode:           backend.Shared, Limit: 3,
+				})
+				if err != nil {
+					return
+				}
+				for {
+					select {
+					case <-ctx.Done():
+						_ = b.Release(context.Background(), l)
+						return
+					case <-time.After(3 * time.Second):
+						_ = b.Renew(ctx, l)
+					}
+				}
+			})
+		}
+	}
 	return func() {
 		cancel()
 		for _, e := range electors {

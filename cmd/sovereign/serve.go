@@ -217,9 +217,16 @@ func (s *server) refresh(ctx context.Context) {
 		s.mu.Unlock()
 		return
 	}
+	// held maps each key to its oldest holder's record, all to every
+	// holder's (List gives one record per live holder of a shared key, in
+	// term order within the key).
 	held := make(map[string]*backend.Record, len(recs))
+	all := make(map[string][]backend.Record, len(recs))
 	for i := range recs {
-		held[recs[i].Key] = &recs[i]
+		if held[recs[i].Key] == nil {
+			held[recs[i].Key] = &recs[i]
+		}
+		all[recs[i].Key] = append(all[recs[i].Key], recs[i])
 	}
 	s.mu.Lock()
 	for _, n := range s.o.names {
@@ -267,6 +274,7 @@ func (s *server) refresh(ctx context.Context) {
 			s.watches.Go(func() { watchLoop(wctx, s.watcher, key, s.poke) })
 		}
 		e := newEntry(key, rec, members)
+		e.setHolders(all[key])
 		if rec != nil {
 			e.FullTTLSeconds = ms(k.fullTTL)
 			e.warn(k.fullTTL)
@@ -439,9 +447,17 @@ func (s *server) metrics(w http.ResponseWriter, r *http.Request) {
 	family("sovereign_election_members", "gauge", "Number of instances with a live heartbeat.", func(e entry) (float64, bool) {
 		return float64(len(e.Members)), true
 	})
-	fmt.Fprintf(&b, "# HELP sovereign_election_holder_info The current holder, as a label.\n# TYPE sovereign_election_holder_info gauge\n")
+	family("sovereign_election_holders", "gauge", "Number of live holders of the election or lock (more than 1 for a shared lock).", func(e entry) (float64, bool) {
+		return float64(len(e.Holders)), true
+	})
+	fmt.Fprintf(&b, "# HELP sovereign_election_holder_info The current holder, as a label: one series per holder of a shared lock.\n# TYPE sovereign_election_holder_info gauge\n")
 	for _, e := range snap.Entries {
-		if e.Held {
+		switch {
+		case len(e.Holders) > 0:
+			for _, h := range e.Holders {
+				fmt.Fprintf(&b, "sovereign_election_holder_info{name=%s,kind=%s,holder=%s} 1\n", label(e.Name), label(e.Kind), label(h.ID))
+			}
+		case e.Held:
 			fmt.Fprintf(&b, "sovereign_election_holder_info{name=%s,kind=%s,holder=%s} 1\n", label(e.Name), label(e.Kind), label(e.Holder))
 		}
 	}

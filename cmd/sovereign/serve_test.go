@@ -49,6 +49,38 @@ func acquire(t *testing.T, b backend.Backend, key, id string, ttl time.Duration,
 	return l
 }
 
+// acquireShared takes a Shared hold with limit on the lock key by id.
+func acquireShared(t *testing.T, b backend.Modes, key, id string, limit int, md map[string]string) backend.Lease {
+	t.Helper()
+	l, err := b.AcquireMode(context.Background(), backend.ModeRequest{
+		AcquireRequest: backend.AcquireRequest{Key: key, HolderID: id, TTL: time.Minute, Metadata: md},
+		Mode:           backend.Shared, Limit: limit,
+	})
+	if err != nil {
+		t.Fatalf("shared acquire %q as %q: %v", key, id, err)
+	}
+	return l
+}
+
+// holdersJS returns an expression: the holder IDs the card of key lists.
+func holdersJS(key string) string {
+	k, _ := json.Marshal(key)
+	return fmt.Sprintf(`[...document.querySelectorAll('section[data-key=' + JSON.stringify(%s) + '] .holders li')].map(li => li.dataset.holder).join(",")`, k)
+}
+
+// waitHoldersJS returns a promise that resolves once the card of key lists
+// the holders want (IDs joined by commas), and rejects after 20 s.
+func waitHoldersJS(key, want string) string {
+	w, _ := json.Marshal(want)
+	return fmt.Sprintf(`new Promise((resolve, reject) => {
+		const check = () => (%s) === %s;
+		if (check()) return resolve(true);
+		const obs = new MutationObserver(() => { if (check()) { obs.disconnect(); resolve(true); } });
+		obs.observe(document, {subtree: true, childList: true, characterData: true, attributes: true});
+		setTimeout(() => { obs.disconnect(); reject(new Error("the page did not list holders " + %s + ": " + (document.body ? document.body.innerText : "(no body)"))); }, 20000);
+	})`, holdersJS(key), w, w)
+}
+
 func heartbeat(t *testing.T, b backend.Backend, key string, ids ...string) {
 	t.Helper()
 	for _, id := range ids {
@@ -71,6 +103,8 @@ func TestServeBrowser(t *testing.T) {
 	acquire(t, b, "nightly-report", "batch-7", 20*time.Second, nil) // no heartbeat: a stale warning
 	heartbeat(t, b, lockPrefix+"db-migrate", "deploy-42")
 	acquire(t, b, lockPrefix+"db-migrate", "deploy-42", 15*time.Second, map[string]string{"migration": "0042_add_index"})
+	ra := acquireShared(t, b, lockPrefix+"reports/read", "report-a", 3, map[string]string{"report": "daily"})
+	acquireShared(t, b, lockPrefix+"reports/read", "report-b", 3, nil)
 	hs := startServe(t, b, "payments-sweeper") // never held: shown as "no leader"
 
 	if err := br.call("Page.navigate", map[string]any{"url": hs.URL + "/"}, nil); err != nil {
@@ -89,7 +123,28 @@ func TestServeBrowser(t *testing.T) {
 			t.Fatalf("%s: %v", tc.key, err)
 		}
 	}
-	v, err := br.eval(`document.querySelector('section[data-key="nightly-report"] .warning')?.textContent ?? ""`)
+	// A shared lock: the card lists every holder, oldest first.
+	if _, err := br.eval(waitHoldersJS(lockPrefix+"reports/read", "report-a,report-b")); err != nil {
+		t.Fatal(err)
+	}
+	v, err := br.eval(`document.querySelector('section[data-key="lock/reports/read"] .holder').textContent`)
+	if err != nil || string(v) != `"2 shared holders of 3"` {
+		t.Errorf("got the shared lock's headline %s (%v), want \"2 shared holders of 3\"", v, err)
+	}
+	v, err = br.eval(`document.querySelector('section[data-key="lock/reports/read"] .holders li[data-holder="report-a"]').textContent`)
+	if err != nil || !strings.Contains(string(v), "shared, limit 3, term ") || !strings.Contains(string(v), "report=daily") || !strings.Contains(string(v), "left") {
+		t.Errorf("got report-a's line %s (%v), want its mode, limit, term, TTL left and metadata", v, err)
+	}
+	// One holder leaves and another comes: pushed to the page.
+	if err := b.Release(context.Background(), ra); err != nil {
+		t.Fatal(err)
+	}
+	acquireShared(t, b, lockPrefix+"reports/read", "report-c", 3, nil)
+	if _, err := br.eval(waitHoldersJS(lockPrefix+"reports/read", "report-b,report-c")); err != nil {
+		t.Fatal(err)
+	}
+
+	v, err = br.eval(`document.querySelector('section[data-key="nightly-report"] .warning')?.textContent ?? ""`)
 	if err != nil || !strings.Contains(string(v), "no live heartbeat") {
 		t.Errorf("got nightly-report warning %s (%v), want one about the missing heartbeat", v, err)
 	}
@@ -156,6 +211,8 @@ func TestServeHTTP(t *testing.T) {
 	heartbeat(t, b, "job", "a", "b")
 	acquire(t, b, "job", "a", time.Minute, nil)
 	acquire(t, b, lockPrefix+"x/y", "h", time.Minute, nil)
+	sa := acquireShared(t, b, lockPrefix+"sem", "reader-a", 2, map[string]string{"job": "a"})
+	sb := acquireShared(t, b, lockPrefix+"sem", "reader-b", 2, nil)
 	hs := startServe(t, b, "idle")
 
 	get := func(path string) (int, string) {
@@ -170,8 +227,27 @@ func TestServeHTTP(t *testing.T) {
 	// Wait for the first snapshot that has read the backend.
 	events := subscribeEvents(t, hs.URL)
 	snap := events.next(func(s snapshot) bool { return s.OK })
-	if len(snap.Entries) != 3 {
-		t.Fatalf("got %d entries, want 3 (job, idle, lock x/y): %+v", len(snap.Entries), snap.Entries)
+	if len(snap.Entries) != 4 {
+		t.Fatalf("got %d entries, want 4 (job, idle, locks sem and x/y): %+v", len(snap.Entries), snap.Entries)
+	}
+	// The shared lock: every holder, in term order; the entry's own fields
+	// are the oldest's.
+	for _, e := range snap.Entries {
+		if e.Key != lockPrefix+"sem" {
+			continue
+		}
+		if !e.Held || e.Holder != "reader-a" || e.Term != sa.Term || e.Mode != "shared" || e.Limit != 2 || len(e.Holders) != 2 {
+			t.Fatalf("lock sem: got %+v, want held by reader-a (the oldest, term %d), shared, limit 2, with 2 holders", e, sa.Term)
+		}
+		for i, l := range []backend.Lease{sa, sb} {
+			h := e.Holders[i]
+			if h.ID != l.HolderID || h.Term != l.Term || h.Mode != "shared" || h.Limit != 2 || h.TTLSeconds <= 0 || h.Since == nil {
+				t.Errorf("lock sem holder %d: got %+v, want %s, term %d, shared, limit 2, TTL and since", i, h, l.HolderID, l.Term)
+			}
+		}
+		if e.Holders[0].Metadata["job"] != "a" {
+			t.Errorf("lock sem holder 0: got metadata %v, want job=a", e.Holders[0].Metadata)
+		}
 	}
 	if code, body := get("/healthz"); code != 200 || body != "ok\n" {
 		t.Errorf("got /healthz %d %q, want 200 ok", code, body)
@@ -186,6 +262,11 @@ func TestServeHTTP(t *testing.T) {
 		`sovereign_election_ttl_seconds{name="job",kind="election"} `,
 		`sovereign_election_members{name="job",kind="election"} 2`,
 		`sovereign_election_holder_info{name="job",kind="election",holder="a"} 1`,
+		`sovereign_election_holder_info{name="sem",kind="lock",holder="reader-a"} 1`,
+		`sovereign_election_holder_info{name="sem",kind="lock",holder="reader-b"} 1`,
+		`sovereign_election_holders{name="sem",kind="lock"} 2`,
+		`sovereign_election_holders{name="x/y",kind="lock"} 1`,
+		`sovereign_election_holders{name="idle",kind="election"} 0`,
 		"sovereign_up 1",
 	} {
 		if !strings.Contains(metrics, want) {
@@ -282,13 +363,18 @@ func TestServeBinary(t *testing.T) {
 	base := strings.TrimSuffix(line[strings.Index(line, "http://"):], "/")
 	events := subscribeEvents(t, base)
 	events.next(func(s snapshot) bool {
-		held := 0
+		held, readers := 0, 0
 		for _, e := range s.Entries {
 			if e.Held {
 				held++
 			}
+			if e.Name == "reports/read" {
+				readers = len(e.Holders)
+			}
 		}
-		return s.OK && held == 3 // billing-cron, nightly-report, lock db-migrate
+		// billing-cron, nightly-report, locks db-migrate and reports/read
+		// (two holders)
+		return s.OK && held == 4 && readers == 2
 	})
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
@@ -296,7 +382,11 @@ func TestServeBinary(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`sovereign_election_held{name="billing-cron",kind="election"} 1`, `sovereign_election_held{name="db-migrate",kind="lock"} 1`} {
+	for _, want := range []string{
+		`sovereign_election_held{name="billing-cron",kind="election"} 1`,
+		`sovereign_election_held{name="db-migrate",kind="lock"} 1`,
+		`sovereign_election_holders{name="reports/read",kind="lock"} 2`,
+	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, body)
 		}

@@ -41,8 +41,9 @@ type entry struct {
 	HeartbeatAgeSeconds *float64   `json:"heartbeat_age_seconds,omitempty"`
 
 	// Holders is every live holder of the key (status, on a backend with
-	// shared locks): the Shared holders each with their own record, in term
-	// order. Holder, Term and the fields above describe the oldest.
+	// shared locks; serve, from List): the Shared holders each with their
+	// own record, in term order. Holder, Term and the fields above describe
+	// the oldest.
 	Holders []holder `json:"holders,omitempty"`
 
 	Members  []member `json:"members"`
@@ -127,6 +128,21 @@ func newEntry(key string, rec *backend.Record, members []backend.Member) entry {
 	return e
 }
 
+// setHolders sets e.Holders from recs, the records of every live holder of
+// e's key in term order (the first is the one newEntry was given), and marks
+// every member that holds the key.
+func (e *entry) setHolders(recs []backend.Record) {
+	e.Holders = nil
+	ids := make(map[string]bool, len(recs))
+	for _, r := range recs {
+		e.Holders = append(e.Holders, newHolder(r))
+		ids[r.HolderID] = true
+	}
+	for i := range e.Members {
+		e.Members[i].Holder = e.Members[i].Holder || ids[e.Members[i].ID]
+	}
+}
+
 // warn adds the stale warnings of a held entry. fullTTL is the lease's full
 // TTL when known (0 otherwise).
 func (e *entry) warn(fullTTL time.Duration) {
@@ -193,9 +209,7 @@ func readEntry(ctx context.Context, b backend.Backend, key string, timeout time.
 		if err != nil {
 			return entry{}, err
 		}
-		for _, r := range recs {
-			e.Holders = append(e.Holders, newHolder(r))
-		}
+		e.setHolders(recs)
 	}
 	e.warn(0)
 	return e, nil

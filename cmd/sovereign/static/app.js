@@ -32,15 +32,37 @@ function dur(s) {
 // elapsed returns seconds since the snapshot arrived.
 function elapsed() { return (performance.now() - receivedAt) / 1000; }
 
+// shared reports whether e is held in Shared mode: its card lists every
+// holder.
+function shared(e) { return e.held && e.mode === "shared"; }
+
+// holderList lists every holder of a shared key (or of a key with several
+// holders), oldest first, each with its mode, term, age, TTL and metadata.
+function holderList(e) {
+  return h("ol", { class: "holders" }, (e.holders || []).map((x, i) => {
+    const md = Object.entries(x.metadata || {}).sort().map(([k, v]) => k + "=" + v).join("  ");
+    return h("li", { "data-holder": x.id, "data-index": String(i) },
+      h("span", { class: "hid" }, x.id),
+      h("span", { class: "hmeta" }, x.mode + (x.limit ? ", limit " + x.limit : "") + ", term " + x.term),
+      h("span", { class: "hage" }),
+      h("span", { class: "httl" }),
+      md ? h("span", { class: "hmd" }, md) : null);
+  }));
+}
+
 function card(e) {
   const cls = ["card", e.held ? "held" : "free"];
   if (e.warnings && e.warnings.length) cls.push("stale");
-  const c = h("section", { class: cls.join(" "), "data-key": e.key, "data-held": String(e.held) },
+  const n = (e.holders || []).length;
+  let who = e.held ? e.holder : "no leader";
+  if (shared(e)) who = n + " shared holder" + (n === 1 ? "" : "s") + (e.limit ? " of " + e.limit : "");
+  const c = h("section", { class: cls.join(" "), "data-key": e.key, "data-held": String(e.held), "data-holders": String(n) },
     h("div", { class: "top" },
       h("span", { class: "kind " + e.kind }, e.kind),
       h("span", { class: "name" }, e.name)),
-    h("div", { class: "holder", "data-holder": e.holder || "" }, e.held ? e.holder : "no leader"));
-  if (e.held) {
+    h("div", { class: "holder", "data-holder": e.holder || "" }, who));
+  if (shared(e) || n > 1) c.append(holderList(e));
+  if (e.held && !shared(e)) {
     const since = e.since ? new Date(e.since) : null;
     c.append(h("dl", {},
       h("dt", {}, "term"), h("dd", { class: "term" }, String(e.term)),
@@ -49,8 +71,8 @@ function card(e) {
       h("dt", {}, "heartbeat"), h("dd", { class: "hb" }, e.heartbeat_age_seconds == null ? "none" : ""),
       Object.keys(e.metadata || {}).length ? [h("dt", {}, "metadata"),
         h("dd", {}, Object.entries(e.metadata).sort().map(([k, v]) => k + "=" + v).join("  "))] : null));
-    c.append(h("div", { class: "bar" }, h("div", {})), h("div", { class: "ttl" }));
   }
+  if (e.held) c.append(h("div", { class: "bar" }, h("div", {})), h("div", { class: "ttl" }));
   if (e.members && e.members.length) {
     c.append(h("div", { class: "members", title: "instances with a live heartbeat" },
       e.members.map(m => h("span", { class: "chip" + (m.holder ? " holder-chip" : ""), title: "heartbeat " + dur(m.age_seconds) + " ago" },
@@ -85,9 +107,16 @@ function tick() {
     const bar = c.querySelector(".bar");
     bar.firstChild.style.width = (frac * 100).toFixed(1) + "%";
     bar.className = "bar" + (frac < 0.2 ? " crit" : frac < 0.5 ? " low" : "");
-    c.querySelector(".ttl").textContent = "lease: " + dur(left) + " left of " + dur(full);
-    if (e.since) c.querySelector(".since").textContent = dur((now - new Date(e.since)) / 1000) + " ago";
-    if (e.heartbeat_age_seconds != null) c.querySelector(".hb").textContent = dur(e.heartbeat_age_seconds + dt) + " ago";
+    c.querySelector(".ttl").textContent = (shared(e) ? "oldest holder's lease: " : "lease: ") + dur(left) + " left of " + dur(full);
+    const sinceEl = c.querySelector(".since"), hbEl = c.querySelector(".hb");
+    if (e.since && sinceEl) sinceEl.textContent = dur((now - new Date(e.since)) / 1000) + " ago";
+    if (e.heartbeat_age_seconds != null && hbEl) hbEl.textContent = dur(e.heartbeat_age_seconds + dt) + " ago";
+    for (const li of c.querySelectorAll(".holders li")) {
+      const x = e.holders[Number(li.dataset.index)];
+      if (!x) continue;
+      li.querySelector(".httl").textContent = dur(x.ttl_seconds - dt) + " left";
+      li.querySelector(".hage").textContent = x.since ? "since " + dur((now - new Date(x.since)) / 1000) + " ago" : "";
+    }
   }
   document.getElementById("updated").textContent = "updated " + dur(dt) + " ago";
 }
