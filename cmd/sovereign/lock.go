@@ -154,6 +154,8 @@ func describeHeld(e *lock.HeldError) string {
 	var b strings.Builder
 	r := e.Holder
 	switch {
+	case len(e.Holders) == 0 && e.Waiting > 0 && r.Key != "" && r.Key != e.Key:
+		fmt.Fprintf(&b, "lock %q has %d exclusive waiting ahead on lock %q (an exclusive lock waiting above keeps new --hierarchical locks below it out)", e.Key, e.Waiting, r.Key)
 	case len(e.Holders) == 0 && e.Waiting > 0:
 		fmt.Fprintf(&b, "lock %q has %d waiting ahead (an exclusive waiter keeps new shared holders out; --fair waiters go in order)", e.Key, e.Waiting)
 	case len(e.Holders) <= 1 && r.Mode != backend.Shared && (r.Key == "" || r.Key == e.Key):

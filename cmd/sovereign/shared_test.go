@@ -172,6 +172,25 @@ func testSharedLock(t *testing.T, env []string, b backend.Backend) {
 	if code, out, stderr := run(t, env, "lock", "--try", "--id", "writer-q", "--hierarchical", "files/set1/page2", "--", "echo", "ran"); code != 0 || out != "ran\n" {
 		t.Fatalf("another page: got exit %d, output %q, stderr %q; want 0 and \"ran\"", code, out, stderr)
 	}
+	// An exclusive lock waiting above keeps new page locks out (when the
+	// backend has the rule), and runs once the page lock is gone.
+	var above *proc
+	if m, ok := b.(backend.Modes); ok && m.ModeSupport().AncestorWaiters {
+		above = start(t, env, "lock", "--ttl", "2s", "--id", "writer-s", "--hierarchical", "--wait", wait.String(), "files/set1", "--", "echo", "served")
+		deadline := time.Now().Add(wait)
+		for {
+			code, _, stderr := run(t, env, "lock", "--try", "--id", "writer-r", "--hierarchical", "files/set1/page3", "--", "echo", "ran")
+			if code == exitHeld && strings.Contains(stderr, `lock "files/set1/page3" has 1 exclusive waiting ahead on lock "files/set1"`) {
+				break
+			}
+			if code != 0 && code != exitHeld || time.Now().After(deadline) {
+				t.Fatalf("a page lock while an exclusive lock waits for files/set1: got exit %d, stderr %q; want %d naming the waiter within %v", code, stderr, exitHeld, wait)
+			}
+			time.Sleep(20 * time.Millisecond) // polling for the waiter's registration, an observable condition
+		}
+	} else {
+		t.Logf("the backend's ModeSupport lacks AncestorWaiters: an exclusive waiter above does not keep page locks out; not checked")
+	}
 	page.signal(syscall.SIGTERM)
 	kids.expect(2, "signal terminated")
 	if code := page.wait(); code != 42 {
@@ -179,6 +198,11 @@ func testSharedLock(t *testing.T, env []string, b backend.Backend) {
 	}
 	if l := kids.next("the page command's end"); l.conn != 2 || !l.eof {
 		t.Fatalf("got child line %+v, want the end of child 2", l)
+	}
+	if above != nil {
+		if code := above.wait(); code != 0 || above.stdoutText() != "served\n" {
+			t.Fatalf("the exclusive lock above: got exit %d, output %q; want 0 and \"served\"", code, above.stdoutText())
+		}
 	}
 
 	// Fair: a --fair waiter keeps its place; a later --fair --try is told
