@@ -1,8 +1,10 @@
 package sovereign
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -11,7 +13,7 @@ import (
 )
 
 // maxHeartbeatBatch bounds the records of one HeartbeatBatch call.
-const maxHeartbeatBatch = coalesce.MaxBatch
+var maxHeartbeatBatch = coalesce.MaxBatch // a variable for tests
 
 // hbKey identifies the electors whose heartbeats are sent together: one
 // backend that records heartbeats in batches, one HeartbeatInterval, one
@@ -145,6 +147,23 @@ func (s *hbScheduler) fire() {
 			es = append(es, e)
 			reqs = append(reqs, backend.HeartbeatRequest{Key: e.name, ID: e.id, TTL: e.opts.HeartbeatTTL})
 		}
+	}
+	if g, ok := s.key.b.(backend.BatchGrouper); ok && len(reqs) > maxHeartbeatBatch {
+		// Whole groups per call (see backend.BatchGrouper).
+		groups := make([]uint32, len(reqs))
+		for i := range reqs {
+			groups[i] = g.BatchGroup(reqs[i].Key)
+		}
+		order := make([]int, len(reqs))
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortFunc(order, func(a, b int) int { return cmp.Compare(groups[a], groups[b]) })
+		sortedEs, sortedReqs := make([]*Elector, len(es)), make([]backend.HeartbeatRequest, len(reqs))
+		for i, j := range order {
+			sortedEs[i], sortedReqs[i] = es[j], reqs[j]
+		}
+		es, reqs = sortedEs, sortedReqs
 	}
 	done := make(chan struct{})
 	s.inflight = done

@@ -40,3 +40,16 @@ type BatchHeartbeater interface {
 	// meanwhile is written again within three quarters of its TTL.
 	HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) []error
 }
+
+// BatchGrouper is an optional capability of a BatchRenewer or a
+// BatchHeartbeater whose store places keys in groups that one request can
+// reach together (Redis Cluster: hash slots). A batch larger than one call
+// is split across calls; its callers (the lease keeper and the elector's
+// heartbeats) order it by group first, so that the keys of one group go in
+// one call, and an instance holding many keys sends one request per group
+// per interval rather than one per call and group.
+type BatchGrouper interface {
+	// BatchGroup returns the group of key (for a heartbeat, of the key of
+	// its election). It does no I/O.
+	BatchGroup(key string) uint32
+}

@@ -1,6 +1,7 @@
 package keeper
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"errors"
@@ -40,6 +41,7 @@ import (
 type scheduler struct {
 	key      schedKey
 	br       backend.BatchRenewer
+	grouper  backend.BatchGrouper // br's, when it places keys in groups
 	interval time.Duration
 
 	mu      sync.Mutex // guards the fields below and every member's Hold.m
@@ -67,6 +69,7 @@ type member struct {
 	idx    int       // index in members; -1 once removed
 	due    time.Time // the next renewal is due (zero: at once)
 	flight *flight   // the batch call covering the hold, while in flight
+	group  uint32    // the key's group (backend.BatchGrouper), or 0
 	kick   bool      // RenewNow during that call: renew again after it
 	dl     time.Time // the deadline as last set here; Extend may have moved it later
 	b      *bucket   // the bucket watching the hold's deadline; nil when none
@@ -112,6 +115,7 @@ func schedulerFor(b backend.Backend, interval time.Duration) *scheduler {
 		return v.(*scheduler)
 	}
 	s := &scheduler{key: k, br: br, interval: interval}
+	s.grouper, _ = br.(backend.BatchGrouper)
 	s.gridT = time.AfterFunc(time.Hour, s.run)
 	s.gridT.Stop()
 	s.dlT = time.AfterFunc(time.Hour, s.fireDeadlines)
@@ -131,6 +135,9 @@ func (s *scheduler) add(h *Hold, now time.Time) bool {
 	}
 	h.sch = s
 	h.m.idx = len(s.members)
+	if s.grouper != nil {
+		h.m.group = s.grouper.BatchGroup(h.lease.Key)
+	}
 	s.members = append(s.members, h)
 	next := now.Add(coalesce.Grid(now, s.interval))
 	h.m.due = next
@@ -255,6 +262,11 @@ func (s *scheduler) run() {
 			h.Held()
 		}
 		s.mu.Lock()
+		if s.grouper != nil && len(due) > coalesce.MaxBatch {
+			// Whole groups per call: one request per group, not one per
+			// call and group.
+			slices.SortFunc(due, func(a, b *Hold) int { return cmp.Compare(a.m.group, b.m.group) })
+		}
 		for rest := due; len(rest) > 0; {
 			chunk := rest[:min(len(rest), coalesce.MaxBatch)]
 			rest = rest[len(chunk):]
