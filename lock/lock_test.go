@@ -24,8 +24,8 @@ func TestNewOptions(t *testing.T) {
 		t.Fatalf("New(nil options): %v", err)
 	}
 	o := l.Options()
-	if o.TTL != 10*time.Second || o.RenewDeadline != 7*time.Second || o.RenewInterval != 2*time.Second || o.RequestTimeout != 2*time.Second {
-		t.Errorf("defaults: got TTL %v, RenewDeadline %v, RenewInterval %v, RequestTimeout %v, want 10s, 7s, 2s, 2s",
+	if o.TTL != 10*time.Second || o.RenewDeadline != 7*time.Second || o.RenewInterval != 10*time.Second/3 || o.RequestTimeout != 2*time.Second {
+		t.Errorf("defaults: got TTL %v, RenewDeadline %v, RenewInterval %v, RequestTimeout %v, want 10s, 7s, 3.33s, 2s",
 			o.TTL, o.RenewDeadline, o.RenewInterval, o.RequestTimeout)
 	}
 	l.Close()

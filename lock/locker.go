@@ -42,12 +42,16 @@ type Options struct {
 
 	// RenewInterval is how often a held lock is renewed; a failed renewal is
 	// retried after a quarter of it. Must be less than RenewDeadline.
-	// Default: 1/5 of TTL (2 s).
+	// Default: 1/3 of TTL (3.3 s), as for the elector (the locks and
+	// elections of a process with one backend and TTL then renew in the
+	// same batches).
 	RenewInterval time.Duration
 
 	// RequestTimeout bounds every backend call. Must be less than
 	// RenewDeadline.
-	// Default: RenewInterval (2 s).
+	// Default: 1/5 of TTL (2 s), at most RenewInterval, as for the
+	// elector: a renewal that times out is still retried before
+	// RenewDeadline.
 	RequestTimeout time.Duration
 
 	// Logger receives failures at Warn, lost locks at Info, acquisitions
@@ -97,10 +101,10 @@ func (o *Options) withDefaults(minTTL time.Duration) (Options, error) {
 		r.RenewDeadline = r.TTL * 7 / 10
 	}
 	if r.RenewInterval == 0 {
-		r.RenewInterval = r.TTL / 5
+		r.RenewInterval = r.TTL / 3
 	}
 	if r.RequestTimeout == 0 {
-		r.RequestTimeout = r.RenewInterval
+		r.RequestTimeout = min(r.TTL/5, r.RenewInterval)
 	}
 	if r.Logger == nil {
 		r.Logger = slog.Default()
