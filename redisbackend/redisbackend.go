@@ -102,11 +102,12 @@
 // CancelWait publishes a change on the key's channel. The expiry of a crashed holder's lease is not
 // published (keyspace notifications are not used; the backend never runs
 // CONFIG SET): the elector schedules its next attempt from the TTL the
-// record reports. An idle pub/sub connection is pinged every
-// Options.HealthCheckInterval. If it breaks, every watch on it is closed at
-// once: when the server restarts (with or without persistence, cleanly or
-// after a crash) or the connection is killed, the channels close within
-// milliseconds; a server that stops answering without closing the
+// record reports. A pub/sub connection silent for two intervals of
+// Options.HealthCheckInterval is broken (an idle one is pinged a little
+// before, to tell idle from dead). If it breaks, every watch on it is
+// closed at once: when the server restarts (with or without persistence,
+// cleanly or after a crash) or the connection is killed, the channels close
+// within milliseconds; a server that stops answering without closing the
 // connection is noticed when a ping goes unanswered, within two intervals.
 // The caller then treats it as a reset (backend.EventReset): it re-reads
 // the state, since the server may have lost it, and watches again.
@@ -130,8 +131,8 @@
 // scripts a minute, its renewals, each of which also refreshes the
 // leader's own heartbeat record, so that no heartbeat is left to send (see
 // RenewBatch), and an idle follower about 12 (6 heartbeats, about 6
-// acquisition attempts scheduled from the lease's remaining TTL), plus 4
-// PINGs a minute each on the watch connection.
+// acquisition attempts scheduled from the lease's remaining TTL), plus about
+// 2 PINGs a minute each on the watch connection (one per 27 s of silence).
 //
 // # Fencing terms
 //
@@ -274,9 +275,13 @@ type Options struct {
 	// default: PubSubAuto
 	PubSub PubSubMode
 
-	// HealthCheckInterval is how long the shared pub/sub connection may stay
-	// silent before it is pinged; a ping unanswered for another interval
-	// breaks it (its watches are closed). default: 15 seconds
+	// HealthCheckInterval bounds how long the shared pub/sub connection may
+	// stay silent: one that has received nothing for two intervals is
+	// broken (its watches are closed). A quiet connection is pinged after
+	// two intervals less the ping's answer time, and broken if the answer
+	// does not come within that time: a fifth of the interval, at least 1
+	// second and at most the interval (3 s of 15 s: pinged after 27 s of
+	// silence, about 2 pings a minute). default: 15 seconds
 	HealthCheckInterval time.Duration
 
 	// TermRetention is how long a key's term counter is kept after its last
@@ -312,9 +317,10 @@ type Backend struct {
 	prefix      string
 	waitN       int
 	waitTimeout time.Duration
-	pubsub      PubSubMode // PubSubClassic, PubSubSharded or PubSubOff after New
-	publishCmd  string     // "PUBLISH", "SPUBLISH" or ""
-	healthCheck time.Duration
+	pubsub      PubSubMode    // PubSubClassic, PubSubSharded or PubSubOff after New
+	publishCmd  string        // "PUBLISH", "SPUBLISH" or ""
+	healthCheck time.Duration // Options.HealthCheckInterval
+	pingAnswer  time.Duration // how long a ping of the watch connection may go unanswered (watch.go)
 	watchBuffer int
 	termKeep    time.Duration // Options.TermRetention
 	batch       *batcher      // pipelines concurrent calls; nil on a cluster client
@@ -386,6 +392,7 @@ func New(client Client, opts *Options) (*Backend, error) {
 		waitN:       o.WaitReplicas,
 		waitTimeout: o.WaitTimeout,
 		healthCheck: o.HealthCheckInterval,
+		pingAnswer:  pingAnswerTime(o.HealthCheckInterval),
 		watchBuffer: o.WatchBuffer,
 		termKeep:    o.TermRetention,
 	}

@@ -1,0 +1,96 @@
+package redisbackend
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sovereign-go/sovereign/internal/testredis"
+)
+
+func TestPingAnswerTime(t *testing.T) {
+	for _, tc := range []struct{ interval, answer, silence time.Duration }{
+		{15 * time.Second, 3 * time.Second, 27 * time.Second}, // the default
+		{5 * time.Second, time.Second, 9 * time.Second},
+		{2 * time.Second, time.Second, 3 * time.Second},
+		{time.Second, time.Second, time.Second},
+		{50 * time.Millisecond, 50 * time.Millisecond, 50 * time.Millisecond},
+	} {
+		answer := pingAnswerTime(tc.interval)
+		if answer != tc.answer || 2*tc.interval-answer != tc.silence {
+			t.Errorf("interval %v: answer within %v after %v of silence, want %v after %v",
+				tc.interval, answer, 2*tc.interval-answer, tc.answer, tc.silence)
+		}
+	}
+}
+
+// pings returns how many PINGs the server has run (INFO commandstats).
+func pings(ctx context.Context, admin *redis.Client) int {
+	info := admin.Info(ctx, "commandstats").Val()
+	i := strings.Index(info, "cmdstat_ping:calls=")
+	if i < 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.SplitN(info[i+len("cmdstat_ping:calls="):], ",", 2)[0])
+	return n
+}
+
+// TestWatchPingsOncePerSilence: a quiet watch connection is pinged once per
+// two intervals less the answer time, not once per interval, and a server
+// that stops answering is still noticed within two intervals. The interval
+// is 1 s with an answer time of 200 ms: pings come 1.8 s apart at the
+// earliest (a read deadline never fires early), where one per interval
+// would make three in about 3 s.
+func TestWatchPingsOncePerSilence(t *testing.T) {
+	srv := testredis.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := srv.NewClient(t, nil)
+	const interval, answer = time.Second, 200 * time.Millisecond
+	b, err := New(srv.NewClient(t, nil), &Options{HealthCheckInterval: interval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	b.pingAnswer = answer   // before the first Watch starts the receive loop
+	p0 := pings(ctx, admin) // testredis pings the server when it starts
+	start := time.Now()
+	ch, err := b.Watch(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pings(ctx, admin) < p0+3 {
+		select {
+		case _, ok := <-ch:
+			t.Fatalf("idle watch: got an event or a close (open %v), want nothing", ok)
+		case <-ctx.Done():
+			t.Fatal("no three pings within a minute")
+		case <-time.After(10 * time.Millisecond): // poll the server's count
+		}
+	}
+	silence := 2*interval - answer
+	if took := time.Since(start); took < 3*silence-50*time.Millisecond {
+		t.Errorf("three pings within %v of a quiet watch, want them at least %v apart", took, silence)
+	}
+
+	srv.Pause(t)
+	defer srv.Resume(t)
+	frozen := time.Now()
+	select {
+	case _, ok := <-ch:
+		if ok {
+			t.Fatal("got an event from a frozen server")
+		}
+	case <-ctx.Done():
+		t.Fatal("the watch of a frozen server stayed open for a minute")
+	}
+	took := time.Since(frozen)
+	t.Logf("watch closed %v after the server froze", took.Round(time.Millisecond))
+	if took > 2*interval+5*time.Second {
+		t.Errorf("watch closed %v after the server froze, want within about two intervals (%v)", took, 2*interval)
+	}
+}
