@@ -14,10 +14,11 @@
 //
 // # How leases map onto etcd
 //
-// Plain acquisitions share a session, as etcd's concurrency.Session does:
-// each Backend keeps one etcd lease per TTL (in whole seconds), granted on
-// first use and granted again once it is lost, and Acquire attaches the key
-// to it. Acquire is one transaction that compares the key's create revision
+// Acquisitions share a session, as etcd's concurrency.Session does: each
+// Backend keeps one etcd lease per TTL (in whole seconds), granted on first
+// use and granted again once it is lost, and Acquire attaches the key to
+// it (AcquireMode its entries, intents and waiter registrations: see
+// below). Acquire is one transaction that compares the key's create revision
 // with 0 and puts the record under <prefix><key> attached to the session
 // lease. A key on a session ends when the session lease does, at the
 // receipt of its last grant or keep-alive plus its TTL, so at least that
@@ -37,8 +38,9 @@
 // backend.AcquireRequest.Detached gets an etcd lease of its own, granted for
 // it and revoked by its Release (the package lock asks for one for NoRenew
 // and MaxHold locks: a session kept alive by other holds would keep such a
-// lock alive past its TTL). Entries of backend.Modes keep leases of their
-// own too (see below): a holder's intents on its ancestors share its lease.
+// lock alive past its TTL). Entries of backend.Modes ride on the session
+// of their TTL like plain keys, unless Detached, and so do waiter
+// registrations (see below).
 //
 // # Sessions: why renewing one key renews them all, and why that is safe
 //
@@ -51,7 +53,20 @@
 // holder by more than the TTL, as with a lease of its own; each holder's
 // deadline still counts from the send time of its own renewal (package
 // internal/keeper), and a renewal still checks its own key (below), so
-// losing one key never keeps or drops another. An acquisition whose
+// losing one key never keeps or drops another. The same holds for an entry
+// of backend.Modes (a holder and its intents on its ancestors, renewed and
+// released together, checked together). A waiter registration is not a
+// hold: its waiter refreshes it by trying again (package lock, every third
+// of the TTL at least) and withdraws it with CancelWait; the Backend that
+// made it remembers when it ends (its TTL from the send time of its last
+// refresh) and deletes it then, owner-checked by its etcd lease, if
+// nothing refreshed or withdrew it first. So while its Backend runs, a
+// registration outlives its TTL by no more than that delete takes (the
+// session's headroom being the bound); when its process dies, it ends with
+// the session, at most the session's TTL (the TTL plus its headroom) after
+// the session's last keep-alive, which the process's other holds may have
+// sent after the waiter's last refresh: at most the interval between the
+// waiter's retries later than that. An acquisition whose
 // outcome is unknown (a timeout) may have put a key on the session that
 // nobody will renew or release, and a Release that failed leaves its key
 // there while its caller may give up on it (the elector does, after a
@@ -62,7 +77,9 @@
 // found nothing to delete: RenewBatch, which reads the keys attached to
 // the session anyway, deletes every key on it that this Backend neither
 // holds nor is acquiring (created at or before that read, and still on the
-// session). A caller that drops a lease
+// session; an entry's keys, its intents and this Backend's live
+// registrations count as held, and an acquisition in flight protects the
+// keys of its key and of its ancestors). A caller that drops a lease
 // without releasing it, and without stopping its renewals, would keep its
 // key alive as long as the session lives; the lease keeper never does.
 //
@@ -74,9 +91,10 @@
 //
 // When the session lease is lost (it expired while the store was
 // unreachable, or etcd restarted without its data), every key on it is
-// lost: Renew and RenewBatch report backend.ErrLeaseLost for each, and the
-// next acquisition grants a new session (an acquisition whose transaction
-// finds the lease gone is retried once on a new one).
+// lost, entries and registrations included: Renew and RenewBatch report
+// backend.ErrLeaseLost for each, and the next acquisition grants a new
+// session (an acquisition, plain or AcquireMode, whose transaction finds
+// the lease gone is retried once on a new one).
 //
 // RenewBatch (backend.BatchRenewer) renews the leases of one session with
 // two requests sent together, however many they are: a keep-alive of the
@@ -87,9 +105,11 @@
 // (deleted by hand, taken by another holder, or acquired again here after
 // that). This is an owner check by token: only this Backend attaches keys
 // to its session leases, and it records the token of each key it attaches,
-// so a key attached to the session holds the record it wrote last. Other
-// leases in a batch (Detached, entries of backend.Modes, a session of
-// another Backend) are renewed one by one with Renew, 16 at a time.
+// so a key attached to the session holds the record it wrote last. An
+// entry of backend.Modes on a session is checked the same way, its holder
+// key and each of its intents: it is lost when any of them is. Other
+// leases in a batch (Detached, a session of another Backend) are renewed
+// one by one with Renew, 16 at a time.
 //
 // Release of a lease on a session is one owner-checked transaction: it
 // deletes the record and writes the release marker <prefix><key>\x00 (see
@@ -188,9 +208,13 @@
 //	<prefix><key>\x00wx/<wait ID>         a waiter in Exclusive mode
 //	<prefix><key>\x00ws/<wait ID>         a waiter in Shared mode (Fair only)
 //
-// (limits and slots in 8 hex digits). Each holder has its own etcd lease,
-// with the TTL asked for; its intents on its ancestors are attached to the
-// same lease, so they are renewed, revoked and expire with it. A holder's
+// (limits and slots in 8 hex digits). A holder and its intents on its
+// ancestors are attached to the session lease of the TTL asked for (see
+// "Sessions"; the token says so, as a plain key's does), so they are
+// renewed and expire with it and are released together; a Detached
+// request gets an etcd lease of its own for them, granted for it and
+// revoked by its Release (package lock asks for one for NoRenew and
+// MaxHold locks). A holder's
 // record and its intents carry the token, holder ID, acquisition time,
 // metadata, mode and limit (an intent also the key of its lock), so a
 // conflict with an intent names the lock below. The term of an entry is its
@@ -207,14 +231,20 @@
 // intent of an Exclusive lock (Shared); on each ancestor no lease record, no
 // Exclusive holder and, for an Exclusive lock, no Shared holder. Writer
 // preference: a Shared acquisition that is not Fair also needs the
-// Exclusive waiters' range empty. A Shared acquisition with a limit takes
+// Exclusive waiters' range empty; a hierarchical acquisition that is not
+// Fair, in either mode, needs each ancestor's Exclusive waiters' range
+// empty (ModeSupport.AncestorWaiters: a stream of locks below cannot
+// starve an Exclusive lock above), and the failure branch counts them, so
+// that a HeldError caused by them alone names the ancestor. A Shared acquisition with a limit takes
 // the first free slot through a chain of nested transactions, one level per
 // slot, so the limit costs no extra request. etcd counts the operations of
 // a transaction along its deepest nesting against --max-txn-ops (128 by
 // default), hence MaxLimit (64), and a bound on ancestors that shrinks as
-// the limit grows (41 for an Exclusive lock, 59 for a Shared one, 28 for a
-// semaphore of 3 and 13 for one of 64, Fair with a WaitID); a larger
-// request fails with backend.ErrUnsupported before any request is made.
+// the limit grows (41 for an Exclusive lock, 40 for a Shared one, 9 for a
+// semaphore of 64; Fair with a WaitID, which does not compare the
+// ancestors' waiters, 61, 59, and 28 for a semaphore of 3 and 13 for one
+// of 64: TestModesLargestTransactions); a larger request fails with
+// backend.ErrUnsupported before any request is made.
 // A semaphore's transaction carries the holder's record (metadata
 // included) once per slot and ancestor, and etcd refuses a request above
 // --max-request-bytes (1.5 MiB by default): keep a semaphore's metadata
@@ -224,15 +254,19 @@
 // or an entry's etcd key), Holders every holder in term order.
 //
 // Fair order is revision order. A waiter is registered, in the failure
-// branch of its acquisition's transaction, with the lease granted for the
-// attempt (so a failed attempt wastes no grant), and the Backend remembers
-// the registration's create revision and lease. A Fair retry then compares
-// that its own key still has that create revision and that every waiter's
-// create revision is at least it ("> rev-1": etcd has no ">="), so nobody
-// registered before it; with no registration, the waiters' range must be
-// empty. A retry refreshes the registration by a keep-alive of its lease
-// (no grant, no raft write), and a success takes that lease over for the
-// holder. A retry of a registration made by another Backend fails once,
+// branch of its acquisition's transaction, on the session lease of its TTL
+// (a Detached request's too), and the Backend remembers the registration's
+// create revision, and when it ends (see "Sessions"). A Fair retry then
+// compares that its own key still has that create revision and that every
+// waiter's create revision is at least it ("> rev-1": etcd has no ">="),
+// so nobody registered before it; with no registration, the waiters' range
+// must be empty. A retry that finds the key still held refreshes the
+// registration without a write: the read-only probe sees it still attached
+// to the session (with a keep-alive of the session sent along when the
+// session has less than the TTL left), and the Backend moves its end; a
+// success deletes it, in either mode, in its transaction. A registration
+// whose WaitID comes back in the other mode is replaced in the same
+// transaction. A retry of a registration made by another Backend fails once,
 // learning its place from the failure branch's reads, and is tried again
 // at once with it: one more transaction, only then. A waiter's put and its
 // refreshes send no watch event (each would wake every waiter, whose retry
@@ -242,28 +276,38 @@
 // Release of an entry deletes it and its intents, and writes the release
 // marker of its key and of each ancestor, in one owner-checked transaction,
 // so watchers of the key and of every ancestor see backend.EventReleased
-// (an expiry: backend.EventExpired); then it revokes the lease, which
-// holds only the markers. Nothing of an entry outlives its lease, and a
-// registration's lease is revoked when it is withdrawn or replaced, so the
-// store returns to its size before once every entry is released or has
-// expired.
+// (an expiry: backend.EventExpired). The markers of an entry on a session
+// go on the markers' lease of Acquire's releases (at most 5 s); a Detached
+// entry's on its own lease, then revoked. Nothing of an entry outlives its
+// lease, a registration is deleted when it is withdrawn, replaced or due,
+// and a session lease holds nothing once its keys are gone, so the store
+// returns to its size before once every entry is released or has expired
+// (the session and markers' leases, one per TTL and Backend, end at their
+// TTL once unused).
 //
-// Requests (raft proposals) per operation, measured by TestModesRoundTrips:
-// AcquireMode of a free key in any mode, with or without a limit or
-// ancestors, 2 (2: grant, transaction); by a registered waiter 2 (1:
-// keep-alive of its registration, transaction). A failed first attempt that
-// registers a waiter 2 (2); one without registration 3 (3: the unused grant
-// is revoked). Once an attempt has found the key held (and no watch of this
-// Backend has seen a holder go since), a retry first probes with a
-// read-only transaction of the same comparisons: a failed retry costs 1 (0)
-// without registration, 2 (0: keep-alive, probe) for a registered waiter,
-// and a retry that finds the key free one request (no proposal) more than
-// above. Every failure adds one lease look-up per conflicting holder (no
-// proposal), in parallel. Renew 2 (0: a read-only transaction checking
-// the entry and its intents, a keep-alive); Release 2 (2: transaction, revocation); SetMetadata 1 (1);
-// Holders 1 range read plus a look-up per holder (0); Get 1 plus 1 or 2
-// look-ups (0); CancelWait 1 (1: revoking the registration's lease) when
-// this Backend made the registration, else 2 (2).
+// Requests (raft proposals) per operation, measured by TestModesRoundTrips,
+// on a session already granted (the first use of a TTL adds its grant, and
+// a keep-alive of the session goes with the transaction, sent with it,
+// when the session has less than the TTL left, as for Acquire): AcquireMode
+// of a free key in any mode, with or without a limit or ancestors, by a
+// registered waiter or not, 1 (1: the transaction); a failed first attempt
+// 1 (1), whether it registers a waiter or not. Once an attempt has found
+// the key held (and no watch of this Backend has seen a holder go since),
+// a retry first probes with a read-only transaction of the same
+// comparisons: a failed retry costs 1 (0), a registered waiter's included
+// (it refreshes the registration), and a retry that finds the key free one
+// request (no proposal) more than above. Every failure adds one lease
+// look-up per conflicting holder (no proposal), in parallel. Renew 1 round
+// trip (0: a read-only transaction checking the entry and its intents, and
+// a keep-alive of the session, sent together); RenewBatch 2 requests per
+// session however many entries and plain keys ride on it (0: the session's
+// keep-alive and look-up); Release 1 (1: the transaction; the markers'
+// lease as for Acquire's releases); SetMetadata 1 (1); CancelWait 1 (1),
+// whoever made the registration; Holders 1 range read plus a look-up per
+// holder (0); Get 1 plus 1 or 2 look-ups (0). A Detached entry: AcquireMode
+// 2 (2: grant, transaction; a failure without a probe adds the revocation
+// of the grant), Renew 2 (0: read-only transaction, then keep-alive of its
+// lease), Release 2 (2: transaction, revocation).
 //
 // # Heartbeats
 //

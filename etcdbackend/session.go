@@ -703,10 +703,11 @@ var _ backend.BatchRenewer = (*Backend)(nil)
 // session and this Backend acquired that key with the lease's token and has
 // neither released it nor found it lost since; otherwise it is lost (a key
 // deleted by hand, taken by another holder, or acquired again here after
-// such a deletion), alone. A session lease etcd no longer has loses every
-// key on it. Any other lease (Detached, an entry of backend.Modes, or on a
-// session this Backend does not know) is renewed by Renew, up to 16 at a
-// time.
+// such a deletion), alone. An entry of backend.Modes on a session is
+// checked the same way by its holder key and each of its intents, and is
+// lost when any of them is. A session lease etcd no longer has loses every
+// key on it. Any other lease (Detached, or on a session this Backend does
+// not know) is renewed by Renew, up to 16 at a time.
 //
 // Why the local record of tokens is an owner check: only this Backend
 // attaches keys to its session leases (their IDs are its own grants), and
