@@ -178,8 +178,11 @@ type AcquireOptions struct {
 	// takes intent on "a" and "a/b", atomically with the lock, for as long
 	// as it is held. It then conflicts with an Exclusive lock on "a" or
 	// "a/b" (and, when Exclusive, with a Shared one), and an Exclusive lock
-	// on "a" conflicts with it. Hierarchy is a protocol: every lock of a
-	// tree must be taken with Hierarchical (or, for a top-level key,
+	// on "a" conflicts with it. While an Exclusive Acquire or Do on "a"
+	// waits, on a backend whose ModeSupport has AncestorWaiters, new
+	// Hierarchical locks below "a" that are not Fair are refused, so a
+	// stream of them cannot starve it. Hierarchy is a protocol: every lock
+	// of a tree must be taken with Hierarchical (or, for a top-level key,
 	// plainly), since a lock taken without it takes no intent. It needs a
 	// backend whose ModeSupport has Hierarchical, else ErrUnsupported.
 	Hierarchical bool

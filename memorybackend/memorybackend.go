@@ -78,7 +78,8 @@
 // # Modes
 //
 // A client implements every part of backend.Modes (shared locks,
-// semaphores, hierarchies, fair queueing, writer preference) unless
+// semaphores, hierarchies, fair queueing, writer preference, Exclusive
+// waiters on an ancestor blocking new hierarchical locks below it) unless
 // SetModeSupport restricts it. Every entry and waiter has its own expiry,
 // applied like a lease's: its key's expiry timer fires at the earliest one,
 // and EventExpired goes to the watchers of the entry's key and of each of
