@@ -36,6 +36,13 @@ func needHierarchical(s backend.ModeSupport) string {
 	return ""
 }
 
+func needAncestorWaiters(s backend.ModeSupport) string {
+	if !s.Hierarchical || !s.AncestorWaiters {
+		return "Hierarchical and AncestorWaiters"
+	}
+	return ""
+}
+
 func needFair(s backend.ModeSupport) string {
 	if !s.Fair {
 		return "Fair"
@@ -255,6 +262,51 @@ var modeCases = []lockCase{
 		ls.Release(ctx)
 		if err := <-done; err != nil {
 			t.Errorf("page Acquire after the set's release: %v", err)
+		}
+	}},
+	{"exclusive waiter above refuses new locks below", needAncestorWaiters, func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
+		a, b, w := newL("a"), newL("b"), newL("writer")
+		set, page1, page2 := lock.Key(key, "set"), lock.Key(key, "set", "page1"), lock.Key(key, "set", "page2")
+		p1, err := a.TryAcquire(ctx, page1, hier)
+		if err != nil {
+			t.Fatalf("page1: %v", err)
+		}
+		// A plain Exclusive lock on the set finds page1 below and registers.
+		writerAt := make(chan time.Time, 1)
+		go func() {
+			lw, err := w.Acquire(ctx, set, nil)
+			if err != nil {
+				t.Errorf("set Acquire: %v", err)
+				writerAt <- time.Time{}
+				return
+			}
+			writerAt <- time.Now()
+			lw.Release(ctx)
+		}()
+		eventually(ctx, t, "a new page lock refused while the set's writer waits", func() bool {
+			lp, err := b.TryAcquire(ctx, page2, hier)
+			if err == nil {
+				lp.Release(ctx)
+				return false
+			}
+			he := held(t, "page2 while the writer waits", err)
+			return len(he.Holders) == 0 && he.Waiting > 0 && he.Holder.Key == set
+		})
+		pageAt := make(chan time.Time, 1)
+		go func() {
+			lp, err := b.Acquire(ctx, page2, hier)
+			if err != nil {
+				t.Errorf("page2 Acquire: %v", err)
+				pageAt <- time.Time{}
+				return
+			}
+			pageAt <- time.Now()
+			lp.Release(ctx)
+		}()
+		p1.Release(ctx)
+		wAt, pAt := <-writerAt, <-pageAt
+		if !wAt.IsZero() && !pAt.IsZero() && pAt.Before(wAt) {
+			t.Errorf("page2 acquired %v before the set's writer, want after it", wAt.Sub(pAt))
 		}
 	}},
 	{"fair order", needFair, func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
