@@ -1,10 +1,10 @@
 package etcdbackend
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -579,16 +579,17 @@ func (h *watchHub) dispatch(r *hubRun, resp clientv3.WatchResponse) {
 		return // stopped: nobody listens to r any more
 	}
 	for i, ev := range resp.Events {
-		k := string(ev.Kv.Key)
-		if !strings.HasPrefix(k, prefix) {
+		k := ev.Kv.Key
+		if len(k) < len(prefix) || string(k[:len(prefix)]) != prefix {
 			continue
 		}
 		rel := k[len(prefix):]
 		key := rel
-		if j := strings.IndexByte(rel, 0); j >= 0 {
+		if j := bytes.IndexByte(rel, 0); j >= 0 {
 			key = rel[:j]
 		}
-		subs := h.subs[key]
+		// No allocation for the look-up, nor for the records it drops.
+		subs := h.subs[string(key)]
 		if len(subs) == 0 {
 			continue // a heartbeat record, or a key nobody watches
 		}
@@ -603,21 +604,22 @@ func (h *watchHub) dispatch(r *hubRun, resp clientv3.WatchResponse) {
 				// every waiter at each retry); its withdrawal or
 				// expiry may let those behind it go.
 				if ev.Type == mvccpb.DELETE {
-					send(subs, key, backend.EventChanged)
+					send(subs, backend.EventChanged)
 				}
 				continue
 			}
 		}
 		switch ev.Type {
 		case mvccpb.PUT:
-			send(subs, key, backend.EventChanged)
+			send(subs, backend.EventChanged)
 		case mvccpb.DELETE:
+			key := subs[0].key
 			h.b.setSeenHeld(key, false)
 			typ := backend.EventExpired
 			if releasedWith(resp.Events, i, prefix+key+"\x00") {
 				typ = backend.EventReleased
 			}
-			send(subs, key, typ)
+			send(subs, typ)
 		}
 	}
 }
@@ -640,12 +642,12 @@ func releasedWith(events []*clientv3.Event, i int, marker string) bool {
 	return false
 }
 
-// send delivers an event to each of subs without blocking; a full channel
-// drops it. watchHub.mu is held.
-func send(subs []*subscription, key string, typ backend.EventType) {
+// send delivers an event to each of subs, all of one key, without
+// blocking; a full channel drops it. watchHub.mu is held.
+func send(subs []*subscription, typ backend.EventType) {
 	for _, s := range subs {
 		select {
-		case s.out <- backend.Event{Key: key, Type: typ}:
+		case s.out <- backend.Event{Key: s.key, Type: typ}:
 		default:
 		}
 	}

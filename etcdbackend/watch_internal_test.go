@@ -259,3 +259,24 @@ func TestSweepForgetsUnusedKeys(t *testing.T) {
 		t.Error("recent held-key hint: dropped, want it kept")
 	}
 }
+
+// TestDispatchDropsOtherRecordsWithoutAllocating: heartbeat records, keys
+// nobody watches and waiter registrations come through the shared watch
+// too; dropping them costs a map look-up and no allocation.
+func TestDispatchDropsOtherRecordsWithoutAllocating(t *testing.T) {
+	b := unconnectedBackend(t)
+	h, r, add := testHub(t, b)
+	s := add("k")
+	resp := clientv3.WatchResponse{Events: []*clientv3.Event{
+		ev(mvccpb.PUT, "p/k/heartbeat/a", 1),
+		ev(mvccpb.DELETE, "p/k/heartbeat/b", 2),
+		ev(mvccpb.PUT, "p/j", 3),
+		ev(mvccpb.PUT, "p/k\x00wx/1", 4),
+	}}
+	if allocs := testing.AllocsPerRun(100, func() { h.dispatch(r, resp) }); allocs != 0 {
+		t.Errorf("allocations per dispatch of records nobody is told about: got %v, want 0", allocs)
+	}
+	if got := received(s); len(got) != 0 {
+		t.Errorf("subscription of k: got %v, want no event", got)
+	}
+}
