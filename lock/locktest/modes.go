@@ -280,8 +280,9 @@ var modeCases = []lockCase{
 				writerAt <- time.Time{}
 				return
 			}
-			writerAt <- time.Now()
+			at := time.Now()
 			lw.Release(ctx)
+			writerAt <- at
 		}()
 		eventually(ctx, t, "a new page lock refused while the set's writer waits", func() bool {
 			lp, err := b.TryAcquire(ctx, page2, hier)
@@ -300,8 +301,9 @@ var modeCases = []lockCase{
 				pageAt <- time.Time{}
 				return
 			}
-			pageAt <- time.Now()
+			at := time.Now()
 			lp.Release(ctx)
+			pageAt <- at
 		}()
 		p1.Release(ctx)
 		wAt, pAt := <-writerAt, <-pageAt
