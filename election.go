@@ -61,6 +61,7 @@ type Elector struct {
 	state   State
 	term    uint64       // term of the current leadership; 0 when not leading
 	hold    *keeper.Hold // the lease of the current leadership; nil when not leading
+	cur     *leaderTerm  // the current term, from acquisition until its lease is released; nil otherwise
 	leader  Record       // last known leader; HolderID "" when none
 	stale   staleState   // what this elector knows of the leader's heartbeats
 	health  health       // what Check reads
@@ -273,7 +274,12 @@ func (e *Elector) Members(ctx context.Context) ([]backend.Member, error) {
 // called with a context derived from this elector's leader context (from
 // inside the leader function), as soon as the step-down has begun. It returns
 // ErrNotLeader when the elector does not lead, and ctx's error if ctx ends
-// first.
+// before the release begins (the lease is then released in the background
+// once the leader function has returned); a release under way is not
+// abandoned, and ends within RequestTimeout. The step-down and the release
+// run on the caller's goroutine, so a hand-over waits for no other work of
+// the elector; IsLeader answers false and the LeadershipLost event is
+// published before the release is sent.
 func (e *Elector) Resign(ctx context.Context) error {
 	e.mu.Lock()
 	closed, started := e.closed, e.started
@@ -285,8 +291,18 @@ func (e *Elector) Resign(ctx context.Context) error {
 	if !started {
 		return ErrNotLeader
 	}
+	li, inside := ctx.Value(leaderKey{}).(*leaderInfo)
+	inside = inside && li.e == e
+	if !inside {
+		e.mu.Lock()
+		t := e.cur
+		e.mu.Unlock()
+		if t != nil {
+			return e.resignTerm(ctx, t)
+		}
+	}
 	req := resignRequest{begun: make(chan error, 1), released: make(chan error, 1)}
-	if li, ok := ctx.Value(leaderKey{}).(*leaderInfo); ok && li.e == e {
+	if inside {
 		// Called from inside the leader function: its leader context ends at
 		// step-down, so wait for the step-down itself, which is prompt.
 		select {
@@ -311,6 +327,35 @@ func (e *Elector) Resign(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// resignTerm is Resign of term t, on the caller's goroutine: no hop to the
+// loop goroutine stands between the call and the release. It steps down
+// (IsLeader false, the leader context cancelled, the events published),
+// waits for the leader function to return, then releases the lease through
+// the keeper, owner-checked. The loop, woken by the step-down, waits for this
+// release and ends the term as resigned; should the term have ended already
+// for another reason, the release is still what Resign waits for.
+func (e *Elector) resignTerm(ctx context.Context, t *leaderTerm) error {
+	e.endTerm(t, ReasonResigned, nil)
+	if t.fnDone != nil {
+		select {
+		case <-t.fnDone:
+		case <-ctx.Done():
+			return ctx.Err() // the loop releases once the function has returned
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err // the loop releases, with a context of its own
+	}
+	// A release under way is not abandoned when ctx ends: cut short, it
+	// would be retried only after a backoff, delaying the hand-over. It is
+	// bounded by RequestTimeout.
+	err := t.hold.Release(context.WithoutCancel(ctx))
+	if errors.Is(err, backend.ErrLeaseLost) {
+		return nil // nothing was left to release
+	}
+	return err
 }
 
 type resignRequest struct {

@@ -316,6 +316,126 @@ func TestSittingOutReadsOnlyAfterAcquisition(t *testing.T) {
 	})
 }
 
+// stuckMembers is a memory client whose Members calls hang until their
+// context ends.
+type stuckMembers struct {
+	*memorybackend.Backend
+}
+
+func (s stuckMembers) Members(ctx context.Context, key string) ([]backend.Member, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// Resign releases on its caller's goroutine: a leader whose loop goroutine
+// is busy with a call of its own (here the look at stale heartbeat records
+// it makes on becoming leader, which hangs until its request timeout) still
+// hands over at once.
+func TestResignDoesNotWaitForTheLoop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		rec := &electortest.Recorder{}
+		var es []*sovereign.Elector
+		for i, id := range []string{"n1", "n2"} {
+			cl := store.Client()
+			var b backend.Backend = cl
+			if i == 0 {
+				b = stuckMembers{cl}
+			}
+			e, err := sovereign.New(b, "election", id, fastOpts())
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			rec.Attach(e)
+			t.Cleanup(func() {
+				e.Close()
+				cl.Close()
+			})
+			es = append(es, e)
+		}
+		if err := es[0].Start(t.Context()); err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		synctest.Wait() // n1 leads, and its loop waits for Members
+		if !es[0].IsLeader() {
+			t.Fatal("n1 does not lead")
+		}
+		if err := es[1].Start(t.Context()); err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		synctest.Wait() // n2 follows, watching
+		before := time.Now()
+		if err := es[0].Resign(t.Context()); err != nil {
+			t.Fatalf("Resign: %v", err)
+		}
+		if d := time.Since(before); d > 0 {
+			t.Errorf("Resign took %v of virtual time, want 0 (not waiting for the loop's call to time out)", d)
+		}
+		if es[0].IsLeader() {
+			t.Error("n1 still leads after Resign returned")
+		}
+		synctest.Wait()
+		if !es[1].IsLeader() {
+			t.Errorf("n2 does not lead after n1 resigned (virtual time since Resign: %v)", time.Since(before))
+		}
+		ivs := rec.Intervals()
+		electortest.CheckNoOverlap(t, ivs)
+		if len(ivs) < 1 || ivs[0].ID != "n1" || ivs[0].Reason != sovereign.ReasonResigned {
+			t.Errorf("first term: %+v, want n1's, ended as resigned", ivs)
+		}
+	})
+}
+
+// A Resign whose context ends while the leader function still runs returns
+// the context's error; the lease stays held (and renewed) until the function
+// returns, and is released then.
+func TestResignContextEndsBeforeFnReturns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, 2, fastOpts())
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		finish := make(chan struct{})
+		var first atomic.Bool
+		for _, e := range c.es {
+			go e.Run(ctx, func(lctx context.Context) error {
+				linger := first.CompareAndSwap(false, true)
+				<-lctx.Done()
+				if linger {
+					<-finish
+				}
+				return nil
+			})
+		}
+		li := c.leader(t, time.Second)
+		fi := 1 - li
+		rctx, rcancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer rcancel()
+		if err := c.es[li].Resign(rctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Resign = %v, want context.DeadlineExceeded (the leader function still runs)", err)
+		}
+		if c.es[li].IsLeader() {
+			t.Error("the resigned elector still leads")
+		}
+		time.Sleep(3 * time.Second) // three TTLs: the lease is renewed while fn runs
+		synctest.Wait()
+		if c.es[fi].IsLeader() {
+			t.Fatal("the other elector leads while the resigned one's leader function still runs")
+		}
+		close(finish)
+		synctest.Wait()
+		if !c.es[fi].IsLeader() {
+			t.Error("the other elector does not lead once the leader function has returned")
+		}
+		ivs := c.rec.Intervals()
+		electortest.CheckNoOverlap(t, ivs)
+		if ivs[0].Reason != sovereign.ReasonResigned {
+			t.Errorf("reason = %v, want resigned", ivs[0].Reason)
+		}
+		cancel()
+		synctest.Wait()
+	})
+}
+
 func TestRunReleasesOnlyAfterFnReturns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newCluster(t, 2, fastOpts())

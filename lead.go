@@ -71,10 +71,20 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 		},
 	}, lease, sent)
 	leaderCtx := context.WithValue(hold.Context(), leaderKey{}, &leaderInfo{e: e, term: lease.Term})
+	t := &leaderTerm{hold: hold, n: lease.Term}
+	var (
+		fnDone     chan struct{}
+		fnErr      error
+		fnFinished = fn == nil
+	)
+	if fn != nil {
+		fnDone = make(chan struct{})
+		t.fnDone = fnDone
+	}
 
 	e.mu.Lock()
 	from := e.state
-	e.state, e.term, e.hold, e.leader = Leader, lease.Term, hold, rec
+	e.state, e.term, e.hold, e.leader, e.cur = Leader, lease.Term, hold, rec, t
 	e.stale = staleState{}
 	e.bus.publish(StateChanged{From: from, To: Leader})
 	e.bus.publish(LeadershipAcquired{Term: lease.Term})
@@ -83,13 +93,7 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 	o.Metrics.LeadershipAcquired(e.name, lease.Term, hold.Deadline())
 	e.log.Info("sovereign: became leader", "term", lease.Term)
 
-	var (
-		fnDone     chan struct{}
-		fnErr      error
-		fnFinished = fn == nil
-	)
 	if fn != nil {
-		fnDone = make(chan struct{})
 		e.setFnRunning(true)
 		e.wg.Go(func() {
 			defer close(fnDone)
@@ -107,33 +111,16 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 		ctxDone  = ctx.Done()
 		holdDone = hold.Done()
 	)
-	// stepDown ends the term once. r is the elector's reason; zero means the
-	// keeper stepped down by itself (deadline, lease lost). Whichever of the
-	// two came first is the reason, decided by the keeper under its lock.
+	// stepDown ends the term once, as far as the loop is concerned: the
+	// step-down itself may already have been done by Resign (see endTerm),
+	// whose reason then stands.
 	stepDown := func(r LossReason, err error) {
 		if stepping {
 			return
 		}
 		stepping = true
 		ctxDone, holdDone = nil, nil
-		if r == 0 || !hold.Stop(&lossError{reason: r, err: err}) {
-			_, cause := hold.Reason()
-			var le *lossError
-			if errors.As(cause, &le) {
-				r, err = le.reason, le.err
-			} else {
-				r, err = ReasonClosed, cause
-			}
-		}
-		reason = r
-		e.mu.Lock()
-		e.state, e.term, e.hold = Follower, 0, nil
-		e.bus.publish(StateChanged{From: Leader, To: Follower})
-		e.bus.publish(LeadershipLost{Term: lease.Term, Reason: r, Err: err})
-		e.mu.Unlock()
-		e.noteCancelled()
-		o.Metrics.LeadershipLost(e.name, lease.Term, r)
-		e.log.Info("sovereign: stepped down", "term", lease.Term, "reason", r, "err", err)
+		reason = e.endTerm(t, r, err)
 		for _, p := range pending {
 			p.begun <- nil
 		}
@@ -184,7 +171,12 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 		}
 	}
 
+	// Resign may be releasing the lease already, on its caller's goroutine;
+	// the keeper then waits for that release and returns its result.
 	relErr := hold.Release(context.Background())
+	e.mu.Lock()
+	e.cur = nil
+	e.mu.Unlock()
 	switch {
 	case relErr == nil:
 		e.setLeader(Record{})
@@ -197,6 +189,55 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 		p.released <- relErr
 	}
 	return reason
+}
+
+// leaderTerm is one term of leadership, from a verified acquisition to the
+// release of its lease: what the loop and Resign share to end it.
+type leaderTerm struct {
+	hold   *keeper.Hold
+	n      uint64        // the fencing term
+	fnDone chan struct{} // closed when the leader function has returned; nil without one
+
+	// Guarded by Elector.mu.
+	ended  bool       // the step-down is done: IsLeader false, events published
+	reason LossReason // why the term ended, once ended
+}
+
+// endTerm steps down from term t once, from the loop or from Resign: IsLeader
+// turns false and the leader context is cancelled (by the keeper), then the
+// state changes and the events are published, all before it returns. r is
+// the caller's reason; zero means the keeper stepped down by itself
+// (deadline, lease lost). Whichever came first is the reason, decided by the
+// keeper under its lock; endTerm returns it.
+func (e *Elector) endTerm(t *leaderTerm, r LossReason, err error) LossReason {
+	e.mu.Lock()
+	if t.ended {
+		r = t.reason
+		e.mu.Unlock()
+		return r
+	}
+	// The keeper takes its own lock inside e.mu, as Held does from
+	// IsLeader; cancelling the context runs no code of the elector.
+	if r == 0 || !t.hold.Stop(&lossError{reason: r, err: err}) {
+		_, cause := t.hold.Reason()
+		var le *lossError
+		if errors.As(cause, &le) {
+			r, err = le.reason, le.err
+		} else {
+			r, err = ReasonClosed, cause
+		}
+	}
+	t.ended, t.reason = true, r
+	e.state, e.term, e.hold = Follower, 0, nil
+	e.bus.publish(StateChanged{From: Leader, To: Follower})
+	e.bus.publish(LeadershipLost{Term: t.n, Reason: r, Err: err})
+	if e.health.fnRunning && e.health.cancelledAt.IsZero() {
+		e.health.cancelledAt = time.Now()
+	}
+	e.mu.Unlock()
+	e.opts.Metrics.LeadershipLost(e.name, t.n, r)
+	e.log.Info("sovereign: stepped down", "term", t.n, "reason", r, "err", err)
+	return r
 }
 
 // leaderWatchEvent acts on a watch event while leading: after a
