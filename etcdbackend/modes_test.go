@@ -950,3 +950,140 @@ func TestModesSessionLost(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestModesFailedReleaseCleanedUp: a Release of an entry on a session that
+// fails (the store unreachable) leaves nothing of it on the session once
+// the store is back (holder key and intents), although the caller gives up
+// on it and another entry keeps the session alive.
+func TestModesFailedReleaseCleanedUp(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	p := startProxy(t, shared.Endpoint(0))
+	cli := newClient(t, nil, func(cfg *clientv3.Config) { cfg.Endpoints = []string{p.endpoint()} })
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix, RequestTimeout: 500 * time.Millisecond})
+	raw := newClient(t, nil, nil)
+	kept, err := b.AcquireMode(ctx, modeRequest("kept", "a", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := modeRequest("t/a/b", "a", backend.Shared)
+	req.Ancestors = []string{"t", "t/a"}
+	l, err := b.AcquireMode(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.setCut(true)
+	if err := b.Release(ctx, l); err == nil || errors.Is(err, backend.ErrLeaseLost) {
+		t.Fatalf("Release with the store unreachable: got %v, want a failure", err)
+	}
+	p.setCut(false)
+	start := time.Now()
+	for {
+		// The session lives on: "kept" is renewed.
+		if err := b.Renew(ctx, kept); err != nil && time.Since(start) > 10*time.Second {
+			t.Fatalf("Renew of the kept entry: %v", err)
+		}
+		resp, err := raw.Get(ctx, prefix+"t", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var left []string
+		for _, kv := range resp.Kvs {
+			if k := string(kv.Key); k[len(k)-1] != 0 { // not a release marker
+				left = append(left, k[len(prefix):])
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("the entry of the failed Release is still on the session 20s later: %q", left)
+		}
+		<-time.After(200 * time.Millisecond) // polling an observable condition
+	}
+	if err := b.Renew(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of the abandoned entry: got %v, want ErrLeaseLost", err)
+	}
+	if err := b.Release(ctx, kept); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestModesDetachedAndRegistrationExpire: while an entry on the session is
+// renewed (keeping the session alive), a Detached entry of the same TTL
+// that nobody renews ends at its TTL, and so does a waiter registration
+// that its waiter stopped refreshing (withdrawn by the Backend's timer).
+func TestModesDetachedAndRegistrationExpire(t *testing.T) {
+	ctx := testCtx(t)
+	b, other := modesPair(t, nil, nil)
+	const ttl = 3 * time.Second
+	short := func(key, holder string, m backend.Mode) backend.ModeRequest {
+		r := modeRequest(key, holder, m)
+		r.TTL = ttl
+		return r
+	}
+	kept, err := b.AcquireMode(ctx, short("kept", "a", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dreq := short("detached", "a", backend.Exclusive)
+	dreq.Detached = true
+	d, err := b.AcquireMode(ctx, dreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := other.AcquireMode(ctx, modeRequest("k", "other", backend.Shared))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := short("k", "waiter", backend.Exclusive)
+	w.WaitID = "wait"
+	if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	start := time.Now()
+	detachedGone, registrationGone := false, false
+	for !detachedGone || !registrationGone {
+		if errs := b.RenewBatch(ctx, []backend.Lease{kept}); errs[0] != nil {
+			t.Fatalf("RenewBatch of the entry on the session: %v", errs[0])
+		}
+		if !detachedGone {
+			recs, err := other.Holders(ctx, "detached")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if detachedGone = len(recs) == 0; detachedGone {
+				t.Logf("the Detached entry ended %v after its acquisition (TTL %v)", time.Since(start), ttl)
+			}
+		}
+		if !registrationGone {
+			l, err := other.AcquireMode(ctx, modeRequest("k", "reader", backend.Shared))
+			var he *backend.HeldError
+			switch {
+			case err == nil:
+				registrationGone = true
+				t.Logf("the registration was withdrawn %v after it was made (TTL %v)", time.Since(start), ttl)
+				if err := other.Release(ctx, l); err != nil {
+					t.Fatal(err)
+				}
+			case !errors.As(err, &he) || he.Waiting != 1:
+				t.Fatalf("Shared acquisition: got %v, want nil or a HeldError with Waiting 1", err)
+			}
+		}
+		if time.Since(start) > 6*ttl {
+			t.Fatalf("%v after: Detached entry gone %v, registration gone %v; want both (TTL %v)", time.Since(start), detachedGone, registrationGone, ttl)
+		}
+		<-time.After(300 * time.Millisecond) // polling observable conditions
+	}
+	if err := b.Renew(ctx, d); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of the expired Detached entry: got %v, want ErrLeaseLost", err)
+	}
+	for _, x := range []struct {
+		b *etcdbackend.Backend
+		l backend.Lease
+	}{{b, kept}, {other, held}} {
+		if err := x.b.Release(ctx, x.l); err != nil {
+			t.Error(err)
+		}
+	}
+}
