@@ -41,9 +41,13 @@ var errClientClosed = errors.New("etcdbackend: etcd client closed")
 // whole prefix, started by the first Watch and stopped when the last
 // subscription ends or the Backend is closed, and by one goroutine that
 // dispatches its events to the subscriptions of each key: a subscription
-// costs no goroutine of its own, here or in the etcd client. Records that
-// no subscription asks about (heartbeats, other keys) are dropped after one
-// map look-up.
+// costs no goroutine of its own, here or in the etcd client (the end of ctx
+// is followed with context.AfterFunc, which needs no goroutine for a context
+// of package context). A Watch made while that etcd watch is established
+// returns at once, without a request; one made while it is being
+// re-established waits for it. Records that no subscription asks about
+// (heartbeats, waiter registrations, other keys) are dropped after one map
+// look-up.
 //
 // Events never block the watch, nor one subscription another: when the
 // receiver falls behind and the channel's buffer of 16 is full, further
