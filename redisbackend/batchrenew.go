@@ -34,13 +34,18 @@ const maxBatchKeys = 256
 // (renewed, and the heartbeat refreshed), LOST, or an array of WRONGTYPE,
 // the key and a description of the foreign data found.
 //
-// The heartbeat refresh is heartbeatManyScript's write (keep the two in
-// step) with one difference: it runs only after the lease's owner check
-// passed, and only on a record that is there and is one of ours (a hash
-// with the fields at and ttl) in a members set that is a set; otherwise
-// it writes nothing and the lease's status is OK, so a missing record is
-// never created here (HeartbeatBatch writes it) and foreign data is never
-// touched (HeartbeatBatch reports it).
+// The heartbeat refresh writes the record as heartbeatManyScript does
+// (keep the two in step), with these differences: it runs only after the
+// lease's owner check passed, and only on a record that is there and is
+// one of ours (a hash with the fields at and ttl); otherwise it writes
+// nothing and the lease's status is OK, so a missing record is never
+// created here (HeartbeatBatch writes it) and foreign data is never
+// touched (HeartbeatBatch reports it). And it leaves the members set alone
+// while the set has at least the record's TTL left; otherwise it adds the
+// holder (which fails on foreign data: then nothing is written) and
+// extends the set to twice the record's TTL. The set therefore outlives
+// its last record by at most one heartbeat TTL, and a refresh costs four
+// calls (HMGET, PTTL, HSET, PEXPIRE) most of the time.
 var renewManyScript = redis.NewScript(luaBase + `
 local out = {}
 local now
@@ -66,16 +71,24 @@ for i = 1, #ARGV / 4 do
       redis.call('HSET', lk, 'renewed_at', now, 'ttl', ttl)
       out[i] = 'OK'
       if hk then
-        -- An error reply (foreign data) has no [1] either.
+        -- The holder's record, when it is there and ours (an error reply,
+        -- for foreign data, has no [1] either). The members set must
+        -- outlive it: when the set has less than the record's TTL left,
+        -- SADD (which fails on foreign data, writing nothing) and extend
+        -- it to twice that TTL, so that most refreshes leave it alone.
         local v = redis.pcall('HMGET', hk, 'at', 'ttl')
-        if tonumber(v[1] or '') and tonumber(v[2] or '') and
-            not failed(redis.pcall('SADD', mk, holder)) then
-          redis.call('HSET', hk, 'at', now, 'ttl', hbttl)
-          redis.call('PEXPIRE', hk, hbttl)
-          if redis.call('PTTL', mk) < tonumber(hbttl) then
-            redis.call('PEXPIRE', mk, hbttl)
+        if tonumber(v[1] or '') and tonumber(v[2] or '') then
+          local hbms = tonumber(hbttl)
+          local covered = redis.call('PTTL', mk) >= hbms
+          if not covered and not failed(redis.pcall('SADD', mk, holder)) then
+            redis.call('PEXPIRE', mk, fmt(2 * hbms))
+            covered = true
           end
-          out[i] = 'OKH'
+          if covered then
+            redis.call('HSET', hk, 'at', now, 'ttl', hbttl)
+            redis.call('PEXPIRE', hk, hbttl)
+            out[i] = 'OKH'
+          end
         end
       end
     else

@@ -81,7 +81,10 @@
 // cover the record it writes; RemoveMember and Members drop IDs whose record
 // is gone, RemoveMember recomputes the expiry from the records left, and
 // Redis deletes an empty set; only an instance that shortens its own
-// heartbeat TTL can leave the set up to its earlier TTL longer), and the
+// heartbeat TTL can leave the set up to its earlier TTL longer, and a
+// leader's renewal that refreshes its record extends the set to twice the
+// record's TTL, so the set may outlive the last record by up to one
+// heartbeat TTL: see RenewBatch), and the
 // term counter TermRetention after the last Acquire (see Fencing terms).
 // Once a key is released and its heartbeats have expired, the keyspace is
 // back to its size before the key was used, at most TermRetention later.

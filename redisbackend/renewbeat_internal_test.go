@@ -3,6 +3,7 @@ package redisbackend
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -246,26 +247,34 @@ func TestRenewalLeavesOthersRecords(t *testing.T) {
 	}
 	refreshed := func(hk string) bool { return c.PTTL(ctx, hk).Val() > 10*time.Second }
 
-	t.Run("foreign members set", func(t *testing.T) {
-		l, hk := setup(t, "foreignset")
-		mk := b.keyBase("foreignset") + ":members"
-		if err := c.Set(ctx, mk, "someone else's", time.Hour).Err(); err != nil {
-			t.Fatal(err)
-		}
-		shorten(t, hk)
-		if errs := b.RenewBatch(ctx, []backend.Lease{l}); errs[0] != nil {
-			t.Fatal(errs[0])
-		}
-		if v := c.Get(ctx, mk).Val(); v != "someone else's" {
-			t.Errorf("foreign members set changed to %q", v)
-		}
-		if p := c.PTTL(ctx, mk).Val(); p > time.Hour || p < 59*time.Minute {
-			t.Errorf("foreign members set's TTL changed to %v", p)
-		}
-		if refreshed(hk) {
-			t.Error("the renewal refreshed a record whose members set is foreign")
-		}
-	})
+	// Foreign data at the members set is left as it is: without an expiry
+	// (the refresh would have to extend the set), the record is not
+	// refreshed either; with an expiry longer than the record's TTL, the
+	// refresh leaves the set alone.
+	for _, foreignTTL := range []time.Duration{0, time.Hour} {
+		t.Run(fmt.Sprintf("foreign members set with TTL %v", foreignTTL), func(t *testing.T) {
+			key := fmt.Sprintf("foreignset%d", foreignTTL)
+			l, hk := setup(t, key)
+			mk := b.keyBase(key) + ":members"
+			if err := c.Set(ctx, mk, "someone else's", foreignTTL).Err(); err != nil {
+				t.Fatal(err)
+			}
+			shorten(t, hk)
+			if errs := b.RenewBatch(ctx, []backend.Lease{l}); errs[0] != nil {
+				t.Fatal(errs[0])
+			}
+			if v := c.Get(ctx, mk).Val(); v != "someone else's" {
+				t.Errorf("foreign members set changed to %q", v)
+			}
+			p := c.PTTL(ctx, mk).Val()
+			if foreignTTL == 0 && p != -1 || foreignTTL > 0 && (p > foreignTTL || p < foreignTTL-time.Minute) {
+				t.Errorf("foreign members set's TTL changed to %v", p)
+			}
+			if foreignTTL == 0 && refreshed(hk) {
+				t.Error("the renewal refreshed a record whose members set is foreign and would need extending")
+			}
+		})
+	}
 
 	t.Run("lease not ours", func(t *testing.T) {
 		l, hk := setup(t, "notours")
@@ -305,8 +314,11 @@ func TestRenewalLeavesOthersRecords(t *testing.T) {
 		if !refreshed(hk) {
 			t.Error("the renewal did not refresh its holder's record")
 		}
-		if p := c.PTTL(ctx, mk).Val(); p < 10*time.Second {
-			t.Errorf("the members set has %v left after the renewal refreshed a record of 15 s", p)
+		if p := c.PTTL(ctx, mk).Val(); p < hbTTL || p > 2*hbTTL {
+			t.Errorf("the members set has %v left after the renewal refreshed a record of %v, want up to twice that", p, hbTTL)
+		}
+		if !c.SIsMember(ctx, mk, "me").Val() {
+			t.Error("the members set lost the holder")
 		}
 	})
 
