@@ -1087,3 +1087,82 @@ func TestModesDetachedAndRegistrationExpire(t *testing.T) {
 		}
 	}
 }
+
+// TestModesKeepAliveWithTheTransaction: an AcquireMode made when the
+// session has less than the TTL asked for left sends a keep-alive of the
+// session with its transaction (two requests, one round trip), and its
+// lease lasts the session's full TTL; with enough left, the transaction
+// alone, and the lease says what the session has left. A registered
+// waiter's probe does the same for its registration.
+func TestModesKeepAliveWithTheTransaction(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	b, other := modesPair(t, &n, nil)
+	req := func(key string) backend.ModeRequest {
+		r := modeRequest(key, "a", backend.Exclusive)
+		r.TTL = 16 * time.Second // a session of 18 s: 2 s of headroom
+		return r
+	}
+	first, err := b.AcquireMode(ctx, req("first"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := req("").TTL + etcdbackend.SessionHeadroom(req("").TTL)
+
+	n.reset()
+	l, err := b.AcquireMode(ctx, req("fresh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, by := n.total(), n.byMethod(); got != 1 || by["Txn"] != 1 {
+		t.Errorf("AcquireMode on a fresh session: got %d requests %v, want 1 (txn)", got, by)
+	}
+	if l.TTL < req("").TTL || l.TTL > full {
+		t.Errorf("AcquireMode on a fresh session: got Lease.TTL %v, want between %v and %v", l.TTL, req("").TTL, full)
+	}
+
+	etcdbackend.AgeSessions(b, 3*time.Second) // 15 s left of 18: less than 16
+	n.reset()
+	l2, err := b.AcquireMode(ctx, req("aged"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, by := n.total(), n.byMethod(); got != 2 || by["Txn"] != 1 || by["LeaseKeepAlive"] != 1 {
+		t.Errorf("AcquireMode on an aged session: got %d requests %v, want 2 (txn and keep-alive, sent together)", got, by)
+	}
+	if l2.TTL != full {
+		t.Errorf("AcquireMode on an aged session: got Lease.TTL %v, want the session's full %v", l2.TTL, full)
+	}
+
+	// A registered waiter's retry on an aged session.
+	held, err := other.AcquireMode(ctx, modeRequest("held", "other", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := req("held")
+	w.WaitID = "wait"
+	for range 2 {
+		if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+			t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+		}
+	}
+	etcdbackend.AgeSessions(b, 3*time.Second)
+	n.reset()
+	if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	if got, by := n.total(), n.byMethod(); got != 3 || by["Txn"] != 1 || by["LeaseKeepAlive"] != 1 || by["LeaseTimeToLive"] != 1 {
+		t.Errorf("a registered waiter's retry on an aged session: got %d requests %v, want 3 (probe and keep-alive sent together, 1 lease look-up)", got, by)
+	}
+	if err := b.CancelWait(ctx, "held", w.WaitID); err != nil {
+		t.Error(err)
+	}
+	for _, x := range []struct {
+		b *etcdbackend.Backend
+		l backend.Lease
+	}{{b, first}, {b, l}, {b, l2}, {other, held}} {
+		if err := x.b.Release(ctx, x.l); err != nil {
+			t.Error(err)
+		}
+	}
+}
