@@ -60,13 +60,14 @@
 // of the TTL at least) and withdraws it with CancelWait; the Backend that
 // made it remembers when it ends (its TTL from the send time of its last
 // refresh) and deletes it then, owner-checked by its etcd lease, if
-// nothing refreshed or withdrew it first. So while its Backend runs, a
-// registration outlives its TTL by no more than that delete takes (the
-// session's headroom being the bound); when its process dies, it ends with
-// the session, at most the session's TTL (the TTL plus its headroom) after
-// the session's last keep-alive, which the process's other holds may have
-// sent after the waiter's last refresh: at most the interval between the
-// waiter's retries later than that. An acquisition whose
+// nothing refreshed or withdrew it first (a failed delete is tried again
+// each second). So while its Backend runs, a registration outlives its TTL
+// by the time that delete takes; when its process dies, it ends with the
+// session, at most the session's TTL (the TTL plus its headroom) after the
+// session's last keep-alive, which the process's other holds may have sent
+// after the waiter's last refresh: it then outlives its TTL by at most the
+// headroom plus the time from its last refresh to the process's end (for
+// package lock's waiters, a third of the TTL). An acquisition whose
 // outcome is unknown (a timeout) may have put a key on the session that
 // nobody will renew or release, and a Release that failed leaves its key
 // there while its caller may give up on it (the elector does, after a

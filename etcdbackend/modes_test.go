@@ -1166,3 +1166,43 @@ func TestModesKeepAliveWithTheTransaction(t *testing.T) {
 		}
 	}
 }
+
+// TestModesAncestorWaitersBlockASemaphoreBelow: the ancestor-waiter rule
+// holds for a semaphore below too, whose failure is read in the last level
+// of its chain of slot transactions: the HeldError names the ancestor and
+// counts its Exclusive waiters; the semaphore's own holders are untouched.
+func TestModesAncestorWaitersBlockASemaphoreBelow(t *testing.T) {
+	ctx := testCtx(t)
+	b, other := modesPair(t, nil, nil)
+	sem := modeRequest("a/s", "h", backend.Shared)
+	sem.Limit, sem.Ancestors = 3, []string{"a"}
+	l, err := b.AcquireMode(ctx, sem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := modeRequest("a", "writer", backend.Exclusive)
+	w.WaitID = "wait"
+	if _, err := other.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Exclusive on the ancestor: got %v, want ErrHeld", err)
+	}
+	var he *backend.HeldError
+	_, err = b.AcquireMode(ctx, sem)
+	if !errors.As(err, &he) || len(he.Holders) != 0 || he.Waiting != 1 || he.Holder.Key != "a" {
+		t.Fatalf("a second permit below the waiting writer: got %v (%+v), want a HeldError naming %q with Waiting 1 and no holders", err, he, "a")
+	}
+	if recs, err := other.Holders(ctx, "a/s"); err != nil || len(recs) != 1 {
+		t.Errorf("Holders of the semaphore: got %v, %v; want the first permit alone", recs, err)
+	}
+	if err := other.CancelWait(ctx, "a", w.WaitID); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := b.AcquireMode(ctx, sem)
+	if err != nil {
+		t.Fatalf("a second permit once the writer withdrew: %v", err)
+	}
+	for _, x := range []backend.Lease{l, l2} {
+		if err := b.Release(ctx, x); err != nil {
+			t.Error(err)
+		}
+	}
+}
