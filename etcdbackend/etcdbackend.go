@@ -345,32 +345,41 @@
 //
 // # Watch
 //
-// Watch runs one etcd watch per call (etcd multiplexes them on the client's
-// gRPC stream) on the key, a release marker next to it and its entries:
-// Release deletes the key (or an entry) and writes <prefix><key>\x00 in the
-// same transaction, so a deletion that comes with the marker is reported as
-// backend.EventReleased, and one without it (lease expiry, or a deletion by
-// hand) as backend.EventExpired. Every creation or rewrite of the key or of
-// a holder or intent entry is backend.EventChanged; waiters are reported
-// only when they go (see above). The watch requires an
-// etcd leader (clientv3.WithRequireLeader), so a member cut off from its
-// cluster does not keep a silent watch. When the watch is cancelled by the
-// server or the client (no leader, compaction, a broken connection the client
-// cannot resume), the watch goroutine re-establishes it from the next
-// revision, or from the current one if the next has been compacted away, and
-// then delivers backend.EventReset: the store may have restarted, and after a
-// compaction changes may have been missed, so a holder renews at once and a
-// waiter re-reads. The etcd client itself resumes its watches over a new
-// connection without telling anyone; so each Backend also follows its
-// client's gRPC connection (one goroutine, from its first Watch until Close)
-// and every watch delivers backend.EventReset when the connection is ready
-// again after a break, a server restart say; it first reads the store's
-// revision (one request per watch), and if that went back (a server that came
-// back without its data starts revisions over) it starts the watch over from
-// the current revision, which the etcd client would otherwise have resumed
-// from the old one and kept silent. A reset is never dropped: when it does
-// not fit in the channel's buffer, the channel is closed instead, which tells
-// the receiver the same. Otherwise the channel closes only when the watch's
+// Every Watch of a Backend is served by one etcd watch over the Backend's
+// prefix, started by the first Watch and stopped with the last subscription
+// or Close: one goroutine hands each event to the subscriptions of its key
+// with non-blocking sends, so a subscription costs no goroutine (here or in
+// the etcd client), and records nobody watches (heartbeats, waiter
+// registrations, other keys) are dropped after a map look-up. A Watch made
+// while the shared watch runs returns at once, with no request; every change
+// committed after it returns reaches it. The watch covers each key, a
+// release marker next to it and its entries: Release deletes the key (or an
+// entry) and writes <prefix><key>\x00 in the same transaction, so a
+// deletion that comes with the marker is reported as backend.EventReleased,
+// and one without it (lease expiry, or a deletion by hand) as
+// backend.EventExpired. Every creation or rewrite of the key or of a holder
+// or intent entry is backend.EventChanged; waiters are reported only when
+// they go (see above). A subscription whose channel is full loses ordinary
+// events (those buffered already tell the receiver to look), never a reset.
+// The watch requires an etcd leader (clientv3.WithRequireLeader), so a
+// member cut off from its cluster does not keep a silent watch. When the
+// watch is cancelled by the server or the client (no leader, compaction, a
+// broken connection the client cannot resume), it is re-established from
+// the next revision, or from the current one if the next has been compacted
+// away, and then backend.EventReset goes to every subscription: the store
+// may have restarted, and after a compaction changes may have been missed,
+// so a holder renews at once and a waiter re-reads. The etcd client itself
+// resumes its watches over a new connection without telling anyone; so each
+// Backend also follows its client's gRPC connection (one goroutine, from its
+// first established watch until Close) and every subscription gets
+// backend.EventReset when the connection is ready again after a break, a
+// server restart say; the Backend first reads the store's revision (one
+// request per Backend), and if that went back (a server that came back
+// without its data starts revisions over) it starts the watch over from the
+// current revision, which the etcd client would otherwise have resumed from
+// the old one and kept silent. A reset is never dropped: when it does not
+// fit in a channel's buffer, that channel is closed instead, which tells the
+// receiver the same. Otherwise a channel closes only when its watch's
 // context ends, the Backend is closed, or the etcd client is closed.
 //
 // # The etcd client
