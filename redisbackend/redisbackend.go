@@ -87,7 +87,8 @@
 // heartbeat TTL: see RenewBatch), and the
 // term counter TermRetention after the last Acquire (see Fencing terms).
 // Once a key is released and its heartbeats have expired, the keyspace is
-// back to its size before the key was used, at most TermRetention later.
+// back to its size before the key was used, at most TermRetention or one
+// heartbeat TTL later, whichever is longer.
 //
 // If a key at one of these paths holds something else (a string where the
 // lease hash belongs, say), the scripts leave it untouched and the call
@@ -131,8 +132,8 @@
 // Each operation is one EVALSHA. With the elector's defaults (TTL 10 s,
 // renewal every 3.3 s, heartbeat batches every 5 s, records of 15 s
 // rewritten every 10 s: see HeartbeatBatch) an idle leader sends about 18
-// scripts a minute, its renewals, each of which also refreshes the
-// leader's own heartbeat record, so that no heartbeat is left to send (see
+// scripts a minute, its renewals, 12 of which also refresh the leader's
+// own heartbeat record, so that no heartbeat is left to send (see
 // RenewBatch), and an idle follower about 12 (6 heartbeats, about 6
 // acquisition attempts scheduled from the lease's remaining TTL), plus about
 // 2 PINGs a minute each on the watch connection (one per 27 s of silence).
