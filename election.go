@@ -333,10 +333,13 @@ func (e *Elector) Resign(ctx context.Context) error {
 // loop goroutine stands between the call and the release. It steps down
 // (IsLeader false, the leader context cancelled, the events published),
 // waits for the leader function to return, then releases the lease through
-// the keeper, owner-checked. The loop, woken by the step-down, waits for this
+// the keeper, owner-checked. The loop, once woken, waits for this
 // release and ends the term as resigned; should the term have ended already
-// for another reason, the release is still what Resign waits for.
+// for another reason, the release is still what Resign waits for. The loop is
+// woken only when Resign returns, so that it does not compete with the
+// release.
 func (e *Elector) resignTerm(ctx context.Context, t *leaderTerm) error {
+	defer t.wakeLoop()
 	e.endTerm(t, ReasonResigned, nil)
 	if t.fnDone != nil {
 		select {

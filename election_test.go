@@ -436,6 +436,35 @@ func TestResignContextEndsBeforeFnReturns(t *testing.T) {
 	})
 }
 
+// A Resign called with a context that has already ended steps down and
+// returns the context's error; the loop then releases the lease, so another
+// elector takes over at once.
+func TestResignWithEndedContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, 2, fastOpts())
+		c.start(t)
+		li := c.leader(t, time.Second)
+		synctest.Wait()
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		before := time.Now()
+		if err := c.es[li].Resign(ctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Resign = %v, want context.Canceled", err)
+		}
+		if c.es[li].IsLeader() {
+			t.Error("the resigned elector still leads")
+		}
+		synctest.Wait()
+		if ni := 1 - li; !c.es[ni].IsLeader() {
+			t.Errorf("the other elector does not lead after the Resign (virtual time since: %v)", time.Since(before))
+		}
+		if d := time.Since(before); d > 0 {
+			t.Errorf("hand-over took %v of virtual time, want 0", d)
+		}
+		electortest.CheckNoOverlap(t, c.rec.Intervals())
+	})
+}
+
 func TestRunReleasesOnlyAfterFnReturns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newCluster(t, 2, fastOpts())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
@@ -54,6 +55,7 @@ func keeperReason(r keeper.Reason) LossReason {
 func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, sent time.Time, rec Record, fn func(context.Context) error) LossReason {
 	o := &e.opts
 	e.wg.Add(1) // done when the hold has finished (release and any retries)
+	t := &leaderTerm{n: lease.Term, wake: make(chan struct{})}
 	hold := keeper.Start(ctx, keeper.Config{
 		Backend:        e.b,
 		TTL:            o.TTL,
@@ -65,13 +67,21 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 		},
 		OnError:    func(op string, err error) { e.failed(op, err) },
 		OnFinished: e.wg.Done,
+		OnStepDown: func(r keeper.Reason) {
+			// The keeper's own step-downs (deadline, lease lost) wake the
+			// loop; a Stop is the loop's own or Resign's, which wakes it
+			// once its release is done.
+			if r != keeper.Stopped {
+				t.wakeLoop()
+			}
+		},
 		OnRenew: func(_, deadline time.Time) {
 			e.backendOK()
 			o.Metrics.LeaseRenewed(e.name, deadline)
 		},
 	}, lease, sent)
 	leaderCtx := context.WithValue(hold.Context(), leaderKey{}, &leaderInfo{e: e, term: lease.Term})
-	t := &leaderTerm{hold: hold, n: lease.Term}
+	t.hold = hold
 	var (
 		fnDone     chan struct{}
 		fnErr      error
@@ -109,7 +119,7 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 		reason   LossReason
 		pending  []resignRequest
 		ctxDone  = ctx.Done()
-		holdDone = hold.Done()
+		wakeC    = t.wake
 	)
 	// stepDown ends the term once, as far as the loop is concerned: the
 	// step-down itself may already have been done by Resign (see endTerm),
@@ -119,7 +129,7 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 			return
 		}
 		stepping = true
-		ctxDone, holdDone = nil, nil
+		ctxDone, wakeC = nil, nil
 		reason = e.endTerm(t, r, err)
 		for _, p := range pending {
 			p.begun <- nil
@@ -137,7 +147,7 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 		select {
 		case <-ctxDone:
 			stepDown(ReasonClosed, nil)
-		case <-holdDone:
+		case <-wakeC:
 			stepDown(0, nil)
 		case <-fnDone:
 			fnDone, fnFinished = nil, true
@@ -197,11 +207,21 @@ type leaderTerm struct {
 	hold   *keeper.Hold
 	n      uint64        // the fencing term
 	fnDone chan struct{} // closed when the leader function has returned; nil without one
+	// wake is closed when the loop must look at the term: the keeper
+	// stepped down by itself, or Resign has released the lease (or given
+	// up waiting to). Resign's step-down does not wake the loop before
+	// that, so the loop does not compete with the release.
+	wake     chan struct{}
+	wakeOnce sync.Once
 
 	// Guarded by Elector.mu.
 	ended  bool       // the step-down is done: IsLeader false, events published
 	reason LossReason // why the term ended, once ended
 }
+
+// wakeLoop closes t.wake once. It takes no lock: the keeper may call it from
+// Held, under Elector.mu.
+func (t *leaderTerm) wakeLoop() { t.wakeOnce.Do(func() { close(t.wake) }) }
 
 // endTerm steps down from term t once, from the loop or from Resign: IsLeader
 // turns false and the leader context is cancelled (by the keeper), then the

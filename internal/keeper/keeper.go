@@ -140,6 +140,12 @@ type Config struct {
 	// OnRenew, if not nil, is called after every successful renewal with its
 	// send time and the new deadline. It must not block.
 	OnRenew func(sent, deadline time.Time)
+	// OnStepDown, if not nil, is called once, after the hold stepped down
+	// for reason r and its context (if one was made) was cancelled, from the
+	// goroutine that stepped it down (the caller of Stop, Release or Held, a
+	// timer callback, a renewal). It must not block, nor take a lock held
+	// around Held.
+	OnStepDown func(r Reason)
 	// OnFinished, if not nil, is called once the hold has finished, as
 	// Finished is closed, from the goroutine that closes it (Release's
 	// caller, or the goroutine retrying a failed release). It must not
@@ -806,7 +812,10 @@ func (h *Hold) stepDown(r Reason, err, cause error) bool {
 	if cancel != nil {
 		cancel(cause)
 	}
-	if h.cfg.Owner != nil {
+	switch {
+	case h.cfg.OnStepDown != nil:
+		h.cfg.OnStepDown(r)
+	case h.cfg.Owner != nil:
 		h.cfg.Owner.SteppedDown(r)
 	}
 	return true

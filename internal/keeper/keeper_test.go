@@ -109,6 +109,48 @@ func TestDeadlineUnderPartition(t *testing.T) {
 	}
 }
 
+// OnStepDown is called once, with the reason of the step-down, after the
+// context was cancelled: for a step-down by the keeper itself (the deadline)
+// and for Stop, and not again at Release.
+func TestOnStepDown(t *testing.T) {
+	for _, how := range []string{"deadline", "stop"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memorybackend.NewStore()
+				c := store.Client()
+				defer c.Close()
+				cfg := config(c)
+				var calls []keeper.Reason
+				var h *keeper.Hold
+				var ctxDone bool
+				cfg.OnStepDown = func(r keeper.Reason) {
+					calls = append(calls, r)
+					ctxDone = h.Context().Err() != nil
+				}
+				h = start(t, c, cfg)
+				_ = h.Context()
+				want := keeper.Stopped
+				if how == "deadline" {
+					want = keeper.Deadline
+					c.Partition()
+					<-h.Done()
+					synctest.Wait()
+					c.Heal()
+				} else {
+					h.Stop(errLost)
+				}
+				release(t, h)
+				if len(calls) != 1 || calls[0] != want {
+					t.Errorf("OnStepDown calls: %v, want [%v]", calls, want)
+				}
+				if !ctxDone {
+					t.Error("OnStepDown was called before the context was cancelled")
+				}
+			})
+		})
+	}
+}
+
 // A renewal that succeeds after the deadline passed never revives the hold.
 func TestLateRenewalDoesNotRevive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
