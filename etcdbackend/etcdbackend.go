@@ -59,9 +59,12 @@
 // hold: its waiter refreshes it by trying again (package lock, every third
 // of the TTL at least) and withdraws it with CancelWait; the Backend that
 // made it remembers when it ends (its TTL from the send time of its last
-// refresh) and deletes it then, owner-checked by its etcd lease, if
-// nothing refreshed or withdrew it first (a failed delete is tried again
-// each second). So while its Backend runs, a registration outlives its TTL
+// refresh) and deletes it then, owner-checked by its etcd lease and by
+// the mod revision of its last put here, if nothing refreshed or withdrew
+// it first (a failed delete is tried again each second); a retry whose
+// read-only probe ran while such a delete was under way puts the
+// registration again rather than trust the read, and that put keeps it
+// from the delete. So while its Backend runs, a registration outlives its TTL
 // by the time that delete takes; when its process dies, it ends with the
 // session, at most the session's TTL (the TTL plus its headroom) after the
 // session's last keep-alive, which the process's other holds may have sent
@@ -410,6 +413,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -547,6 +551,10 @@ type Backend struct {
 	ka kaStream // the keep-alive stream (see keepAliveOnce)
 
 	watches sync.WaitGroup // watch goroutines, the connection monitor, the keep-alive reader and background clean-ups
+
+	// withdrawalHook, when set (by tests only), runs at the stages of
+	// expireRegistrations (see withdrawalStage).
+	withdrawalHook atomic.Pointer[func(stage string)]
 }
 
 var (

@@ -303,16 +303,19 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 // acquisition used.
 var errSessionGone = errors.New("session lease gone")
 
-// stillRegistered reports whether kvs, a read of req.Key's state, hold
-// req's registration attached to etcd lease id.
-func (b *Backend) stillRegistered(req backend.ModeRequest, id clientv3.LeaseID, kvs []*mvccpb.KeyValue) bool {
+// registration returns the record of req's registration in kvs, a read of
+// req.Key's state, if it is there attached to etcd lease id (nil if not).
+func (b *Backend) registration(req backend.ModeRequest, id clientv3.LeaseID, kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
 	wkey := b.waiterKey(req.Key, req.Mode, req.WaitID)
 	for _, kv := range kvs {
 		if string(kv.Key) == wkey {
-			return clientv3.LeaseID(kv.Lease) == id
+			if clientv3.LeaseID(kv.Lease) == id {
+				return kv
+			}
+			return nil
 		}
 	}
-	return false
+	return nil
 }
 
 // staleWait is the error of an acquisition that failed only because the
@@ -379,6 +382,9 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 		if needKA && registeredHere {
 			kaWait = b.sessionKeepAlive(ctx, s.id)
 		}
+		// A withdrawal of the registration as due may delete it after
+		// the probe read it: then the probe proves nothing (regQuiet).
+		epoch, quiet := b.regQuiet(secs)
 		cmps, _ := b.conflictCmps(req, w)
 		resp, err := b.cli.Txn(ctx).If(cmps...).Else(b.stateReads(req)...).Commit()
 		var kaErr error
@@ -396,11 +402,18 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 			// Kept alive after sent: a key on it lasts its full TTL.
 			needKA, left = false, full
 		}
-		if !resp.Succeeded && (!register || b.stillRegistered(req, s.id, resp.Responses[0].GetResponseRange().Kvs)) {
+		var reg *mvccpb.KeyValue
+		if register && !resp.Succeeded {
+			reg = b.registration(req, s.id, resp.Responses[0].GetResponseRange().Kvs)
+			if epochNow, quietNow := b.regQuiet(secs); !quiet || !quietNow || epochNow != epoch {
+				reg = nil // put it again (below), which its withdrawal then leaves alone
+			}
+		}
+		if !resp.Succeeded && (!register || reg != nil) {
 			if register {
 				w.expires = sent.Add(req.TTL)
 				b.setWaitState(req.Key, req.WaitID, w)
-				b.noteRegistration(secs, s.id, b.waiterKey(req.Key, req.Mode, req.WaitID), req.Key, req.WaitID, w.expires)
+				b.noteRegistration(secs, s.id, b.waiterKey(req.Key, req.Mode, req.WaitID), req.Key, req.WaitID, w.expires, reg.ModRevision)
 			}
 			return backend.Lease{}, b.modeConflict(ctx, op, req, false, s.id, 0, w, resp.Responses, resp.Header.Revision, sent)
 		}
@@ -462,7 +475,8 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 			b.cleanUpEntries(req, id, t.tokens())
 		}
 		if register {
-			b.noteRegistration(secs, s.id, b.waiterKey(req.Key, req.Mode, req.WaitID), req.Key, req.WaitID, sent.Add(req.TTL))
+			// Its mod revision is unknown: withdrawn by its lease alone.
+			b.noteRegistration(secs, s.id, b.waiterKey(req.Key, req.Mode, req.WaitID), req.Key, req.WaitID, sent.Add(req.TTL), 0)
 		}
 		return backend.Lease{}, fail(ctx, op, err)
 	}
@@ -938,7 +952,8 @@ func (b *Backend) modeConflict(ctx context.Context, op string, req backend.ModeR
 		secs, _ := ttlSeconds(req.TTL)
 		expires := sent.Add(req.TTL)
 		b.setWaitState(req.Key, req.WaitID, waitState{rev: myRev, mode: req.Mode, lease: regID, secs: secs, expires: expires})
-		b.noteRegistration(secs, regID, wkey, req.Key, req.WaitID, expires)
+		// The failure branch put it: at the transaction's revision.
+		b.noteRegistration(secs, regID, wkey, req.Key, req.WaitID, expires, rev)
 		b.dropRegistrations(okey)
 	}
 	if myRev == 0 && before != nil {

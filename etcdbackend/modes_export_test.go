@@ -23,3 +23,15 @@ func RegistrationTimer(b *Backend) time.Time {
 	}
 	return first
 }
+
+// OnWithdrawal makes f run in b's withdrawal of due waiter registrations
+// (expireRegistrations) at stage "delete" (the due registrations taken
+// out, their delete not yet sent) and "done" (the withdrawal recorded).
+// nil removes it.
+func OnWithdrawal(b *Backend, f func(stage string)) {
+	if f == nil {
+		b.withdrawalHook.Store(nil)
+		return
+	}
+	b.withdrawalHook.Store(&f)
+}

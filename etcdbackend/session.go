@@ -25,12 +25,19 @@ type session struct {
 	ttl      int64            // granted TTL of id, in seconds
 	lastSent time.Time        // send time of the grant or last keep-alive of id that succeeded
 
-	// regMu guards the registrations below; it is never held while
-	// another lock is taken.
+	// regMu guards the registrations below. It is taken before b.mu
+	// (so that a registration is recorded in regs and in b.owned in one
+	// step), never while b.mu or mu is held.
 	regMu   sync.Mutex
 	regs    map[string]sessionReg // waiter registrations on a session lease of this TTL, by etcd key
 	timer   *time.Timer           // withdraws the registrations due (expireRegistrations); nil until the first
 	timerAt time.Time             // when timer fires; zero: not armed
+	// withdrawals counts the withdrawals of due registrations begun, and
+	// withdrawing those under way: a retry's read-only probe trusts
+	// that its registration is still there only when no withdrawal began
+	// or was under way while it ran (see regQuiet).
+	withdrawals uint64
+	withdrawing int
 }
 
 // sessionReg is a waiter registration this Backend made on a session
@@ -40,6 +47,11 @@ type sessionReg struct {
 	id          clientv3.LeaseID
 	key, waitID string
 	expires     time.Time
+	// modRev is the mod revision of the registration's last put by this
+	// Backend (0: unknown, after a transaction whose outcome is unknown):
+	// its withdrawal deletes it only while it still has it, so a retry
+	// that puts it again after the withdrawal began keeps it.
+	modRev int64
 }
 
 // sessionState is what Acquire needs of a session: its lease, TTL, and
@@ -63,13 +75,15 @@ func (b *Backend) sessionFor(secs int64) *session {
 }
 
 // sessionLease returns the session of TTL secs, granting its lease if there
-// is none or if, by the local clock, it has expired since its last
-// keep-alive.
+// is none, if, by the local clock, it has expired since its last
+// keep-alive, or if it is full (sessionFull: it then stays, with its keys,
+// and the new lease takes the acquisitions that follow).
 func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, error) {
 	s := b.sessionFor(secs)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.id != 0 && time.Since(s.lastSent) < time.Duration(s.ttl)*time.Second {
+	live := s.id != 0 && time.Since(s.lastSent) < time.Duration(s.ttl)*time.Second
+	if live && !b.sessionFull(s.id) {
 		return sessionState{s.id, s.ttl, s.lastSent}, nil
 	}
 	sent := time.Now()
@@ -77,7 +91,7 @@ func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, e
 	if err != nil {
 		return sessionState{}, err
 	}
-	if s.id != 0 {
+	if s.id != 0 && !live {
 		b.forgetLease(s.id)
 	}
 	s.id, s.ttl, s.lastSent = grant.ID, grant.TTL, sent
@@ -155,19 +169,35 @@ func (b *Backend) sessionKeepAlive(ctx context.Context, id clientv3.LeaseID) fun
 // session lease id of TTL secs, to be withdrawn at expires unless noted
 // again with a later time first (see expireRegistrations), and owned by
 // this Backend until then (RenewBatch's orphan sweep leaves it alone).
-func (b *Backend) noteRegistration(secs int64, id clientv3.LeaseID, etcdKey, key, waitID string, expires time.Time) {
+// modRev is the mod revision the registration has, as the request that
+// put or read it found (0: unknown).
+func (b *Backend) noteRegistration(secs int64, id clientv3.LeaseID, etcdKey, key, waitID string, expires time.Time, modRev int64) {
 	if id == 0 {
 		return
 	}
-	b.own(id, etcdKey[len(b.prefix):], waitID)
 	s := b.sessionFor(secs)
 	s.regMu.Lock()
 	defer s.regMu.Unlock()
+	// Owned and known in the same step, so that a withdrawal that
+	// finishes meanwhile cannot disown it after it was noted again.
+	b.own(id, etcdKey[len(b.prefix):], waitID)
 	if s.regs == nil {
 		s.regs = make(map[string]sessionReg)
 	}
-	s.regs[etcdKey] = sessionReg{id: id, key: key, waitID: waitID, expires: expires}
+	s.regs[etcdKey] = sessionReg{id: id, key: key, waitID: waitID, expires: expires, modRev: modRev}
 	b.armRegTimerLocked(s, expires)
+}
+
+// regQuiet returns how many withdrawals of due registrations the session
+// of TTL secs has begun, and whether none is under way. A retry that read
+// its registration between two calls that returned the same count and
+// true read it with no withdrawal sent or pending: the registration is
+// still there, unless something else deleted it.
+func (b *Backend) regQuiet(secs int64) (uint64, bool) {
+	s := b.sessionFor(secs)
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	return s.withdrawals, s.withdrawing == 0
 }
 
 // armRegTimerLocked makes s's timer fire no later than at. It runs with
@@ -187,20 +217,15 @@ func (b *Backend) armRegTimerLocked(s *session, at time.Time) {
 // dropRegistrations forgets the registrations with the given etcd keys,
 // deleted or replaced.
 func (b *Backend) dropRegistrations(etcdKeys ...string) {
-	var gone []sessionReg
-	var goneKeys []string
 	for _, s := range b.sessionList() {
 		s.regMu.Lock()
 		for _, k := range etcdKeys {
 			if r, ok := s.regs[k]; ok {
-				gone, goneKeys = append(gone, r), append(goneKeys, k)
 				delete(s.regs, k)
+				b.disown(r.id, k[len(b.prefix):], r.waitID)
 			}
 		}
 		s.regMu.Unlock()
-	}
-	for i, r := range gone {
-		b.disown(r.id, goneKeys[i][len(b.prefix):], r.waitID)
 	}
 }
 
@@ -208,10 +233,13 @@ func (b *Backend) dropRegistrations(etcdKeys ...string) {
 // come: a waiter that stopped trying without CancelWait (or whose
 // CancelWait failed) leaves one behind, which the session, kept alive by
 // the other keys on it, would keep for as long as it lives. Each is
-// deleted only while it is still attached to its session lease (one
-// transaction for all of them); when that fails, they are tried again
-// after cleanUpRetry. It runs on s's timer, at now, and arms it for the
-// next.
+// deleted only while it is still attached to its session lease and has
+// the mod revision of its last put here (one transaction for all of
+// them), so a retry that puts it again meanwhile keeps it; when that
+// fails, they are tried again after cleanUpRetry. A retry whose read-only
+// probe ran while a withdrawal was under way puts its registration again
+// instead of trusting the read (see regQuiet). It runs on s's timer, at
+// now, and arms it for the next.
 func (b *Backend) expireRegistrations(s *session, now time.Time) {
 	due := make(map[string]sessionReg)
 	s.regMu.Lock()
@@ -228,16 +256,29 @@ func (b *Backend) expireRegistrations(s *session, now time.Time) {
 	if !next.IsZero() {
 		b.armRegTimerLocked(s, next)
 	}
+	if len(due) > 0 {
+		s.withdrawals++
+		s.withdrawing++
+	}
 	s.regMu.Unlock()
-	if len(due) == 0 || !b.track() {
+	if len(due) == 0 {
+		return
+	}
+	if !b.track() {
+		s.regMu.Lock()
+		s.withdrawing--
+		s.regMu.Unlock()
 		return
 	}
 	defer b.watches.Done()
+	b.withdrawalStage("delete")
 	var ops []clientv3.Op
 	for k, r := range due {
-		ops = append(ops, clientv3.OpTxn(
-			[]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(k), "=", r.id)},
-			[]clientv3.Op{clientv3.OpDelete(k)}, nil))
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(k), "=", r.id)}
+		if r.modRev != 0 {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", r.modRev))
+		}
+		ops = append(ops, clientv3.OpTxn(cmps, []clientv3.Op{clientv3.OpDelete(k)}, nil))
 	}
 	var err error
 	for len(ops) > 0 && err == nil {
@@ -248,7 +289,7 @@ func (b *Backend) expireRegistrations(s *session, now time.Time) {
 		ops = ops[n:]
 	}
 	s.regMu.Lock()
-	var gone []string
+	s.withdrawing--
 	for k, r := range due {
 		if _, again := s.regs[k]; again {
 			continue // noted again meanwhile
@@ -259,17 +300,25 @@ func (b *Backend) expireRegistrations(s *session, now time.Time) {
 			b.armRegTimerLocked(s, r.expires)
 			continue
 		}
-		gone = append(gone, k)
-	}
-	s.regMu.Unlock()
-	for _, k := range gone {
-		r := due[k]
+		// Forgotten under regMu, so that a retry noting it again
+		// (noteRegistration) comes wholly before or after.
 		b.disown(r.id, k[len(b.prefix):], r.waitID)
 		b.mu.Lock()
 		if w, ok := b.waits[waitMapKey(r.key, r.waitID)]; ok && w.lease == r.id && !w.expires.After(now) {
 			delete(b.waits, waitMapKey(r.key, r.waitID))
 		}
 		b.mu.Unlock()
+	}
+	s.regMu.Unlock()
+	b.withdrawalStage("done")
+}
+
+// withdrawalStage runs the test hook of expireRegistrations, if any, at
+// stage "delete" (the due registrations taken out, their delete not yet
+// sent) or "done" (the withdrawal recorded).
+func (b *Backend) withdrawalStage(stage string) {
+	if f := b.withdrawalHook.Load(); f != nil {
+		(*f)(stage)
 	}
 }
 
