@@ -75,15 +75,13 @@ func (b *Backend) sessionFor(secs int64) *session {
 }
 
 // sessionLease returns the session of TTL secs, granting its lease if there
-// is none, if, by the local clock, it has expired since its last
-// keep-alive, or if it is full (sessionFull: it then stays, with its keys,
-// and the new lease takes the acquisitions that follow).
+// is none or if, by the local clock, it has expired since its last
+// keep-alive.
 func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, error) {
 	s := b.sessionFor(secs)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	live := s.id != 0 && time.Since(s.lastSent) < time.Duration(s.ttl)*time.Second
-	if live && !b.sessionFull(s.id) {
+	if s.id != 0 && time.Since(s.lastSent) < time.Duration(s.ttl)*time.Second {
 		return sessionState{s.id, s.ttl, s.lastSent}, nil
 	}
 	sent := time.Now()
@@ -91,7 +89,7 @@ func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, e
 	if err != nil {
 		return sessionState{}, err
 	}
-	if s.id != 0 && !live {
+	if s.id != 0 {
 		b.forgetLease(s.id)
 	}
 	s.id, s.ttl, s.lastSent = grant.ID, grant.TTL, sent
