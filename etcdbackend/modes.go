@@ -402,18 +402,19 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 			// Kept alive after sent: a key on it lasts its full TTL.
 			needKA, left = false, full
 		}
-		var reg *mvccpb.KeyValue
-		if register && !resp.Succeeded {
-			reg = b.registration(req, s.id, resp.Responses[0].GetResponseRange().Kvs)
-			if epochNow, quietNow := b.regQuiet(secs); !quiet || !quietNow || epochNow != epoch {
-				reg = nil // put it again (below), which its withdrawal then leaves alone
+		refreshed := false
+		if register && !resp.Succeeded && quiet {
+			if reg := b.registration(req, s.id, resp.Responses[0].GetResponseRange().Kvs); reg != nil {
+				// Its end moves only if no withdrawal began since
+				// the probe was sent; otherwise it is put again
+				// (below), which the withdrawal then leaves alone.
+				w.expires = sent.Add(req.TTL)
+				refreshed = b.noteRefresh(secs, s.id, b.waiterKey(req.Key, req.Mode, req.WaitID), req.Key, req.WaitID, w.expires, reg.ModRevision, epoch)
 			}
 		}
-		if !resp.Succeeded && (!register || reg != nil) {
+		if !resp.Succeeded && (!register || refreshed) {
 			if register {
-				w.expires = sent.Add(req.TTL)
 				b.setWaitState(req.Key, req.WaitID, w)
-				b.noteRegistration(secs, s.id, b.waiterKey(req.Key, req.Mode, req.WaitID), req.Key, req.WaitID, w.expires, reg.ModRevision)
 			}
 			return backend.Lease{}, b.modeConflict(ctx, op, req, false, s.id, 0, w, resp.Responses, resp.Header.Revision, sent)
 		}

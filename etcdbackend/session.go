@@ -176,6 +176,30 @@ func (b *Backend) noteRegistration(secs int64, id clientv3.LeaseID, etcdKey, key
 	s := b.sessionFor(secs)
 	s.regMu.Lock()
 	defer s.regMu.Unlock()
+	b.noteRegistrationLocked(s, id, etcdKey, key, waitID, expires, modRev)
+}
+
+// noteRefresh is noteRegistration for a registration that a retry's
+// read-only probe found, sent when regQuiet returned epoch and true: it
+// notes it, and reports so, only if no withdrawal of the session's
+// registrations has begun since, checked in the same step, so none can
+// delete what the probe read after it moved the registration's end.
+func (b *Backend) noteRefresh(secs int64, id clientv3.LeaseID, etcdKey, key, waitID string, expires time.Time, modRev int64, epoch uint64) bool {
+	if id == 0 {
+		return false
+	}
+	s := b.sessionFor(secs)
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	if s.withdrawing != 0 || s.withdrawals != epoch {
+		return false
+	}
+	b.noteRegistrationLocked(s, id, etcdKey, key, waitID, expires, modRev)
+	return true
+}
+
+// noteRegistrationLocked is noteRegistration with s.regMu held.
+func (b *Backend) noteRegistrationLocked(s *session, id clientv3.LeaseID, etcdKey, key, waitID string, expires time.Time, modRev int64) {
 	// Owned and known in the same step, so that a withdrawal that
 	// finishes meanwhile cannot disown it after it was noted again.
 	b.own(id, etcdKey[len(b.prefix):], waitID)
@@ -187,10 +211,10 @@ func (b *Backend) noteRegistration(secs int64, id clientv3.LeaseID, etcdKey, key
 }
 
 // regQuiet returns how many withdrawals of due registrations the session
-// of TTL secs has begun, and whether none is under way. A retry that read
-// its registration between two calls that returned the same count and
-// true read it with no withdrawal sent or pending: the registration is
-// still there, unless something else deleted it.
+// of TTL secs has begun, and whether none is under way. A retry's probe
+// sent after it returned true, and noted by noteRefresh with the count it
+// returned, read the registration with no withdrawal sent or pending: the
+// registration is still there, unless something else deleted it.
 func (b *Backend) regQuiet(secs int64) (uint64, bool) {
 	s := b.sessionFor(secs)
 	s.regMu.Lock()
