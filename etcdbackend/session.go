@@ -75,13 +75,15 @@ func (b *Backend) sessionFor(secs int64) *session {
 }
 
 // sessionLease returns the session of TTL secs, granting its lease if there
-// is none or if, by the local clock, it has expired since its last
-// keep-alive.
+// is none, if, by the local clock, it has expired since its last
+// keep-alive, or if it is full (sessionFull: it then stays, with its keys,
+// and the new lease takes the acquisitions that follow).
 func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, error) {
 	s := b.sessionFor(secs)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.id != 0 && time.Since(s.lastSent) < time.Duration(s.ttl)*time.Second {
+	live := s.id != 0 && time.Since(s.lastSent) < time.Duration(s.ttl)*time.Second
+	if live && !b.sessionFull(s.id) {
 		return sessionState{s.id, s.ttl, s.lastSent}, nil
 	}
 	sent := time.Now()
@@ -89,7 +91,7 @@ func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, e
 	if err != nil {
 		return sessionState{}, err
 	}
-	if s.id != 0 {
+	if s.id != 0 && !live {
 		b.forgetLease(s.id)
 	}
 	s.id, s.ttl, s.lastSent = grant.ID, grant.TTL, sent

@@ -1,0 +1,123 @@
+package etcdbackend_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/etcdbackend"
+)
+
+// TestSessionCap: once a session lease holds its cap of keys, the next
+// acquisitions of that TTL go on a new session lease and the full one
+// stays, with its keys. RenewBatch renews them all with one keep-alive and
+// one look-up per session lease, sent together, each look-up returning only
+// its session's keys; a session lease that is lost loses its keys alone.
+func TestSessionCap(t *testing.T) {
+	const perSession, count = 4, 10
+	t.Cleanup(etcdbackend.SetSessionKeys(perSession))
+	ctx := testCtx(t)
+	var n counter
+	prefix := newPrefix()
+	cli := newClient(t, nil, n.configure)
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	leases := make([]backend.Lease, count)
+	sessions := make([]clientv3.LeaseID, count)
+	keys := make(map[clientv3.LeaseID]int)
+	var order []clientv3.LeaseID
+	for i := range leases {
+		key := fmt.Sprintf("cap/%d", i)
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatalf("Acquire(%q): %v", key, err)
+		}
+		leases[i] = l
+		id := sessionOf(t, cli, prefix+key)
+		sessions[i] = id
+		if keys[id] == 0 {
+			order = append(order, id)
+		}
+		keys[id]++
+	}
+	// Acquired one after the other: 4, 4 and 2 keys.
+	if len(order) != 3 || keys[order[0]] != 4 || keys[order[1]] != 4 || keys[order[2]] != 2 {
+		t.Fatalf("keys per session lease: got %d leases %v, want 4, 4 and 2 keys on three", len(order), keys)
+	}
+	for _, id := range order {
+		resp, err := cli.TimeToLive(ctx, id, clientv3.WithAttachedKeys())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Keys) != keys[id] {
+			t.Errorf("session lease %x: %d keys attached, want %d", id, len(resp.Keys), keys[id])
+		}
+	}
+
+	renew := func(what string, lost clientv3.LeaseID, wantRequests int64) {
+		t.Helper()
+		n.reset()
+		errs := b.RenewBatch(ctx, leases)
+		if got := n.total(); got != wantRequests {
+			t.Errorf("%s: RenewBatch of %d leases: got %d requests %v, want %d", what, count, got, n.byMethod(), wantRequests)
+		}
+		for i, err := range errs {
+			switch {
+			case sessions[i] == lost && !errors.Is(err, backend.ErrLeaseLost):
+				t.Errorf("%s: lease %d (session %x, lost): got %v, want ErrLeaseLost", what, i, sessions[i], err)
+			case sessions[i] != lost && err != nil:
+				t.Errorf("%s: lease %d (session %x): got %v, want nil", what, i, sessions[i], err)
+			}
+		}
+	}
+	// A keep-alive and a look-up per session lease.
+	renew("all held", 0, 6)
+	// Every session lease was kept alive, the full ones included.
+	for _, id := range order {
+		resp, err := cli.TimeToLive(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.TTL < 9 {
+			t.Errorf("session lease %x: TTL left after RenewBatch %ds, want 9s or more", id, resp.TTL)
+		}
+	}
+
+	// The second session lease is lost: its four keys are, no other.
+	if _, err := cli.Revoke(ctx, order[1]); err != nil {
+		t.Fatal(err)
+	}
+	renew("second session revoked", order[1], 6)
+	// Its keys are now lost for good (not looked up again); the others
+	// stay held.
+	for i, err := range b.RenewBatch(ctx, leases) {
+		if (sessions[i] == order[1]) != errors.Is(err, backend.ErrLeaseLost) || (sessions[i] != order[1] && err != nil) {
+			t.Errorf("after the loss: lease %d (session %x): got %v", i, sessions[i], err)
+		}
+	}
+
+	// A release from a full session lease leaves it with room, but new
+	// acquisitions go on the current one until it is full.
+	if err := b.Release(ctx, leases[0]); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	for i := range 2 {
+		key := fmt.Sprintf("more/%d", i)
+		if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: 10 * time.Second}); err != nil {
+			t.Fatalf("Acquire(%q): %v", key, err)
+		}
+		if got := sessionOf(t, cli, prefix+key); got != order[2] {
+			t.Errorf("Acquire(%q): on session lease %x, want the current one %x", key, got, order[2])
+		}
+	}
+	// The current one is full now: the next acquisition goes on a fourth.
+	if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: "more/2", HolderID: "a", TTL: 10 * time.Second}); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if got := sessionOf(t, cli, prefix+"more/2"); got == order[0] || got == order[1] || got == order[2] {
+		t.Errorf("Acquire on a full current session lease: on %x, want a new one", got)
+	}
+}
