@@ -341,9 +341,14 @@ func (b *Backend) resetSignal() <-chan struct{} {
 	return b.reset
 }
 
-// startMonitor starts the connection monitor, once per Backend, after its
-// first etcd watch is established (so with the connection ready: the
-// connection's start is no reconnection).
+// startMonitor starts the connection monitor, once per Backend, when its
+// first etcd watch is about to be established, so that the monitor sees
+// the connection's start (see monitor). It used to start once that watch
+// was established, assuming the connection was then ready; but the
+// connection may still report Connecting after a watch over it has been
+// created (gRPC updates its picker before its state), and the monitor then
+// took the connection's start for a reconnection and sent a spurious
+// backend.EventReset to every subscription (TestWatchNoResetAtStart).
 func (b *Backend) startMonitor() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -365,21 +370,41 @@ func (b *Backend) monitor() {
 	defer b.watches.Done()
 	conn := b.cli.ActiveConnection()
 	state := conn.GetState()
-	broken := state != connectivity.Ready
+	var m connMonitor
+	m.next(state)
 	for conn.WaitForStateChange(b.life, state) {
 		state = conn.GetState()
-		switch state {
-		case connectivity.Ready:
-			if broken {
-				broken = false
-				b.signalReset()
-			}
-		case connectivity.Shutdown:
+		if state == connectivity.Shutdown {
 			return // the client was closed
-		default:
-			broken = true
+		}
+		if m.next(state) {
+			b.signalReset()
 		}
 	}
+}
+
+// connMonitor follows the states of a connection (see monitor): a
+// connection that becomes ready again after it was ready and then was
+// not is a reconnection; its first time ready (the states before it:
+// idle, connecting, a failure) is its start, no reconnection, since no
+// watch had anything to resume before it.
+type connMonitor struct {
+	seenReady bool // the connection has been ready
+	broken    bool // it was ready, and is not now
+}
+
+// next takes the connection's next state and reports whether it is a
+// reconnection.
+func (m *connMonitor) next(state connectivity.State) bool {
+	if state == connectivity.Ready {
+		reconnected := m.broken
+		m.seenReady, m.broken = true, false
+		return reconnected
+	}
+	if m.seenReady {
+		m.broken = true
+	}
+	return false
 }
 
 // stream is one established etcd watch.
@@ -399,6 +424,7 @@ func (h *watchHub) loop(r *hubRun) {
 	// Taken before the watch is established, so that a reconnection
 	// during the establishment is reported too.
 	reset := b.resetSignal()
+	b.startMonitor()
 	var from int64 // 0: the current revision
 	wasLive := false
 	backoff := minWatchBackoff
@@ -414,7 +440,6 @@ func (h *watchHub) loop(r *hubRun) {
 				// changes the watch can no longer replay.
 				h.resetAll(r)
 			}
-			b.startMonitor()
 			h.setLive(r, true)
 			wasLive = true
 			why := h.drain(r, s, &reset)
