@@ -122,38 +122,6 @@ func TestWatchRacingClose(t *testing.T) {
 	}
 }
 
-// TestWatchNoResetAtStart: the first Watch of a Backend on a new client,
-// whose connection is still starting, sends no backend.EventReset: the
-// connection's start is no reconnection. (The connection may still report
-// Connecting once the etcd watch over it has been created; the monitor,
-// started after that, took its first Ready for a reconnection: 1 round of
-// 40 began with a reset before the fix.)
-func TestWatchNoResetAtStart(t *testing.T) {
-	ctx := testCtx(t)
-	for i := range 40 {
-		opts := &etcdbackend.Options{Prefix: newPrefix()}
-		w := newBackend(t, newClient(t, nil, nil), opts)
-		a := newBackend(t, newClient(t, nil, nil), opts)
-		events, err := w.Watch(ctx, "x")
-		if err != nil {
-			t.Fatalf("Watch: %v", err)
-		}
-		l, err := a.Acquire(ctx, backend.AcquireRequest{Key: "x", HolderID: "a", TTL: time.Minute})
-		if err != nil {
-			t.Fatalf("Acquire: %v", err)
-		}
-		if e := nextEvent(t, events, "acquisition", 10*time.Second); e.Type != backend.EventChanged {
-			t.Fatalf("round %d: first event %v, want %v (no reset: nothing reconnected)", i, e.Type, backend.EventChanged)
-		}
-		if err := a.Release(ctx, l); err != nil {
-			t.Fatalf("Release: %v", err)
-		}
-		if err := w.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // nextChange returns the next event of ch that is not a
 // backend.EventReset (which the contract allows at any time: the receiver
 // looks again), within a generous bound.
