@@ -24,6 +24,11 @@ type session struct {
 	id       clientv3.LeaseID // 0: none yet, or lost
 	ttl      int64            // granted TTL of id, in seconds
 	lastSent time.Time        // send time of the grant or last keep-alive of id that succeeded
+	// retired holds the full session leases of this TTL that came before
+	// id and may still have keys (see sessionFull), with what lastSent
+	// and ttl are for id; each is forgotten once it has expired by the
+	// local clock (pruneRetiredLocked), as id is when it is granted again.
+	retired map[clientv3.LeaseID]retiredLease
 
 	// regMu guards the registrations below. It is taken before b.mu
 	// (so that a registration is recorded in regs and in b.owned in one
@@ -91,9 +96,16 @@ func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, e
 	if err != nil {
 		return sessionState{}, err
 	}
-	if s.id != 0 && !live {
+	switch {
+	case s.id != 0 && !live:
 		b.forgetLease(s.id)
+	case s.id != 0:
+		if s.retired == nil {
+			s.retired = make(map[clientv3.LeaseID]retiredLease)
+		}
+		s.retired[s.id] = retiredLease{s.ttl, s.lastSent}
 	}
+	b.pruneRetiredLocked(s, sent)
 	s.id, s.ttl, s.lastSent = grant.ID, grant.TTL, sent
 	return sessionState{s.id, s.ttl, s.lastSent}, nil
 }
@@ -106,6 +118,11 @@ func (b *Backend) sessionKept(id clientv3.LeaseID, sent time.Time) {
 		if s.id == id && sent.After(s.lastSent) {
 			s.lastSent = sent
 		}
+		if r, ok := s.retired[id]; ok && sent.After(r.lastSent) {
+			r.lastSent = sent
+			s.retired[id] = r
+		}
+		b.pruneRetiredLocked(s, time.Now())
 		s.mu.Unlock()
 	}
 }
@@ -134,6 +151,7 @@ func (b *Backend) sessionLost(id clientv3.LeaseID) {
 		if s.id == id {
 			s.id = 0
 		}
+		delete(s.retired, id)
 		s.mu.Unlock()
 		s.regMu.Lock()
 		for k, r := range s.regs {
@@ -205,6 +223,11 @@ func (b *Backend) noteRegistrationLocked(s *session, id clientv3.LeaseID, etcdKe
 	// Owned and known in the same step, so that a withdrawal that
 	// finishes meanwhile cannot disown it after it was noted again.
 	b.own(id, etcdKey[len(b.prefix):], waitID)
+	if r, ok := s.regs[etcdKey]; ok && r.id != id {
+		// Put again on a later session lease (the one before it is
+		// full or gone): it is no longer on that one.
+		b.disown(r.id, etcdKey[len(b.prefix):], r.waitID)
+	}
 	if s.regs == nil {
 		s.regs = make(map[string]sessionReg)
 	}

@@ -2,6 +2,7 @@ package etcdbackend
 
 import (
 	"sync/atomic"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -47,4 +48,27 @@ func (b *Backend) sessionFull(id clientv3.LeaseID) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return len(b.owned[id]) >= sessionKeyCap()
+}
+
+// retiredLease is a full session lease that may still have keys: its
+// granted TTL, in seconds, and the send time of its grant or last
+// keep-alive that succeeded.
+type retiredLease struct {
+	ttl      int64
+	lastSent time.Time
+}
+
+// pruneRetiredLocked forgets the full session leases of s that have
+// expired by the local clock at now (their TTL passed since the send time
+// of their last grant or keep-alive that succeeded, so etcd has ended them
+// and every key on them): what this Backend recorded of their keys goes,
+// as it does for the current session lease when it is granted again. It
+// runs with s.mu held.
+func (b *Backend) pruneRetiredLocked(s *session, now time.Time) {
+	for id, r := range s.retired {
+		if now.Sub(r.lastSent) >= time.Duration(r.ttl)*time.Second {
+			delete(s.retired, id)
+			b.forgetLease(id)
+		}
+	}
 }

@@ -121,3 +121,50 @@ func TestSessionCap(t *testing.T) {
 		t.Errorf("Acquire on a full current session lease: on %x, want a new one", got)
 	}
 }
+
+// TestSessionCapRetiredForgotten: a full session lease is forgotten, with
+// what this Backend recorded of its keys, once it has expired by the local
+// clock (the TTL passed since its last keep-alive), as the current session
+// lease is when it is granted again; until then its keys are renewed.
+func TestSessionCapRetiredForgotten(t *testing.T) {
+	t.Cleanup(etcdbackend.SetSessionKeys(2))
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	cli := newClient(t, nil, nil)
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	var leases []backend.Lease
+	for i := range 3 {
+		l, err := b.Acquire(ctx, backend.AcquireRequest{Key: fmt.Sprintf("r/%d", i), HolderID: "a", TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	full, current := sessionOf(t, cli, prefix+"r/0"), sessionOf(t, cli, prefix+"r/2")
+	if full == current || sessionOf(t, cli, prefix+"r/1") != full {
+		t.Fatalf("keys on session leases %x, %x, %x: want the first two on one, the third on another", full, sessionOf(t, cli, prefix+"r/1"), current)
+	}
+	// Renewed, it is kept.
+	for i, err := range b.RenewBatch(ctx, leases) {
+		if err != nil {
+			t.Fatalf("RenewBatch: lease %d: %v", i, err)
+		}
+	}
+	if !etcdbackend.KnowsLease(b, int64(full)) {
+		t.Fatal("the full session lease was forgotten while its keys are renewed")
+	}
+	// Not renewed for its TTL (by the local clock): forgotten at the next
+	// keep-alive of any session lease.
+	if got := etcdbackend.AgeRetiredSessions(b, 20*time.Second); len(got) != 1 || got[0] != int64(full) {
+		t.Fatalf("full session leases: got %x, want [%x]", got, full)
+	}
+	if errs := b.RenewBatch(ctx, leases[2:]); errs[0] != nil {
+		t.Fatalf("RenewBatch of the current session's lease: %v", errs[0])
+	}
+	if etcdbackend.KnowsLease(b, int64(full)) {
+		t.Error("a full session lease expired by the local clock is still recorded")
+	}
+	if !etcdbackend.KnowsLease(b, int64(current)) {
+		t.Error("the current session lease was forgotten")
+	}
+}
