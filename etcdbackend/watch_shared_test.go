@@ -223,13 +223,13 @@ func TestWatchJoiningALiveSharedWatchMissesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Acquire(%q): %v", key, err)
 		}
-		if e := nextEvent(t, events, "acquisition after Watch returned", 10*time.Second); e.Type != backend.EventChanged {
+		if e := nextChange(t, events, "acquisition after Watch returned"); e.Type != backend.EventChanged {
 			t.Fatalf("%q: got %v, want %v", key, e.Type, backend.EventChanged)
 		}
 		if err := a.Release(ctx, k); err != nil {
 			t.Fatalf("Release(%q): %v", key, err)
 		}
-		if e := nextEvent(t, events, "release", 10*time.Second); e.Type != backend.EventReleased {
+		if e := nextChange(t, events, "release"); e.Type != backend.EventReleased {
 			t.Fatalf("%q: got %v, want %v", key, e.Type, backend.EventReleased)
 		}
 	}
