@@ -15,9 +15,11 @@
 // # How leases map onto etcd
 //
 // Acquisitions share a session, as etcd's concurrency.Session does: each
-// Backend keeps one etcd lease per TTL (in whole seconds), granted on first
-// use and granted again once it is lost, and Acquire attaches the key to
-// it (AcquireMode its entries, intents and waiter registrations: see
+// Backend keeps one etcd lease per TTL (in whole seconds) and per 2,048
+// keys, granted on first use and granted again once it is lost (a full
+// session lease keeps its keys and is renewed as before; later acquisitions
+// of that TTL go on a new one, so that no renewal looks up more than about
+// 2,048 keys), and Acquire attaches the key to it (AcquireMode its entries, intents and waiter registrations: see
 // below). Acquire is one transaction that compares the key's create revision
 // with 0 and puts the record under <prefix><key> attached to the session
 // lease. A key on a session ends when the session lease does, at the
@@ -100,9 +102,10 @@
 // session (an acquisition, plain or AcquireMode, whose transaction finds
 // the lease gone is retried once on a new one).
 //
-// RenewBatch (backend.BatchRenewer) renews the leases of one session with
-// two requests sent together, however many they are: a keep-alive of the
-// session lease, and a look-up of the keys attached to it (TimeToLive with
+// RenewBatch (backend.BatchRenewer) renews the leases of each session lease
+// in the batch with two requests sent together, however many they are (the
+// sessions of a batch concurrently): a keep-alive of the session lease, and
+// a look-up of the keys attached to it (TimeToLive with
 // its keys, no raft write). A lease is renewed when its key is attached to
 // the session and this Backend attached it with that lease's token and has
 // neither released it nor found it lost since; otherwise it alone is lost
