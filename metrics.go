@@ -67,14 +67,6 @@ func (e *Elector) setFnRunning(running bool) {
 	}
 }
 
-func (e *Elector) noteCancelled() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.health.fnRunning && e.health.cancelledAt.IsZero() {
-		e.health.cancelledAt = time.Now()
-	}
-}
-
 func (e *Elector) backendOK() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
