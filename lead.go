@@ -162,10 +162,12 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 		case wev, ok := <-e.w.ch:
 			if ev, woke := e.watchReceived(ctx, wev, ok); woke {
 				e.leaderWatchEvent(hold, ev)
+				e.noteLateEvent(t, ls, ev)
 			}
 		case r := <-e.w.ready:
 			if ev, woke := e.watchEstablished(ctx, r); woke {
 				e.leaderWatchEvent(hold, ev)
+				e.noteLateEvent(t, ls, ev)
 			}
 		case <-e.w.retryC:
 			e.watchRetry(ctx)
@@ -258,6 +260,23 @@ func (e *Elector) endTerm(t *leaderTerm, r LossReason, err error) LossReason {
 	e.opts.Metrics.LeadershipLost(e.name, t.n, r)
 	e.log.Info("sovereign: stepped down", "term", t.n, "reason", r, "err", err)
 	return r
+}
+
+// noteLateEvent records, for the campaign that follows, an event that
+// arrived after term t was stepped down (by Resign, on its caller's
+// goroutine) while this loop still waited to end it: a successor's
+// acquisition seen here would otherwise be lost to this elector's knowledge
+// of who leads until its next look.
+func (e *Elector) noteLateEvent(t *leaderTerm, ls *loopState, ev backend.Event) {
+	if ev.Type != backend.EventChanged && ev.Type != backend.EventReset {
+		return
+	}
+	e.mu.Lock()
+	ended := t.ended
+	e.mu.Unlock()
+	if ended {
+		ls.lookNow = true
+	}
 }
 
 // leaderWatchEvent acts on a watch event while leading: after a

@@ -32,6 +32,7 @@ type loopState struct {
 	failures    int       // consecutive failed acquisition attempts
 	expiring    int       // consecutive attempts that found the lease held with no TTL left
 	sitOutUntil time.Time // no attempt before this (after Resign)
+	lookNow     bool      // read who leads at once (a change seen while stepping down)
 }
 
 // loop is the state machine: campaign, lead, campaign again, until ctx ends.
@@ -96,6 +97,12 @@ func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Le
 			now = time.Now()
 		}
 		canAttempt := !now.Before(ls.sitOutUntil)
+		if ls.lookNow {
+			ls.lookNow = false
+			if !canAttempt {
+				e.refreshLeader(ctx) // an attempt would tell as much
+			}
+		}
 		if canAttempt && !now.Before(ls.nextAttempt) {
 			if lease, sent, rec, ok = e.attempt(ctx, ls); ok {
 				return lease, sent, rec, true
