@@ -73,15 +73,7 @@ func startDemo(ctx context.Context, b backend.Backend, prefix string) (stop func
 		if err != nil {
 			return
 		}
-		for {
-			select {
-			case <-ctx.Done():
-				_ = b.Release(context.Background(), l)
-				return
-			case <-time.After(3 * time.Second):
-				_ = b.Renew(ctx, l)
-			}
-		}
+		keep(ctx, b, l)
 	})
 	// A shared lock with two holders, each renewed on its own.
 	if m, ok := b.(backend.Modes); ok {
@@ -94,15 +86,7 @@ func startDemo(ctx context.Context, b backend.Backend, prefix string) (stop func
 				if err != nil {
 					return
 				}
-				for {
-					select {
-					case <-ctx.Done():
-						_ = b.Release(context.Background(), l)
-						return
-					case <-time.After(3 * time.Second):
-						_ = b.Renew(ctx, l)
-					}
-				}
+				keep(ctx, b, l)
 			})
 		}
 	}
@@ -113,4 +97,17 @@ func startDemo(ctx context.Context, b backend.Backend, prefix string) (stop func
 		}
 		wg.Wait()
 	}, nil
+}
+
+// keep renews l every 3 s until ctx ends, then releases it.
+func keep(ctx context.Context, b backend.Backend, l backend.Lease) {
+	for {
+		select {
+		case <-ctx.Done():
+			_ = b.Release(context.Background(), l)
+			return
+		case <-time.After(3 * time.Second):
+			_ = b.Renew(ctx, l)
+		}
+	}
 }
