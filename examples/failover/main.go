@@ -146,6 +146,8 @@ func run(ctx context.Context, out io.Writer, ttl time.Duration) error {
 	}
 	handover := time.Since(resignAt)
 	rec3, _ := byID(third).e.Leader(ctx)
+	mu.Lock() // events still arrive and print meanwhile
+	defer mu.Unlock()
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "crash failover: %s took over (term %d) %v after %s crashed (TTL %v)\n",
 		second, rec.Term, failover.Round(time.Millisecond), first, ttl)
