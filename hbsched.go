@@ -150,20 +150,19 @@ func (s *hbScheduler) fire() {
 	}
 	if g, ok := s.key.b.(backend.BatchGrouper); ok && len(reqs) > maxHeartbeatBatch {
 		// Whole groups per call (see backend.BatchGrouper).
-		groups := make([]uint32, len(reqs))
+		type item struct {
+			group uint32
+			e     *Elector
+			req   backend.HeartbeatRequest
+		}
+		items := make([]item, len(reqs))
 		for i := range reqs {
-			groups[i] = g.BatchGroup(reqs[i].Key)
+			items[i] = item{g.BatchGroup(reqs[i].Key), es[i], reqs[i]}
 		}
-		order := make([]int, len(reqs))
-		for i := range order {
-			order[i] = i
+		slices.SortFunc(items, func(a, b item) int { return cmp.Compare(a.group, b.group) })
+		for i, it := range items {
+			es[i], reqs[i] = it.e, it.req
 		}
-		slices.SortFunc(order, func(a, b int) int { return cmp.Compare(groups[a], groups[b]) })
-		sortedEs, sortedReqs := make([]*Elector, len(es)), make([]backend.HeartbeatRequest, len(reqs))
-		for i, j := range order {
-			sortedEs[i], sortedReqs[i] = es[j], reqs[j]
-		}
-		es, reqs = sortedEs, sortedReqs
 	}
 	done := make(chan struct{})
 	s.inflight = done

@@ -582,25 +582,24 @@ func (b *Backend) entryKeys(l backend.Lease) (holder string, intents []string, e
 // ownEntry records that this Backend holds entry l, and its intents, on
 // session lease id (RenewBatch's owner check and orphan sweep).
 func (b *Backend) ownEntry(id clientv3.LeaseID, l backend.Lease) {
-	hk, intents, err := b.entryKeys(l)
-	if err != nil {
-		return
-	}
-	b.own(id, hk[len(b.prefix):], l.Token)
-	for _, k := range intents {
-		b.own(id, k[len(b.prefix):], l.Token)
-	}
+	b.forEntryKeys(l, func(k string) { b.own(id, k, l.Token) })
 }
 
 // disownEntry forgets entry l, and its intents, on session lease id.
 func (b *Backend) disownEntry(id clientv3.LeaseID, l backend.Lease) {
+	b.forEntryKeys(l, func(k string) { b.disown(id, k, l.Token) })
+}
+
+// forEntryKeys calls f with the key of entry l and of each of its intents,
+// without the Backend's prefix.
+func (b *Backend) forEntryKeys(l backend.Lease, f func(key string)) {
 	hk, intents, err := b.entryKeys(l)
 	if err != nil {
 		return
 	}
-	b.disown(id, hk[len(b.prefix):], l.Token)
+	f(hk[len(b.prefix):])
 	for _, k := range intents {
-		b.disown(id, k[len(b.prefix):], l.Token)
+		f(k[len(b.prefix):])
 	}
 }
 
