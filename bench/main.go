@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +24,7 @@ import (
 // config is what the flags select.
 type config struct {
 	only         map[string]bool
+	cpuProfile   string
 	rounds       int
 	handoverN    int
 	crashN       int
@@ -147,6 +149,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.handoffHold, "handoff-hold", 50*time.Millisecond, "how long a holder keeps the lock in the hand-off scenario (uniform in [0.8, 1.2] × this)")
 	fs.StringVar(&c.redisBin, "redis-server", "/usr/bin/redis-server", "redis-server binary")
 	fs.StringVar(&c.out, "o", "", "also write the report (machine, table, notes) to this file")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (this process: clients, embedded etcd) to this file")
 	quick := fs.Bool("quick", false, "a short smoke run: 1 round, few samples, short windows, 1,000 elections")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -207,10 +210,37 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
 	}
+	if cfg.cpuProfile != "" {
+		stop, err := startCPUProfile(cfg.cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(2)
+		}
+		defer stop()
+	}
 	if err := run(cfg); err != nil {
+		if cfg.cpuProfile != "" {
+			pprof.StopCPUProfile()
+		}
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// startCPUProfile starts a CPU profile written to path; stop ends it.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 func progress(format string, args ...any) {

@@ -429,6 +429,14 @@ func measureMany(cfg manyConfig) (manyResult, error) {
 	}
 
 	time.Sleep(cfg.Settle) // let start-up traffic pass
+	if p := os.Getenv("BENCH_CHILD_CPUPROFILE"); p != "" {
+		// A CPU profile of the measurement windows, for diagnosis.
+		stop, err := startCPUProfile(p)
+		if err != nil {
+			return r, err
+		}
+		defer stop()
+	}
 	// An elector that lost its leadership while measured and won it back has
 	// a new term: compare terms rather than subscribe (a listener would add
 	// a goroutine per election to the figures).
