@@ -129,6 +129,14 @@ func childMany(arg string) error {
 	if err := json.Unmarshal([]byte(arg), &cfg); err != nil {
 		return err
 	}
+	if p := os.Getenv("BENCH_CHILD_STARTUP_CPUPROFILE"); p != "" {
+		// A CPU profile of the whole child (start-up included), for diagnosis.
+		stop, err := startCPUProfile(p)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	r, err := measureMany(cfg)
 	if err != nil {
 		return err

@@ -373,17 +373,43 @@ func (l *Locker) Close() error {
 		lk.hold.Stop(newKeyError(lk.key, "cancelled: the locker was closed", nil, ErrClosed))
 	}
 	l.ops.Wait()
-	var wg sync.WaitGroup
 	l.mu.Lock()
+	locks = locks[:0]
 	for lk := range l.locks {
-		wg.Go(func() { _ = lk.Release(context.Background()) })
+		locks = append(locks, lk)
 	}
 	l.mu.Unlock()
-	wg.Wait()
+	releaseAll(locks)
 	l.cancelHold()
 	l.monitors.Wait()
 	close(l.closing)
 	return nil
+}
+
+// closeReleasers bounds the releases Close sends at once. A Locker holding
+// many locks would otherwise send them all together: a store that serves a
+// few thousand writes a second then answers most of them after their
+// RequestTimeout, and each one that timed out is retried, so the flood
+// feeds itself. A bounded number at a time keeps every release well within
+// its timeout and costs nothing when there are few.
+const closeReleasers = 128
+
+// releaseAll releases locks, owner-checked, at most closeReleasers at once.
+func releaseAll(locks []*Lock) {
+	var wg sync.WaitGroup
+	next := make(chan *Lock)
+	for range min(len(locks), closeReleasers) {
+		wg.Go(func() {
+			for lk := range next {
+				_ = lk.Release(context.Background())
+			}
+		})
+	}
+	for _, lk := range locks {
+		next <- lk
+	}
+	close(next)
+	wg.Wait()
 }
 
 // begin registers a call in flight and returns a context that also ends
