@@ -173,13 +173,11 @@ func (u *manyUnits) count() int {
 				n++
 			}
 		}
-	case u.locks != nil:
-		for i := range u.locks {
-			if l := u.locks[i].Load(); l != nil && l.Held() {
-				n++
-			}
-		}
 	default:
+		// Locks: counted up when acquired and down when their context
+		// ends (lost), so a poll does not scan every lock (100,000
+		// Held calls every 50 ms cost a fifth of a core, taken from the
+		// run it measures).
 		n = int(u.held.Load())
 	}
 	return n
@@ -407,6 +405,7 @@ func measureMany(cfg manyConfig) (manyResult, error) {
 				if err == nil {
 					u.locks[i].Store(l)
 					u.held.Add(1)
+					context.AfterFunc(l.Context(), func() { u.held.Add(-1) })
 					return true
 				}
 				time.Sleep(50 * time.Millisecond) // back off after a failed call
