@@ -106,6 +106,23 @@
 // makes its terms drop (etcd's are revisions); give the downstream store a
 // new fencing key, or reset its stored term, when you move.
 //
+// # Cost of an idle elector
+//
+// An elector that waits (a follower watching the key, a leader between
+// renewals, one sitting out after Resign) costs memory, not a goroutine:
+// its loop is a state machine that parks while it has nothing to do and is
+// resumed, on a short-lived goroutine, by its timer, its watch's
+// notification, Resign, Close or the end of the term. Renewals and
+// heartbeats of every elector of a process go through shared timers and
+// batches, and the watches of a backend share one connection (Redis
+// pub/sub, one etcd watch), so ten thousand elections in one process cost
+// goroutines independent of their number. This holds on backends whose
+// watches notify (backend.WatchNotifier: memorybackend, redisbackend,
+// etcdbackend) and on backends that cannot watch; on a backend that watches
+// without notifying, each started elector keeps one goroutine blocked on its
+// watch. With Run, the leader function runs on a goroutine of its own while
+// the elector leads; that one is yours.
+//
 // # Testing your code
 //
 // Swap the real backend for memorybackend in your tests. It is safe for

@@ -40,16 +40,17 @@ var (
 // Start it and watch IsLeader and the events. All methods are safe for
 // concurrent use.
 type Elector struct {
-	b       backend.Backend
-	watcher backend.Watcher // nil when b cannot watch
-	name    string
-	id      string
-	opts    Options
-	log     *slog.Logger
-	bus     *bus
+	b        backend.Backend
+	watcher  backend.Watcher       // nil when b cannot watch
+	notifier backend.WatchNotifier // nil when b's watches cannot wake the elector
+	name     string
+	id       string
+	opts     Options
+	log      *slog.Logger
+	bus      *bus
 
-	cmds chan resignRequest
-	w    watchState // the subscription to the key; the loop goroutine's alone
+	rs runState   // the loop's state machine; its runner's alone (see run.go)
+	w  watchState // the subscription to the key; the runner's alone
 	// limit bounds the calls in flight of every elector of the process on
 	// this backend; nil when it has none. Set and cleared by the loop.
 	limit *callLimit
@@ -71,7 +72,13 @@ type Elector struct {
 	done    chan struct{} // set in New, never reassigned: closed when every goroutine of the elector has ended
 	closing chan struct{} // closed when Close has finished; nil before Close
 
-	wg sync.WaitGroup // the loop goroutine and leader-function goroutines
+	wmu    sync.Mutex      // guards woken, parked and queue: the machine's wake-ups (see run.go)
+	woken  bool            // a wake-up came since the runner last looked
+	parked bool            // the machine waits with no goroutine; a wake-up starts a runner
+	queue  []resignRequest // Resign requests the machine has yet to take
+	wakeC  chan struct{}   // capacity 1: wakes a runner blocked on a subscription that cannot wake it
+
+	wg sync.WaitGroup // the loop's runners, leader-function goroutines and holds
 }
 
 // New returns an Elector for the election name, campaigning as the instance
@@ -104,16 +111,19 @@ func New(b backend.Backend, name, id string, opts *Options) (*Elector, error) {
 	}
 	log := o.Logger.With("election", name, "id", id)
 	e := &Elector{
-		b:    b,
-		name: name,
-		id:   id,
-		opts: o,
-		log:  log,
-		bus:  newBus(log, func() { o.Metrics.EventsDropped(name, 1) }),
-		cmds: make(chan resignRequest),
-		done: make(chan struct{}),
+		b:     b,
+		name:  name,
+		id:    id,
+		opts:  o,
+		log:   log,
+		bus:   newBus(log, func() { o.Metrics.EventsDropped(name, 1) }),
+		wakeC: make(chan struct{}, 1),
+		done:  make(chan struct{}),
 	}
 	e.watcher, _ = b.(backend.Watcher)
+	if e.watcher != nil {
+		e.notifier, _ = b.(backend.WatchNotifier)
+	}
 	return e, nil
 }
 
@@ -130,6 +140,7 @@ func (e *Elector) Name() string { return e.name }
 // elector campaigns, leads and campaigns again after every lost term until
 // ctx ends or Close is called; after ctx ends, call Close anyway to stop
 // event delivery. Use Run instead to have a function called while leading.
+// A started elector that waits costs no goroutine (see the package doc).
 func (e *Elector) Start(ctx context.Context) error {
 	return e.start(ctx, nil)
 }
@@ -144,7 +155,8 @@ func (e *Elector) Start(ctx context.Context) error {
 // and the elector campaigns again after ResignSitOut. Run never gives up
 // after a backend outage; it returns when ctx ends, after closing the
 // elector (see Close), with nil; or ErrStarted / ErrClosed at once when the
-// elector already ran.
+// elector already ran. fn runs on a goroutine of its own, started for each
+// term; the elector itself waits for it without one.
 func (e *Elector) Run(ctx context.Context, fn func(ctx context.Context) error) error {
 	if fn == nil {
 		return fmt.Errorf("%w: nil leader function", ErrInvalidOptions)
@@ -171,15 +183,7 @@ func (e *Elector) start(ctx context.Context, fn func(context.Context) error) err
 	e.started = true
 	e.health.startedAt = time.Now()
 	ctx, e.cancel = context.WithCancel(ctx)
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		defer close(e.done)
-		defer e.w.wg.Wait() // a subscription being established
-		defer e.w.stopRetry()
-		defer e.cancel() // ends the subscription when the loop ends
-		e.loop(ctx, fn)
-	}()
+	e.startRunner(ctx, fn)
 	return nil
 }
 
@@ -302,23 +306,36 @@ func (e *Elector) Resign(ctx context.Context) error {
 		}
 	}
 	req := resignRequest{begun: make(chan error, 1), released: make(chan error, 1)}
+	// The loop takes the request from its queue and answers every request
+	// it takes; one it has not taken is withdrawn when the caller stops
+	// waiting, and never acted on.
+	e.submit(req)
 	if inside {
 		// Called from inside the leader function: its leader context ends at
 		// step-down, so wait for the step-down itself, which is prompt.
 		select {
-		case e.cmds <- req:
-			return <-req.begun
+		case err := <-req.begun:
+			return err
 		case <-done:
-			return ErrClosed
+			if e.withdraw(req) {
+				return ErrClosed
+			}
 		case <-ctx.Done():
-			return ErrNotLeader // that term is already over
+			if e.withdraw(req) {
+				return ErrNotLeader // that term is already over
+			}
 		}
+		return <-req.begun
 	}
 	select {
-	case e.cmds <- req:
+	case err := <-req.released:
+		return err
 	case <-done:
-		return ErrClosed
+		if e.withdraw(req) {
+			return ErrClosed
+		}
 	case <-ctx.Done():
+		e.withdraw(req)
 		return ctx.Err()
 	}
 	select {
@@ -330,7 +347,7 @@ func (e *Elector) Resign(ctx context.Context) error {
 }
 
 // resignTerm is Resign of term t, on the caller's goroutine: no hop to the
-// loop goroutine stands between the call and the release. It steps down
+// loop stands between the call and the release. It steps down
 // (IsLeader false, the leader context cancelled, the events published),
 // waits for the leader function to return, then releases the lease through
 // the keeper, owner-checked. The loop, once woken, waits for this

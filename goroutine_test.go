@@ -2,8 +2,10 @@ package sovereign_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -14,45 +16,203 @@ import (
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
-// TestOneGoroutinePerElector: an elector's loop selects on its watch itself,
-// so a leader and a follower with an established watch each cost one
-// goroutine (the loop), not one more for the subscription.
-func TestOneGoroutinePerElector(t *testing.T) {
+// idleGoroutines bounds the goroutines that idle electors may add, however
+// many there are: an idle elector (a leader between renewals, a follower
+// watching) parks its loop and costs no goroutine; a few may be running
+// at the instant of the count (a timer's callback, a resumed loop).
+const idleGoroutines = 4
+
+// libraryGoroutines returns the number of goroutines running code of the
+// library (package sovereign or a package under it, the tests' own packages
+// aside), by their stacks. Unlike runtime.NumGoroutine it does not count
+// goroutines of earlier tests that are still ending.
+func libraryGoroutines() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		for _, line := range strings.Split(g, "\n") {
+			if strings.HasPrefix(line, "github.com/sovereign-go/sovereign.") ||
+				strings.HasPrefix(line, "github.com/sovereign-go/sovereign/") && !strings.HasPrefix(line, "github.com/sovereign-go/sovereign_test.") {
+				count++
+				break
+			}
+		}
+	}
+	return count
+}
+
+// startPairs starts n elections, each with one elector on a and one on b,
+// and returns the electors.
+func startPairs(t *testing.T, n int, a, b backend.Backend) []*sovereign.Elector {
+	t.Helper()
+	var es []*sovereign.Elector
+	for i := range n {
+		for j, c := range []backend.Backend{a, b} {
+			e, err := sovereign.New(c, fmt.Sprintf("election-%d", i), fmt.Sprintf("c%d", j), fastOpts())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
+			es = append(es, e)
+		}
+	}
+	return es
+}
+
+// TestIdleElectorsCostNoGoroutine: started electors that lead or follow
+// (watching their key, on a backend whose watches notify) add a number of
+// goroutines that does not grow with their number (n and 2n elections),
+// keep leading and following through many renewals, and leave none behind
+// once closed.
+func TestIdleElectorsCostNoGoroutine(t *testing.T) {
+	for _, n := range []int{100, 200} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memorybackend.NewStore()
+				a, b := store.Client(), store.Client()
+				defer a.Close()
+				defer b.Close()
+				before := libraryGoroutines()
+				es := startPairs(t, n, a, b)
+				time.Sleep(10 * time.Second) // every election has its leader, renewed many times
+				synctest.Wait()
+				leaders, followers := 0, 0
+				for _, e := range es {
+					switch e.State() {
+					case sovereign.Leader:
+						leaders++
+					case sovereign.Follower:
+						followers++
+					}
+				}
+				if leaders != n || followers != n {
+					t.Fatalf("%d leaders and %d followers for %d elections, want %d of each", leaders, followers, n, n)
+				}
+				if got := libraryGoroutines() - before; got > idleGoroutines {
+					t.Errorf("%d idle electors (%d leading, %d following) run %d goroutines, want at most %d in all",
+						len(es), n, n, got, idleGoroutines)
+				}
+				for _, e := range es {
+					e.Close()
+				}
+				synctest.Wait()
+				if got := libraryGoroutines() - before; got != 0 {
+					t.Errorf("%d goroutines left after Close of every elector, want 0", got)
+				}
+			})
+		})
+	}
+}
+
+// A parked leader resigns at once when asked, and a parked follower takes
+// over at once (no virtual time passes): Resign and the release's watch
+// event wake them.
+func TestParkedElectorsResignAndTakeOver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memorybackend.NewStore()
 		a, b := store.Client(), store.Client()
 		defer a.Close()
 		defer b.Close()
-		const n = 40
-		before := runtime.NumGoroutine()
-		var es []*sovereign.Elector
-		for i := range n {
-			for _, c := range []*memorybackend.Backend{a, b} {
-				e, err := sovereign.New(c, fmt.Sprintf("election-%d", i), fmt.Sprintf("%p", c), fastOpts())
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := e.Start(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-				es = append(es, e)
-				defer e.Close()
-			}
-		}
-		time.Sleep(3 * time.Second) // every election has its leader and watches by now
+		before := libraryGoroutines()
+		es := startPairs(t, 1, a, b)
+		time.Sleep(3 * time.Second)
 		synctest.Wait()
-		leaders := 0
-		for _, e := range es {
-			if e.IsLeader() {
-				leaders++
+		if got := libraryGoroutines() - before; got != 0 {
+			t.Fatalf("%d goroutines for 2 idle electors, want 0 (both parked)", got)
+		}
+		li := 0
+		if !es[0].IsLeader() {
+			li = 1
+		}
+		leader, follower := es[li], es[1-li]
+		if !leader.IsLeader() || follower.State() != sovereign.Follower {
+			t.Fatalf("states %v and %v, want a leader and a follower", es[0].State(), es[1].State())
+		}
+		start := time.Now()
+		if err := follower.Resign(context.Background()); !errors.Is(err, sovereign.ErrNotLeader) {
+			t.Fatalf("Resign of the parked follower: got %v, want ErrNotLeader", err)
+		}
+		if err := leader.Resign(context.Background()); err != nil {
+			t.Fatalf("Resign of the parked leader: got %v, want nil", err)
+		}
+		synctest.Wait()
+		if leader.IsLeader() || !follower.IsLeader() {
+			t.Fatalf("after Resign: old leader leads %v, follower leads %v; want false, true", leader.IsLeader(), follower.IsLeader())
+		}
+		if d := time.Since(start); d != 0 {
+			t.Errorf("hand-over took %v of virtual time, want 0", d)
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if got := libraryGoroutines() - before; got != 0 {
+			t.Errorf("%d goroutines after the hand-over settled, want 0", got)
+		}
+	})
+}
+
+// With Run, the leader function's goroutine is the only one of a leading
+// elector; the loop waits for it to return without a goroutine, and its
+// return ends the term at once.
+func TestRunCostsOnlyTheLeaderFunction(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.New()
+		defer mem.Close()
+		e, err := sovereign.New(mem, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		before := libraryGoroutines()
+		stop := make(chan struct{})
+		terms := make(chan uint64, 1)
+		go e.Run(ctx, func(ctx context.Context) error {
+			term, _ := sovereign.TermFromContext(ctx)
+			select {
+			case terms <- term:
+			default:
 			}
+			select {
+			case <-stop:
+			case <-ctx.Done():
+			}
+			return nil
+		})
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		// Run's own goroutine (waiting for ctx) and the leader function.
+		if got := libraryGoroutines() - before; got != 2 {
+			t.Errorf("a leader under Run has %d goroutines, want 2 (Run's caller and the leader function)", got)
 		}
-		if leaders != n {
-			t.Fatalf("%d leaders for %d elections", leaders, n)
+		first := <-terms
+		close(stop)
+		synctest.Wait()
+		if e.IsLeader() {
+			t.Errorf("still leading right after the function returned")
 		}
-		if got := runtime.NumGoroutine() - before; got > len(es)+4 {
-			t.Errorf("%d electors (%d leading, %d following) run %d goroutines, want at most one each (+4)", len(es), n, n, got)
+		time.Sleep(e.Options().ResignSitOut + time.Second)
+		synctest.Wait()
+		select {
+		case second := <-terms:
+			if second <= first {
+				t.Errorf("second term %d, want above %d", second, first)
+			}
+		default:
+			t.Errorf("no new term after the function returned and the sit-out ended")
 		}
+		cancel()
+		synctest.Wait()
 	})
 }
 

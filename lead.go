@@ -44,18 +44,33 @@ func keeperReason(r keeper.Reason) LossReason {
 	}
 }
 
-// lead holds leadership of one term, from a verified acquisition to the
-// release of the lease, and returns why the term ended.
+// leadState is the machine's state while it leads one term (phaseLead),
+// from a verified acquisition to the release of the lease.
 //
 // Leadership ends (step-down) at the first of: ctx ends, Resign, fn returns,
 // the backend reports the lease lost, or the renew deadline passes; the
 // keeper decides which came first, once. At step-down IsLeader turns false,
 // then the leader context is cancelled, then the events are published. The
 // lease is still renewed until fn has returned; only then is it released.
-func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, sent time.Time, rec Record, fn func(context.Context) error) LossReason {
+type leadState struct {
+	t          *leaderTerm
+	hold       *keeper.Hold
+	fnDone     chan struct{} // the leader function's; nil once seen closed, or without one
+	fnErr      *error        // what it returned, once fnDone is closed
+	fnFinished bool
+	stepping   bool            // the loop has stepped down
+	reason     LossReason      // why the term ended, once stepping
+	pending    []resignRequest // Resign requests taken during the term
+}
+
+// leadBegin begins to lead the term of lease: it starts the keeper that
+// renews it, publishes the leadership and starts the leader function.
+func (e *Elector) leadBegin(lease backend.Lease, sent time.Time, rec Record) {
 	o := &e.opts
+	rs := &e.rs
+	ctx, fn := rs.ctx, rs.fn
 	e.wg.Add(1) // done when the hold has finished (release and any retries)
-	t := &leaderTerm{n: lease.Term, wake: make(chan struct{})}
+	t := &leaderTerm{n: lease.Term, wake: make(chan struct{}), onWake: e.wake}
 	hold := keeper.Start(ctx, keeper.Config{
 		Backend:        e.b,
 		TTL:            o.TTL,
@@ -82,15 +97,13 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 	}, lease, sent)
 	leaderCtx := context.WithValue(hold.Context(), leaderKey{}, &leaderInfo{e: e, term: lease.Term})
 	t.hold = hold
-	var (
-		fnDone     chan struct{}
-		fnErr      error
-		fnFinished = fn == nil
-	)
+	ld := &leadState{t: t, hold: hold, fnFinished: fn == nil}
 	if fn != nil {
-		fnDone = make(chan struct{})
-		t.fnDone = fnDone
+		ld.fnDone = make(chan struct{})
+		ld.fnErr = new(error)
+		t.fnDone = ld.fnDone
 	}
+	rs.ld = ld
 
 	e.mu.Lock()
 	from := e.state
@@ -105,87 +118,106 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 
 	if fn != nil {
 		e.setFnRunning(true)
+		fnDone, fnErr := ld.fnDone, ld.fnErr
 		e.wg.Go(func() {
+			defer e.wake() // the loop waits for the function without a goroutine of its own
 			defer close(fnDone)
 			defer e.setFnRunning(false)
-			fnErr = fn(leaderCtx)
+			*fnErr = fn(leaderCtx)
 		})
 	}
 
 	e.cleanupMembers(ctx)
+}
 
-	var (
-		stepping bool
-		reason   LossReason
-		pending  []resignRequest
-		ctxDone  = ctx.Done()
-		wakeC    = t.wake
-	)
-	// stepDown ends the term once, as far as the loop is concerned: the
-	// step-down itself may already have been done by Resign (see endTerm),
-	// whose reason then stands.
-	stepDown := func(r LossReason, err error) {
-		if stepping {
-			return
-		}
-		stepping = true
-		ctxDone, wakeC = nil, nil
-		reason = e.endTerm(t, r, err)
-		for _, p := range pending {
-			p.begun <- nil
-		}
+// stepDown ends the term once, as far as the loop is concerned: the
+// step-down itself may already have been done by Resign (see endTerm),
+// whose reason then stands.
+func (e *Elector) stepDown(ld *leadState, r LossReason, err error) {
+	if ld.stepping {
+		return
 	}
+	ld.stepping = true
+	ld.reason = e.endTerm(ld.t, r, err)
+	for _, p := range ld.pending {
+		p.begun <- nil
+	}
+}
 
-	var hbC <-chan time.Time // the loop's own heartbeats, unless the scheduler sends them
-	var hbTimer *time.Timer
-	if !ls.hbScheduled {
-		hbTimer = time.NewTimer(time.Until(ls.nextHB))
-		defer hbTimer.Stop()
-		hbC = hbTimer.C
-	}
-	for !stepping || !fnFinished {
-		select {
-		case <-ctxDone:
-			stepDown(ReasonClosed, nil)
-		case <-wakeC:
-			stepDown(0, nil)
-		case <-fnDone:
-			fnDone, fnFinished = nil, true
-			stepDown(ReasonReturned, fnErr)
-		case req := <-e.cmds:
-			pending = append(pending, req)
-			if stepping {
-				req.begun <- nil
+// leadStep leads until the term is over (stepped down and the leader
+// function returned; it then ends the term: leadEnd) or it must wait
+// (wait, until when).
+func (e *Elector) leadStep() (until time.Time, wait bool) {
+	rs := &e.rs
+	ctx, ls, ld := rs.ctx, &rs.ls, rs.ld
+	t, hold := ld.t, ld.hold
+	for !ld.stepping || !ld.fnFinished {
+		if !ld.stepping {
+			if ctx.Err() != nil {
+				e.stepDown(ld, ReasonClosed, nil)
+				continue
+			}
+			if isClosed(t.wake) {
+				e.stepDown(ld, 0, nil)
+				continue
+			}
+		}
+		if ld.fnDone != nil && isClosed(ld.fnDone) {
+			ld.fnDone, ld.fnFinished = nil, true
+			e.stepDown(ld, ReasonReturned, *ld.fnErr)
+			continue
+		}
+		in := e.poll()
+		switch in.kind {
+		case inCmd:
+			ld.pending = append(ld.pending, in.req)
+			if ld.stepping {
+				in.req.begun <- nil
 			} else {
-				stepDown(ReasonResigned, nil)
+				e.stepDown(ld, ReasonResigned, nil)
 			}
-		case wev, ok := <-e.w.ch:
-			if ev, woke := e.watchReceived(ctx, wev, ok); woke {
+		case inWatch:
+			if ev, woke := e.watchReceived(ctx, in.ev, in.ok); woke {
 				e.leaderWatchEvent(hold, ev)
 				e.noteLateEvent(t, ls, ev)
 			}
-		case r := <-e.w.ready:
-			if ev, woke := e.watchEstablished(ctx, r); woke {
+		case inReady:
+			if ev, woke := e.watchEstablished(ctx, in.r); woke {
 				e.leaderWatchEvent(hold, ev)
 				e.noteLateEvent(t, ls, ev)
 			}
-		case <-e.w.retryC:
+		case inRetry:
 			e.watchRetry(ctx)
-		case <-hbC:
-			// Heartbeats are information (members, the leader's last sign of
-			// life); a failure is reported but never ends leadership.
+		case inNone:
+			if ls.hbScheduled {
+				return time.Time{}, true
+			}
+			if time.Now().Before(ls.nextHB) {
+				return ls.nextHB, true
+			}
+			// Heartbeats are information (members, the leader's last sign
+			// of life); a failure is reported but never ends leadership.
 			dl := time.Time{}
-			if !stepping {
+			if !ld.stepping {
 				dl = hold.Deadline()
 			}
 			_ = e.heartbeat(context.Background(), ls, dl)
-			hbTimer.Reset(time.Until(ls.nextHB))
 		}
 	}
+	e.leadEnd()
+	return time.Time{}, false
+}
 
+// leadEnd releases the lease of the term that has ended and answers the
+// Resign requests of the term; the machine then campaigns again (after the
+// sit-out when it resigned or its function returned) or ends.
+func (e *Elector) leadEnd() {
+	rs := &e.rs
+	ld := rs.ld
+	rs.ld = nil
 	// Resign may be releasing the lease already, on its caller's goroutine;
 	// the keeper then waits for that release and returns its result.
-	relErr := hold.Release(context.Background())
+	relErr := ld.hold.Release(context.Background())
 	e.mu.Lock()
 	e.cur = nil
 	e.mu.Unlock()
@@ -195,12 +227,31 @@ func (e *Elector) lead(ctx context.Context, ls *loopState, lease backend.Lease, 
 	case errors.Is(relErr, backend.ErrLeaseLost):
 		relErr = nil // nothing was left to release
 	default:
-		e.log.Warn("sovereign: release failed; retrying in the background", "term", lease.Term, "err", relErr)
+		e.log.Warn("sovereign: release failed; retrying in the background", "term", ld.t.n, "err", relErr)
 	}
-	for _, p := range pending {
+	for _, p := range ld.pending {
 		p.released <- relErr
 	}
-	return reason
+	switch ld.reason {
+	case ReasonResigned, ReasonReturned:
+		rs.ls.sitOutUntil = time.Now().Add(e.opts.ResignSitOut)
+	}
+	if rs.ctx.Err() != nil {
+		rs.phase = phaseEnd
+		return
+	}
+	rs.ls.nextAttempt = time.Now()
+	rs.phase = phaseCampaign
+}
+
+// isClosed reports whether ch is closed, without blocking. ch is never sent on.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // leaderTerm is one term of leadership, from a verified acquisition to the
@@ -215,15 +266,20 @@ type leaderTerm struct {
 	// that, so the loop does not compete with the release.
 	wake     chan struct{}
 	wakeOnce sync.Once
+	onWake   func() // wakes the loop's machine (Elector.wake)
 
 	// Guarded by Elector.mu.
 	ended  bool       // the step-down is done: IsLeader false, events published
 	reason LossReason // why the term ended, once ended
 }
 
-// wakeLoop closes t.wake once. It takes no lock: the keeper may call it from
-// Held, under Elector.mu.
-func (t *leaderTerm) wakeLoop() { t.wakeOnce.Do(func() { close(t.wake) }) }
+// wakeLoop closes t.wake once and wakes the loop's machine. It takes no
+// lock but the machine's own (see Elector.wake): the keeper may call it
+// from Held, under Elector.mu.
+func (t *leaderTerm) wakeLoop() {
+	t.wakeOnce.Do(func() { close(t.wake) })
+	t.onWake()
+}
 
 // endTerm steps down from term t once, from the loop or from Resign: IsLeader
 // turns false and the leader context is cancelled (by the keeper), then the

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"reflect"
 	"time"
 
@@ -23,7 +22,7 @@ const quietRecheck = 10
 // lease reported with (almost) no TTL left does not spin the loop.
 const minRetry = 20 * time.Millisecond
 
-// loopState belongs to the loop goroutine alone.
+// loopState belongs to the machine's runner (see run.go).
 type loopState struct {
 	hbScheduled bool      // heartbeats are sent by the process's scheduler, not the loop
 	nextHB      time.Time // when the next heartbeat is due, unless hbScheduled
@@ -33,42 +32,6 @@ type loopState struct {
 	expiring    int       // consecutive attempts that found the lease held with no TTL left
 	sitOutUntil time.Time // no attempt before this (after Resign)
 	lookNow     bool      // read who leads at once (a change seen while stepping down)
-}
-
-// loop is the state machine: campaign, lead, campaign again, until ctx ends.
-func (e *Elector) loop(ctx context.Context, fn func(context.Context) error) {
-	ls := &loopState{}
-	defer e.stopped()
-	e.joinLimit()
-	e.startWatch(ctx) // before the first attempt, so no release is missed
-	if j := e.opts.StartupJitter; j > 0 {
-		until := time.Now().Add(rand.N(j + 1))
-		for ctx.Err() == nil && time.Now().Before(until) {
-			e.waitUntil(ctx, until)
-		}
-	}
-	if ctx.Err() != nil {
-		return
-	}
-	if hb := e.batchHeartbeater(); hb != nil {
-		e.scheduleHeartbeats(hb)
-		ls.hbScheduled = true
-	}
-	e.setState(Candidate)
-	for {
-		lease, sent, rec, ok := e.campaign(ctx, ls)
-		if !ok {
-			return
-		}
-		switch e.lead(ctx, ls, lease, sent, rec, fn) {
-		case ReasonResigned, ReasonReturned:
-			ls.sitOutUntil = time.Now().Add(e.opts.ResignSitOut)
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		ls.nextAttempt = time.Now()
-	}
 }
 
 // stopped runs when the loop ends: the elector is a follower again and its
@@ -86,10 +49,14 @@ func (e *Elector) stopped() {
 	}
 }
 
-// campaign runs until this elector holds a verified lease (ok) or ctx ends.
-// Heartbeats go on meanwhile, on their own schedule; they never gate an
-// attempt, and nothing about them can end another instance's lease.
-func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Lease, sent time.Time, rec Record, ok bool) {
+// campaignStep campaigns until this elector holds a verified lease (it
+// then begins to lead: phaseLead), ctx ends (phaseEnd), or it must wait
+// (wait, until when). Heartbeats go on meanwhile, on their own schedule;
+// they never gate an attempt, and nothing about them can end another
+// instance's lease.
+func (e *Elector) campaignStep() (until time.Time, wait bool) {
+	rs := &e.rs
+	ctx, ls := rs.ctx, &rs.ls
 	for ctx.Err() == nil {
 		now := time.Now()
 		if !ls.hbScheduled && !now.Before(ls.nextHB) {
@@ -104,8 +71,10 @@ func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Le
 			}
 		}
 		if canAttempt && !now.Before(ls.nextAttempt) {
-			if lease, sent, rec, ok = e.attempt(ctx, ls); ok {
-				return lease, sent, rec, true
+			if lease, sent, rec, ok := e.attempt(ctx, ls); ok {
+				e.leadBegin(lease, sent, rec)
+				rs.phase = phaseLead
+				return until, false
 			}
 			continue
 		}
@@ -116,7 +85,11 @@ func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Le
 		if !ls.hbScheduled {
 			next = minTime(next, ls.nextHB)
 		}
-		if ev, woke := e.waitUntil(ctx, next); woke {
+		in := e.poll()
+		if in.kind == inNone {
+			return next, true
+		}
+		if ev, woke := e.idleInput(in); woke {
 			gone := ev.Type == backend.EventReleased || ev.Type == backend.EventExpired
 			if gone {
 				e.setLeader(Record{})
@@ -138,7 +111,8 @@ func (e *Elector) campaign(ctx context.Context, ls *loopState) (lease backend.Le
 			}
 		}
 	}
-	return lease, sent, rec, false
+	rs.phase = phaseEnd
+	return until, false
 }
 
 // attempt makes one acquisition attempt, with double verification.
@@ -302,37 +276,6 @@ func (e *Elector) release(lease backend.Lease) error {
 		return nil
 	}
 	return err
-}
-
-// waitUntil blocks until t, a watch event (woke), or the end of ctx. Resign
-// requests meanwhile are answered with ErrNotLeader.
-func (e *Elector) waitUntil(ctx context.Context, t time.Time) (ev backend.Event, woke bool) {
-	d := time.Until(t)
-	if d <= 0 {
-		return ev, false
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ev, false
-		case <-timer.C:
-			return ev, false
-		case wev, ok := <-e.w.ch:
-			if ev, woke = e.watchReceived(ctx, wev, ok); woke {
-				return ev, true
-			}
-		case r := <-e.w.ready:
-			if ev, woke = e.watchEstablished(ctx, r); woke {
-				return ev, true
-			}
-		case <-e.w.retryC:
-			e.watchRetry(ctx)
-		case req := <-e.cmds:
-			req.reply(ErrNotLeader, ErrNotLeader)
-		}
-	}
 }
 
 // cleanupMembers removes heartbeat records of other instances that are older

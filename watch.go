@@ -9,23 +9,33 @@ import (
 )
 
 // watchState is the elector's subscription to its key. It belongs to the
-// loop goroutine, which selects on the subscription's channel itself: an
-// established watch costs the elector no goroutine. Establishing one runs in
-// a short-lived goroutine, so a slow store never holds up the loop (a
-// leader's step-down, a Resign).
+// machine's runner (see run.go), which receives from the subscription's
+// channel itself: an established watch costs the elector no goroutine, and,
+// on a backend.WatchNotifier, whose notifications wake the machine, none
+// while it waits either. Establishing one runs in a short-lived goroutine,
+// so a slow store never holds up the loop (a leader's step-down, a Resign);
+// it wakes the machine when it is done.
 type watchState struct {
 	ch         <-chan backend.Event // the established subscription; nil when none
+	notified   bool                 // ch's events wake the machine (WatchNotify)
+	stash      *stashed             // what block received from ch and poll has yet to return
 	ready      chan watchResult     // the establishment in flight; nil when none
-	retry      *time.Timer          // the next establishment after a failure; nil when none
-	retryC     <-chan time.Time     // retry's channel; nil when none
+	retryAt    time.Time            // the next establishment after a failure; zero when none
 	failures   int                  // consecutive failed establishments
 	subscribed bool                 // a subscription was established before
 	wg         sync.WaitGroup       // the establishing goroutine
 }
 
+// stashed is one receive from a subscription's channel.
+type stashed struct {
+	ev backend.Event
+	ok bool
+}
+
 type watchResult struct {
-	ch  <-chan backend.Event
-	err error
+	ch       <-chan backend.Event
+	notified bool
+	err      error
 }
 
 // startWatch begins establishing a subscription, unless the backend cannot
@@ -45,9 +55,16 @@ func (e *Elector) startWatch(ctx context.Context) {
 			ready <- watchResult{err: ctx.Err()}
 			return
 		}
-		ch, err := e.watcher.Watch(ctx, e.name)
+		var r watchResult
+		if e.notifier != nil {
+			r.ch, r.err = e.notifier.WatchNotify(ctx, e.name, e.wake)
+			r.notified = true
+		} else {
+			r.ch, r.err = e.watcher.Watch(ctx, e.name)
+		}
 		leave()
-		ready <- watchResult{ch, err}
+		ready <- r
+		e.wake()
 	})
 }
 
@@ -58,7 +75,7 @@ func (e *Elector) watchReceived(ctx context.Context, ev backend.Event, ok bool) 
 	if ok {
 		return ev, true
 	}
-	e.w.ch = nil
+	e.w.ch, e.w.notified = nil, false
 	e.watching.Store(false)
 	e.startWatch(ctx)
 	return backend.Event{}, false
@@ -78,12 +95,11 @@ func (e *Elector) watchEstablished(ctx context.Context, r watchResult) (backend.
 		}
 		w.failures++
 		e.log.Warn("sovereign: watch failed", "err", r.err)
-		w.retry = time.NewTimer(e.backoff(w.failures))
-		w.retryC = w.retry.C
+		w.retryAt = time.Now().Add(e.backoff(w.failures))
 		return backend.Event{}, false
 	}
 	w.failures = 0
-	w.ch = r.ch
+	w.ch, w.notified = r.ch, r.notified
 	if er, ok := e.watcher.(backend.ExpiryReporter); ok && er.ReportsExpiry() {
 		e.watching.Store(true)
 	}
@@ -95,15 +111,10 @@ func (e *Elector) watchEstablished(ctx context.Context, r watchResult) (backend.
 	return backend.Event{Key: e.name, Type: typ}, true
 }
 
-// watchRetry handles the retry timer.
+// watchRetry establishes the subscription again once w.retryAt has passed.
 func (e *Elector) watchRetry(ctx context.Context) {
-	e.w.retry, e.w.retryC = nil, nil
+	e.w.retryAt = time.Time{}
 	e.startWatch(ctx)
 }
 
-func (w *watchState) stopRetry() {
-	if w.retry != nil {
-		w.retry.Stop()
-		w.retry, w.retryC = nil, nil
-	}
-}
+func (w *watchState) stopRetry() { w.retryAt = time.Time{} }

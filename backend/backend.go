@@ -311,6 +311,25 @@ type Watcher interface {
 	Watch(ctx context.Context, key string) (<-chan Event, error)
 }
 
+// WatchNotifier is an optional capability of a Watcher: a subscription that
+// also tells its receiver, by a function call, that the channel has
+// something to read, so that the receiver need not keep a goroutine blocked
+// on the channel while it waits. The elector uses it to cost no goroutine
+// while it waits with nothing to do.
+type WatchNotifier interface {
+	// WatchNotify is Watch (the same subscription: same channel, events,
+	// coalescing and close rules), and it calls notify after every event
+	// it sends on the channel (or drops because the channel is full) and
+	// after it closes the channel, so that a receiver woken by notify finds
+	// the event, or the closed channel, with a receive that does not block.
+	// notify may be called from any goroutine, concurrently with itself,
+	// with the backend's locks held, and more often than there are events
+	// (a receiver must take a call as "look", not as "one event"); it must
+	// return promptly and must not call the backend. A nil notify makes
+	// WatchNotify the same as Watch.
+	WatchNotify(ctx context.Context, key string, notify func()) (<-chan Event, error)
+}
+
 // AcquireConfirmer is an optional capability of a Backend whose Acquire
 // reply is the store's own record of the lease it wrote, written and read
 // in one atomic step (a Redis script, an etcd transaction, the memory

@@ -25,6 +25,8 @@ const (
 	maxWatchBackoff = time.Second
 )
 
+var _ backend.WatchNotifier = (*Backend)(nil)
+
 // errCompacted reports that a watch could not start at the wanted revision
 // because it has been compacted away.
 var errCompacted = errors.New("etcdbackend: watch revision compacted")
@@ -58,6 +60,14 @@ var errClientClosed = errors.New("etcdbackend: etcd client closed")
 // re-established when etcd cancels it; otherwise the channel is closed when
 // ctx ends, the Backend is closed or the etcd client is closed.
 func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
+	return b.WatchNotify(ctx, key, nil)
+}
+
+// WatchNotify implements backend.WatchNotifier: it is Watch, and the
+// Backend's dispatching goroutine calls notify after every event it sends
+// (or drops) on the channel, and whoever closes the channel calls it after
+// closing it.
+func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
 	if err := checkKey(key); err != nil {
 		return nil, fmt.Errorf("etcdbackend: watch: %w", err)
 	}
@@ -69,7 +79,7 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 	}
 	defer cancelStart()
 
-	s := &subscription{key: key, out: make(chan backend.Event, watchBuffer)}
+	s := &subscription{key: key, out: make(chan backend.Event, watchBuffer), notify: notify}
 	h, r, err := b.subscribe(s)
 	if err != nil {
 		return nil, fmt.Errorf("etcdbackend: watch %q: %w", key, err)
@@ -147,6 +157,24 @@ type subscription struct {
 	out    chan backend.Event
 	closed bool        // out is closed (guarded by watchHub.mu)
 	stop   func() bool // unregisters the unsubscription from the caller's context
+	notify func()      // called after each send on out and after its close; nil for none
+}
+
+// close closes s's channel, once the caller has marked it closed, and
+// tells its receiver. watchHub.mu is held.
+func (s *subscription) close() {
+	close(s.out)
+	s.notified()
+	if s.stop != nil {
+		s.stop()
+	}
+}
+
+// notified calls s.notify, if any.
+func (s *subscription) notified() {
+	if s.notify != nil {
+		s.notify()
+	}
 }
 
 // hubRun is one life of a hub's etcd watch, from the first subscription to
@@ -256,10 +284,7 @@ func (h *watchHub) removeLocked(s *subscription) {
 		h.subs[s.key] = subs
 	}
 	s.closed = true
-	close(s.out)
-	if s.stop != nil {
-		s.stop()
-	}
+	s.close()
 	h.n--
 	if h.n == 0 && h.run != nil {
 		h.run.cancel()
@@ -309,10 +334,7 @@ func (h *watchHub) end(r *hubRun, why error) {
 		for _, subs := range h.subs {
 			for _, s := range subs {
 				s.closed = true
-				close(s.out)
-				if s.stop != nil {
-					s.stop()
-				}
+				s.close()
 			}
 		}
 		h.subs = make(map[string][]*subscription)
@@ -662,6 +684,7 @@ func send(subs []*subscription, typ backend.EventType) {
 		case s.out <- backend.Event{Key: s.key, Type: typ}:
 		default:
 		}
+		s.notified()
 	}
 }
 
@@ -681,8 +704,9 @@ func (h *watchHub) resetAll(r *hubRun) {
 		for _, s := range subs {
 			select {
 			case s.out <- backend.Event{Key: key, Type: backend.EventReset}:
+				s.notified()
 			default:
-				full = append(full, s)
+				full = append(full, s) // closed below, which notifies
 			}
 		}
 	}

@@ -163,6 +163,7 @@ type watch struct {
 	client *Backend
 	ch     chan backend.Event
 	stop   func() bool // unregisters the context.AfterFunc
+	notify func()      // called after each send and after the close; nil for none
 	closed bool
 	missed bool // an event was withheld because the client was faulted
 }
@@ -282,8 +283,9 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend = (*Backend)(nil)
-	_ backend.Watcher = (*Backend)(nil)
+	_ backend.Backend       = (*Backend)(nil)
+	_ backend.Watcher       = (*Backend)(nil)
+	_ backend.WatchNotifier = (*Backend)(nil)
 )
 
 // Partition makes every call of this client fail at once with an error
@@ -602,6 +604,14 @@ func (b *Backend) ReportsExpiry() bool { return true }
 // Watch returns. The channel is closed when ctx ends, when the client is
 // closed, or when the store restarts (Store.Restart).
 func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
+	return b.WatchNotify(ctx, key, nil)
+}
+
+// WatchNotify implements backend.WatchNotifier: it is Watch, and it calls
+// notify (under the store's lock) after every event it sends or drops on
+// the channel and after closing it. A withheld event (a faulted client)
+// calls nothing until the one sent at Heal.
+func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
 	if err := b.call(ctx, "Watch", validateKey(key)); err != nil {
 		return nil, err
 	}
@@ -616,7 +626,7 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 	}
 	now := time.Now()
 	ks := s.keyLocked(key, now)
-	w := &watch{key: ks, client: b, ch: make(chan backend.Event, watchBuffer)}
+	w := &watch{key: ks, client: b, ch: make(chan backend.Event, watchBuffer), notify: notify}
 	if ks.watches == nil {
 		ks.watches = make(map[*watch]struct{})
 	}
@@ -645,6 +655,9 @@ func (s *Store) closeWatchLocked(w *watch) {
 	delete(w.key.watches, w)
 	delete(w.client.watches, w)
 	close(w.ch)
+	if w.notify != nil {
+		w.notify()
+	}
 	s.settleLocked(w.key, time.Now())
 }
 
@@ -654,6 +667,9 @@ func (w *watch) send(t backend.EventType) {
 	select {
 	case w.ch <- backend.Event{Key: w.key.name, Type: t}:
 	default:
+	}
+	if w.notify != nil {
+		w.notify()
 	}
 }
 

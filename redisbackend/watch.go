@@ -14,6 +14,8 @@ import (
 	"github.com/sovereign-go/sovereign/backend"
 )
 
+var _ backend.WatchNotifier = (*Backend)(nil)
+
 // errBroken is wrapped by the errors of watches whose pub/sub connection
 // broke before the subscription was confirmed.
 var errBroken = errors.New("redisbackend: pub/sub connection broken")
@@ -61,6 +63,7 @@ type sub struct {
 type watch struct {
 	key    string
 	ch     chan backend.Event
+	notify func() // called after each send and after the close; nil for none
 	closed bool
 	stop   func() bool // stops the context.AfterFunc that ends the watch
 }
@@ -74,6 +77,14 @@ type watch struct {
 // Events never block the backend: a full channel drops new events while the
 // buffered ones are pending.
 func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
+	return b.WatchNotify(ctx, key, nil)
+}
+
+// WatchNotify implements backend.WatchNotifier: it is Watch, and the shared
+// connection's receive loop calls notify after every event it sends (or
+// drops) on the channel, and whoever closes the channel calls it after
+// closing it.
+func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
 	if err := b.begin(ctx); err != nil {
 		return nil, err
 	}
@@ -96,7 +107,7 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 	if err != nil {
 		return nil, fmt.Errorf("redisbackend: watch %q: %w", key, err)
 	}
-	w := &watch{key: key, ch: make(chan backend.Event, b.watchBuffer)}
+	w := &watch{key: key, ch: make(chan backend.Event, b.watchBuffer), notify: notify}
 
 	select {
 	case h.wsem <- struct{}{}:
@@ -252,6 +263,9 @@ func closeWatch(w *watch) {
 	}
 	w.closed = true
 	close(w.ch)
+	if w.notify != nil {
+		w.notify()
+	}
 	if w.stop != nil {
 		w.stop()
 	}
@@ -377,6 +391,9 @@ func (b *Backend) dispatch(h *hub, channel, payload string) {
 		select {
 		case w.ch <- backend.Event{Key: w.key, Type: typ}:
 		default: // full: the pending events already tell the receiver to look
+		}
+		if w.notify != nil {
+			w.notify()
 		}
 	}
 }

@@ -1,6 +1,6 @@
 // Package backendtest is the conformance suite for implementations of
-// backend.Backend (and, where implemented, backend.Watcher and
-// backend.Modes).
+// backend.Backend (and, where implemented, backend.Watcher,
+// backend.WatchNotifier and backend.Modes).
 //
 // Every backend's test calls Run once:
 //
@@ -128,6 +128,7 @@ func Run(t *testing.T, newEnv func(t *testing.T) Env) {
 		{"HeartbeatsAndMembers", testHeartbeats},
 		{"GetFreeKey", testGetFree},
 		{"Watch", testWatch},
+		{"WatchNotify", testWatchNotify},
 		{"CancelledContext", testCancelled},
 		{"Closed", testClosed},
 		{"InvalidArguments", testInvalid},

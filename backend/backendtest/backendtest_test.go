@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,9 +34,10 @@ const brokenEnvVar = "BACKENDTEST_BROKEN"
 // contract, the one its name says (none when the name is "none").
 type broken struct {
 	backend.Backend
-	w    backend.Watcher
-	name string
-	sh   *shared
+	w      backend.Watcher
+	name   string
+	sh     *shared
+	closed atomic.Bool // Close was called
 }
 
 // shared is what the broken clients of one store remember between calls, so
@@ -79,6 +81,9 @@ var mutations = map[string][]string{
 	"members-unsorted":             {"HeartbeatsAndMembers"},
 	"get-free-no-error":            {"GetFreeKey"},
 	"watch-drops-release":          {"Watch"},
+	"notify-never":                 {"WatchNotify"},
+	"notify-once":                  {"WatchNotify"},
+	"notify-not-on-close":          {"WatchNotify"},
 	"ignores-cancel":               {"CancelledContext"},
 	"close-does-nothing":           {"Closed"},
 	"metadata-dropped":             {"Record"},
@@ -385,6 +390,25 @@ func (b *broken) Watch(ctx context.Context, key string) (<-chan backend.Event, e
 	return out, nil
 }
 
+// WatchNotify is the memory store's WatchNotify, with the notify calls the
+// mutations named notify-* leave out: every one (notify-never), every one
+// after the first (notify-once), those after the channel was closed by the
+// end of ctx or by Close (notify-not-on-close).
+func (b *broken) WatchNotify(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
+	var calls atomic.Int64
+	inner := func() {
+		n := calls.Add(1)
+		switch {
+		case b.name == "notify-never",
+			b.name == "notify-once" && n > 1,
+			b.name == "notify-not-on-close" && (ctx.Err() != nil || b.closed.Load()):
+			return
+		}
+		notify()
+	}
+	return b.w.(backend.WatchNotifier).WatchNotify(b.ctx(ctx), key, inner)
+}
+
 // resubscribe forwards the events of ch and, when ch closes while ctx is
 // alive, silently watches again: what a backend does that reconnects its
 // subscription without telling the receiver it may have missed changes.
@@ -435,6 +459,7 @@ func (b *broken) Close() error {
 	if b.name == "close-does-nothing" {
 		return nil
 	}
+	b.closed.Store(true)
 	return b.Backend.Close()
 }
 

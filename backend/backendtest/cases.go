@@ -1087,3 +1087,88 @@ func testNoTakeover(t *testing.T, h *harness) {
 	})
 	stillHeld("expired")
 }
+
+// testWatchNotify checks backend.WatchNotifier: after every event, and
+// after the channel closes, the notify function is called, and a receive
+// that does not block then finds the event or the closed channel. The test
+// never blocks on the channel itself: it waits for notify, as the elector
+// does, so an event delivered without a call (or before its send) is
+// never seen and the test fails.
+func testWatchNotify(t *testing.T, h *harness) {
+	wb := h.open()
+	w, ok := wb.(backend.WatchNotifier)
+	if !ok {
+		t.Skip("backend does not implement backend.WatchNotifier")
+	}
+	a := h.open()
+
+	calls := make(chan struct{}, 1)
+	notify := func() {
+		select {
+		case calls <- struct{}{}:
+		default:
+		}
+	}
+	// next waits for notify calls, each followed by receives that do not
+	// block, until one returns an event accepted by want or, when
+	// closedOK, finds the channel closed.
+	next := func(ch <-chan backend.Event, what string, closedOK bool, want func(backend.Event) bool) {
+		t.Helper()
+		start := time.Now()
+		timer := time.NewTimer(watchBound)
+		defer timer.Stop()
+		for {
+			select {
+			case <-calls:
+			case <-timer.C:
+				t.Fatalf("%s: notify not called within %v after the event was there to receive", what, watchBound)
+			}
+			for drained := false; !drained; {
+				select {
+				case e, open := <-ch:
+					switch {
+					case !open && closedOK:
+						t.Logf("%s: channel closed, notified after %v", what, time.Since(start))
+						return
+					case !open:
+						t.Fatalf("%s: watch channel closed, want an event", what)
+					case e.Key != key:
+						t.Fatalf("%s: got event for key %q, want %q", what, e.Key, key)
+					case want != nil && want(e):
+						t.Logf("%s delivered as %v, notified after %v", what, e.Type, time.Since(start))
+						return
+					}
+				default:
+					drained = true // wait for the next call
+				}
+			}
+		}
+	}
+
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel()
+	events, err := w.WatchNotify(ctx, key, notify)
+	if err != nil {
+		t.Fatalf("WatchNotify: %v", err)
+	}
+	l := h.acquireKey(a, key, "a", longTTL)
+	next(events, "acquire", false, func(e backend.Event) bool { return e.Type == backend.EventChanged })
+	if err := a.Release(h.ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	next(events, "release", false, func(e backend.Event) bool {
+		return e.Type == backend.EventReleased || e.Type == backend.EventExpired
+	})
+	cancel()
+	next(events, "the end of the watch's context", true, nil)
+
+	// A subscription broken by the backend's Close.
+	events, err = w.WatchNotify(h.ctx, key, notify)
+	if err != nil {
+		t.Fatalf("WatchNotify: %v", err)
+	}
+	if err := wb.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	next(events, "the backend's Close", true, nil)
+}
