@@ -250,6 +250,9 @@ func txnOps(req backend.ModeRequest) int {
 		}
 	}
 	ops := 1 + anc // the holder and its intents
+	if req.Detached {
+		ops++ // the lease mark
+	}
 	if req.WaitID != "" {
 		ops += 2 // the registration deleted, in both modes
 	}
@@ -444,6 +447,10 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 	if err != nil {
 		revokeFresh()
 		return backend.Lease{}, fmt.Errorf("etcdbackend: %s: %w", op, err)
+	}
+	if fresh != 0 {
+		// The lease mark with the entry (see leaseMark).
+		t.then = append(t.then, clientv3.OpPut(b.leaseMark(fresh), "", clientv3.WithLease(fresh)))
 	}
 	var kaWait func() error
 	if needKA {
