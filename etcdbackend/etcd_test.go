@@ -330,10 +330,11 @@ func TestWatchTellsReleaseFromExpiry(t *testing.T) {
 // session writes nothing but the deletion of its record, and the expiry of
 // every etcd lease holding records (a session's, a Detached lease's, a
 // Detached entry's) deletes that lease's mark in the same revision. It
-// fails if a session, a Detached lease or a Detached entry is without its
-// mark (its expiry would be reported as a release), if RenewBatch's sweep
-// of orphans deletes a session's mark, or if a Release on a session writes
-// a marker again.
+// fails if a session (also one whose first transaction failed, or whose
+// first key is an entry), a Detached lease or a Detached entry is without
+// its mark (its expiry would be reported as a release), if RenewBatch's
+// sweep of orphans deletes a session's mark, or if a Release on a session
+// writes a marker again.
 func TestWatchTellsReleaseFromExpiryByLeaseMark(t *testing.T) {
 	ctx := testCtx(t)
 	prefix := newPrefix()
@@ -419,6 +420,36 @@ func TestWatchTellsReleaseFromExpiryByLeaseMark(t *testing.T) {
 		want(ch, "release", backend.EventReleased)
 		if _, err := a.Acquire(ctx, req); err != nil {
 			t.Fatalf("Acquire: %v", err)
+		}
+		want(ch, "acquire", backend.EventChanged)
+		want(ch, "expiry", backend.EventExpired)
+	})
+
+	t.Run("session whose first attempt found its key held", func(t *testing.T) {
+		if _, err := a.Acquire(ctx, backend.AcquireRequest{Key: "held", HolderID: "a", TTL: time.Minute}); err != nil {
+			t.Fatalf("Acquire(held): %v", err)
+		}
+		c := newBackend(t, newClient(t, nil, nil), opts)
+		// The session's first transaction fails: it puts nothing, the
+		// lease mark included, so the next one puts it.
+		if _, err := c.Acquire(ctx, backend.AcquireRequest{Key: "held", HolderID: "c", TTL: ttl}); !errors.Is(err, backend.ErrHeld) {
+			t.Fatalf("Acquire(held): got %v, want ErrHeld", err)
+		}
+		ch := watch("z")
+		if _, err := c.Acquire(ctx, backend.AcquireRequest{Key: "z", HolderID: "c", TTL: ttl}); err != nil {
+			t.Fatalf("Acquire(z): %v", err)
+		}
+		want(ch, "acquire", backend.EventChanged)
+		want(ch, "expiry", backend.EventExpired)
+	})
+
+	t.Run("entry on a session", func(t *testing.T) {
+		d := newBackend(t, newClient(t, nil, nil), opts)
+		ch := watch("e")
+		req := modeRequest("e", "d", backend.Exclusive)
+		req.TTL = ttl
+		if _, err := d.AcquireMode(ctx, req); err != nil {
+			t.Fatalf("AcquireMode: %v", err)
 		}
 		want(ch, "acquire", backend.EventChanged)
 		want(ch, "expiry", backend.EventExpired)
@@ -810,10 +841,10 @@ func TestRoundTrips(t *testing.T) {
 		do   func() error
 		want int64
 	}{
-		{"Acquire of a free key (grant of the session, put of its lease mark, txn)", func() (err error) {
+		{"Acquire of a free key (grant of the session, txn putting its lease mark too)", func() (err error) {
 			l, err = b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: ttl})
 			return err
-		}, 3},
+		}, 2},
 		{"Renew (txn, keep-alive of the session: sent together)", func() error { return b.Renew(ctx, l) }, 2},
 		{"Get (txn, 2 lease look-ups)", func() error {
 			_, err := b.Get(ctx, "held")

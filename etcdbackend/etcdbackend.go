@@ -125,13 +125,15 @@
 // TTL.
 //
 // Every etcd lease that holds records or entries carries a lease mark,
-// <prefix>\x00lease/<lease ID in hex>, an empty value attached to it: a
-// session lease gets it right after its grant, before any key goes on it
-// (one put per session grant), a Detached lease in the transaction that
-// puts its record or entry. When the lease ends (its TTL passed, or it was
-// revoked), etcd deletes every key on it in one revision, the mark with
-// them, so a deletion of a record or entry whose revision deletes a lease
-// mark is an expiry, and any other one a release. A mark lives exactly as
+// <prefix>\x00lease/<lease ID in hex>, an empty value attached to it, put
+// by the transaction that attaches the first record or entry to it (on a
+// session lease, every acquisition's transaction puts it too until one of
+// them has succeeded: no request of its own; a waiter registration needs
+// none, its deletion being reported alike whatever its cause). When the
+// lease ends (its TTL passed, or it was revoked), etcd deletes every key on
+// it in one revision, the mark with them, so a deletion of a record or
+// entry whose revision deletes a lease mark is an expiry, and any other one
+// a release. A mark lives exactly as
 // long as its lease, one per lease however many keys ride on it, and is no
 // key's (a key never contains NUL). A lease granted by a version of this
 // package without lease marks has none: its expiry is reported as a
@@ -166,7 +168,7 @@
 // TestPairRequests): Acquire 1 round trip: the transaction, with a
 // keep-alive of the session sent with it when the session has less than
 // the TTL asked for left (2 requests); the first acquisition of a TTL adds
-// the grant of its session and the put of its lease mark. An Acquire and
+// the grant of its session. An Acquire and
 // Release pair on a warm session is two transactions, as etcd's
 // concurrency.Mutex TryLock and Unlock are two requests. Keep-alives of
 // session leases, Detached leases and waiter registrations are messages on
@@ -303,10 +305,9 @@
 // TTL once unused).
 //
 // Requests (raft proposals) per operation, measured by TestModesRoundTrips,
-// on a session already granted (the first use of a TTL adds its grant and
-// the put of its lease mark, and a keep-alive of the session goes with the
-// transaction, sent with it, when the session has less than the TTL left,
-// as for Acquire): AcquireMode
+// on a session already granted (the first use of a TTL adds its grant, and
+// a keep-alive of the session goes with the transaction, sent with it,
+// when the session has less than the TTL left, as for Acquire): AcquireMode
 // of a free key in any mode, with or without a limit or ancestors, by a
 // registered waiter or not, 1 (1: the transaction); a failed first attempt
 // 1 (1), whether it registers a waiter or not. Once an attempt has found

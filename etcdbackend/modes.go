@@ -249,10 +249,7 @@ func txnOps(req backend.ModeRequest) int {
 			regNeed = 2
 		}
 	}
-	ops := 1 + anc // the holder and its intents
-	if req.Detached {
-		ops++ // the lease mark
-	}
+	ops := 2 + anc // the holder, its intents and the lease mark
 	if req.WaitID != "" {
 		ops += 2 // the registration deleted, in both modes
 	}
@@ -448,9 +445,9 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 		revokeFresh()
 		return backend.Lease{}, fmt.Errorf("etcdbackend: %s: %w", op, err)
 	}
-	if fresh != 0 {
+	if fresh != 0 || (onSess && !s.marked) {
 		// The lease mark with the entry (see leaseMark).
-		t.then = append(t.then, clientv3.OpPut(b.leaseMark(fresh), "", clientv3.WithLease(fresh)))
+		t.then = append(t.then, clientv3.OpPut(b.leaseMark(id), "", clientv3.WithLease(id)))
 	}
 	var kaWait func() error
 	if needKA {
@@ -552,6 +549,9 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 		},
 	}
 	if onSess {
+		if !s.marked {
+			b.sessionMarked(secs, s.id)
+		}
 		b.ownEntry(id, lease)
 	}
 	if req.WaitID != "" {

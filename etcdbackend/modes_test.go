@@ -132,10 +132,10 @@ func TestModesRoundTrips(t *testing.T) {
 		do          func() error
 		want, raftW int
 	}{
-		{"Exclusive of a free key, first use of its TTL (grant of the session, put of its lease mark, txn)", func() (err error) {
+		{"Exclusive of a free key, first use of its TTL (grant of the session, txn putting its lease mark too)", func() (err error) {
 			x, err = b.AcquireMode(ctx, modeRequest("x", "a", backend.Exclusive))
 			return err
-		}, 3, 3},
+		}, 2, 2},
 		{"Shared of a key with a Shared holder (txn)", func() (err error) {
 			s, err = b.AcquireMode(ctx, modeRequest("shared", "a", backend.Shared))
 			return err

@@ -13,7 +13,6 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
 
 	"github.com/sovereign-go/sovereign/backend"
 )
@@ -27,6 +26,10 @@ type session struct {
 	id       clientv3.LeaseID // 0: none yet, or lost
 	ttl      int64            // granted TTL of id, in seconds
 	lastSent time.Time        // send time of the grant or last keep-alive of id that succeeded
+	// marked reports that a transaction putting the lease mark of id
+	// (leaseMark) has succeeded: until then, every acquisition on id puts
+	// it with its record.
+	marked bool
 	// retired holds the full session leases of this TTL that came before
 	// id and may still have keys (see sessionFull), with what lastSent
 	// and ttl are for id; each is forgotten once it has expired by the
@@ -68,6 +71,7 @@ type sessionState struct {
 	id       clientv3.LeaseID
 	ttl      int64
 	lastSent time.Time
+	marked   bool // see session.marked
 }
 
 // sessionFor returns the session of TTL secs, made on demand.
@@ -92,18 +96,12 @@ func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, e
 	defer s.mu.Unlock()
 	live := s.id != 0 && time.Since(s.lastSent) < time.Duration(s.ttl)*time.Second
 	if live && !b.sessionFull(s.id) {
-		return sessionState{s.id, s.ttl, s.lastSent}, nil
+		return sessionState{s.id, s.ttl, s.lastSent, s.marked}, nil
 	}
 	sent := time.Now()
 	grant, err := b.cli.Grant(ctx, secs+sessionHeadroom(secs))
 	if err != nil {
 		return sessionState{}, err
-	}
-	// The lease mark goes on before any key, so that the expiry of every
-	// key on the lease deletes it in the same revision (see deletionType).
-	// Should the put fail, the grant holds nothing and expires on its own.
-	if _, err := b.kv.Put(ctx, &pb.PutRequest{Key: []byte(b.leaseMark(grant.ID)), Lease: int64(grant.ID)}, grpc.WaitForReady(true)); err != nil {
-		return sessionState{}, clientv3.ContextError(ctx, err)
 	}
 	switch {
 	case s.id != 0 && !live:
@@ -115,8 +113,19 @@ func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, e
 		s.retired[s.id] = retiredLease{s.ttl, s.lastSent}
 	}
 	b.pruneRetiredLocked(s, sent)
-	s.id, s.ttl, s.lastSent = grant.ID, grant.TTL, sent
-	return sessionState{s.id, s.ttl, s.lastSent}, nil
+	s.id, s.ttl, s.lastSent, s.marked = grant.ID, grant.TTL, sent, false
+	return sessionState{s.id, s.ttl, s.lastSent, false}, nil
+}
+
+// sessionMarked records that a transaction putting the lease mark of
+// session lease id, of TTL secs, has succeeded.
+func (b *Backend) sessionMarked(secs int64, id clientv3.LeaseID) {
+	s := b.sessionFor(secs)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.id == id {
+		s.marked = true
+	}
 }
 
 // sessionKept records a keep-alive of etcd lease id sent at sent that
@@ -610,7 +619,7 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 			return backend.Lease{}, fmt.Errorf("etcdbackend: acquire %q: encode record: %w", req.Key, err)
 		}
 		b.setPending(req.Key, 1)
-		lease, err := b.putOnLease(ctx, req, s.id, full, token, value)
+		lease, err := b.putOnLease(ctx, req, s.id, full, token, value, !s.marked)
 		wg.Wait()
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(kaErr, rpctypes.ErrLeaseNotFound) {
 			if err == nil {
@@ -648,6 +657,9 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 			b.setPending(req.Key, -1)
 			return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q: keep-alive of the session", req.Key), kaErr)
 		}
+		if !s.marked {
+			b.sessionMarked(secs, s.id)
+		}
 		b.own(s.id, req.Key, token)
 		b.setPending(req.Key, -1)
 		return lease, nil
@@ -655,14 +667,18 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 }
 
 // putOnLease runs Acquire's transaction putting value, the record of req
-// with token, attached to etcd lease id of TTL ttl. A held key is a
-// *backend.HeldError.
-func (b *Backend) putOnLease(ctx context.Context, req backend.AcquireRequest, id clientv3.LeaseID, ttl time.Duration, token string, value []byte) (backend.Lease, error) {
+// with token, attached to etcd lease id of TTL ttl, and with it (mark) the
+// lease mark of id (leaseMark). A held key is a *backend.HeldError.
+func (b *Backend) putOnLease(ctx context.Context, req backend.AcquireRequest, id clientv3.LeaseID, ttl time.Duration, token string, value []byte, mark bool) (backend.Lease, error) {
+	ops := []*pb.RequestOp{{Request: &pb.RequestOp_RequestPut{RequestPut: &pb.PutRequest{
+		Key: []byte(b.leaseKey(req.Key)), Value: value, Lease: int64(id),
+	}}}}
+	if mark {
+		ops = append(ops, putOp(b.leaseMark(id), "", id))
+	}
 	resp, err := b.txn(ctx, &pb.TxnRequest{
 		Compare: b.freeCheck(req.Key),
-		Success: []*pb.RequestOp{{Request: &pb.RequestOp_RequestPut{RequestPut: &pb.PutRequest{
-			Key: []byte(b.leaseKey(req.Key)), Value: value, Lease: int64(id),
-		}}}},
+		Success: ops,
 		Failure: b.holderReads(req.Key),
 	})
 	if err != nil {
@@ -993,11 +1009,13 @@ const leaseMarkPart = "\x00lease/"
 
 // leaseMark returns the etcd key of the lease mark of etcd lease id: an
 // empty value attached to id, put on every etcd lease this Backend attaches
-// lease records or entries to (a session lease right after its grant,
-// before any key; a Detached lease in the transaction that puts the
-// record), and so deleted by the revocation that ends id, at the same
-// revision as every key on it. It lives as long as its lease, one per
-// lease.
+// lease records or entries to, in the transaction that attaches the first
+// of them (on a session lease: every acquisition's transaction until one of
+// them has succeeded; waiter registrations, whose deletions are reported
+// alike whatever their cause, need none; on a Detached lease: the
+// transaction that puts its record or entry), and so deleted by the
+// revocation that ends id, at the same revision as every key on it. It
+// lives as long as its lease, one per lease.
 func (b *Backend) leaseMark(id clientv3.LeaseID) string {
 	return b.prefix + leaseMarkPart + strconv.FormatUint(uint64(id), 16)
 }
