@@ -7,6 +7,8 @@ import (
 	"math"
 	"net"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -321,6 +323,148 @@ func TestWatchTellsReleaseFromExpiry(t *testing.T) {
 	}
 	want("acquire", backend.EventChanged)
 	want("expiry", backend.EventExpired)
+}
+
+// TestWatchTellsReleaseFromExpiryByLeaseMark checks how watchers tell a
+// release from an expiry without a write by the releaser: a Release on a
+// session writes nothing but the deletion of its record, and the expiry of
+// every etcd lease holding records (a session's, a Detached lease's, a
+// Detached entry's) deletes that lease's mark in the same revision. It
+// fails if a session (also one whose first transaction failed, or whose
+// first key is an entry), a Detached lease or a Detached entry is without
+// its mark (its expiry would be reported as a release), if RenewBatch's
+// sweep of orphans deletes a session's mark, or if a Release on a session
+// writes a marker again.
+func TestWatchTellsReleaseFromExpiryByLeaseMark(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	opts := &etcdbackend.Options{Prefix: prefix}
+	w := newBackend(t, newClient(t, nil, nil), opts)
+	a := newBackend(t, newClient(t, nil, nil), opts)
+	raw := newClient(t, nil, nil)
+	watch := func(key string) <-chan backend.Event {
+		t.Helper()
+		ch, err := w.Watch(ctx, key)
+		if err != nil {
+			t.Fatalf("Watch(%q): %v", key, err)
+		}
+		return ch
+	}
+	want := func(ch <-chan backend.Event, what string, typ backend.EventType) {
+		t.Helper()
+		if e := nextChange(t, ch, what); e.Type != typ {
+			t.Fatalf("%s: got %v on %q, want %v", what, e.Type, e.Key, typ)
+		}
+	}
+	keys := func() []string {
+		t.Helper()
+		resp, err := raw.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatalf("Get: %v", err)
+		}
+		var out []string
+		for _, kv := range resp.Kvs {
+			out = append(out, strings.ReplaceAll(string(kv.Key[len(prefix):]), "\x00", "\\0"))
+		}
+		return out
+	}
+	const ttl = 2 * time.Second
+
+	t.Run("session", func(t *testing.T) {
+		kCh, otherCh := watch("k"), watch("other")
+		k, err := a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: ttl})
+		if err != nil {
+			t.Fatalf("Acquire(k): %v", err)
+		}
+		other, err := a.Acquire(ctx, backend.AcquireRequest{Key: "other", HolderID: "a", TTL: ttl})
+		if err != nil {
+			t.Fatalf("Acquire(other): %v", err)
+		}
+		want(kCh, "acquire k", backend.EventChanged)
+		want(otherCh, "acquire other", backend.EventChanged)
+		// The sweep of orphans (keys on the session this Backend does
+		// not hold) leaves the session's lease mark alone.
+		for i, err := range a.RenewBatch(ctx, []backend.Lease{k, other}) {
+			if err != nil {
+				t.Fatalf("RenewBatch: lease %d: %v", i, err)
+			}
+		}
+		if err := a.Release(ctx, other); err != nil {
+			t.Fatalf("Release(other): %v", err)
+		}
+		want(otherCh, "release of other", backend.EventReleased)
+		// The release wrote nothing: what is left is k's record and the
+		// session's lease mark.
+		got := keys()
+		if len(got) != 2 || got[0] != "\\0lease/"+strconv.FormatInt(etcdbackend.LeaseOfToken(k.Token), 16) || got[1] != "k" {
+			t.Fatalf("keys after the release: got %q, want the session's lease mark and k", got)
+		}
+		// Nothing renews k now: it expires with the session.
+		want(kCh, "expiry of k", backend.EventExpired)
+		if got := keys(); len(got) != 0 {
+			t.Fatalf("keys after the expiry: got %q, want none", got)
+		}
+	})
+
+	t.Run("detached", func(t *testing.T) {
+		ch := watch("d")
+		req := backend.AcquireRequest{Key: "d", HolderID: "a", TTL: ttl, Detached: true}
+		l, err := a.Acquire(ctx, req)
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		want(ch, "acquire", backend.EventChanged)
+		if err := a.Release(ctx, l); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		want(ch, "release", backend.EventReleased)
+		if _, err := a.Acquire(ctx, req); err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		want(ch, "acquire", backend.EventChanged)
+		want(ch, "expiry", backend.EventExpired)
+	})
+
+	t.Run("session whose first attempt found its key held", func(t *testing.T) {
+		if _, err := a.Acquire(ctx, backend.AcquireRequest{Key: "held", HolderID: "a", TTL: time.Minute}); err != nil {
+			t.Fatalf("Acquire(held): %v", err)
+		}
+		c := newBackend(t, newClient(t, nil, nil), opts)
+		// The session's first transaction fails: it puts nothing, the
+		// lease mark included, so the next one puts it.
+		if _, err := c.Acquire(ctx, backend.AcquireRequest{Key: "held", HolderID: "c", TTL: ttl}); !errors.Is(err, backend.ErrHeld) {
+			t.Fatalf("Acquire(held): got %v, want ErrHeld", err)
+		}
+		ch := watch("z")
+		if _, err := c.Acquire(ctx, backend.AcquireRequest{Key: "z", HolderID: "c", TTL: ttl}); err != nil {
+			t.Fatalf("Acquire(z): %v", err)
+		}
+		want(ch, "acquire", backend.EventChanged)
+		want(ch, "expiry", backend.EventExpired)
+	})
+
+	t.Run("entry on a session", func(t *testing.T) {
+		d := newBackend(t, newClient(t, nil, nil), opts)
+		ch := watch("e")
+		req := modeRequest("e", "d", backend.Exclusive)
+		req.TTL = ttl
+		if _, err := d.AcquireMode(ctx, req); err != nil {
+			t.Fatalf("AcquireMode: %v", err)
+		}
+		want(ch, "acquire", backend.EventChanged)
+		want(ch, "expiry", backend.EventExpired)
+	})
+
+	t.Run("detached entry", func(t *testing.T) {
+		ch := watch("m")
+		req := modeRequest("m", "a", backend.Exclusive)
+		req.TTL, req.Detached = ttl, true
+		if _, err := a.AcquireMode(ctx, req); err != nil {
+			t.Fatalf("AcquireMode: %v", err)
+		}
+		want(ch, "acquire", backend.EventChanged)
+		want(ch, "expiry", backend.EventExpired)
+	})
 }
 
 func TestWatchSurvivesCompaction(t *testing.T) {
@@ -697,7 +841,7 @@ func TestRoundTrips(t *testing.T) {
 		do   func() error
 		want int64
 	}{
-		{"Acquire of a free key (grant of the session, txn)", func() (err error) {
+		{"Acquire of a free key (grant of the session, txn putting its lease mark too)", func() (err error) {
 			l, err = b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: ttl})
 			return err
 		}, 2},
@@ -728,7 +872,7 @@ func TestRoundTrips(t *testing.T) {
 			}
 			return err
 		}, 3},
-		{"Release (grant of the release markers' lease, txn)", func() error { return b.Release(ctx, l) }, 2},
+		{"Release (txn)", func() error { return b.Release(ctx, l) }, 1},
 		{"Renew of a lost lease (txn, keep-alive of the session: sent together)", func() error {
 			if err := b.Renew(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
 				return err

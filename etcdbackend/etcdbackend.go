@@ -118,15 +118,26 @@
 // leases in a batch (Detached, a session of another Backend) are renewed
 // one by one with Renew, 16 at a time.
 //
-// Release of a lease on a session is one owner-checked transaction: it
-// deletes the record and writes the release marker <prefix><key>\x00 (see
-// Watch) on a lease of 5 s the Backend shares between its releases and
-// uses for 4 s after its grant, so a marker outlives its release by at most
-// 5 s. Its successor is granted in the background by the first release
-// that finds it 2.5 s old, so a release waits for a grant only when no
-// release came in the last 4 s. The session lease stays, for the next
+// Release of a lease on a session is one owner-checked transaction that
+// deletes the record and writes nothing else: watchers tell it from an
+// expiry by lease marks (see Watch). The session lease stays, for the next
 // acquisition; once no key is on it and nothing renews it, it ends at its
 // TTL.
+//
+// Every etcd lease that holds records or entries carries a lease mark,
+// <prefix>\x00lease/<lease ID in hex>, an empty value attached to it, put
+// by the transaction that attaches the first record or entry to it (on a
+// session lease, every acquisition's transaction puts it too until one of
+// them has succeeded: no request of its own; a waiter registration needs
+// none, its deletion being reported alike whatever its cause). When the
+// lease ends (its TTL passed, or it was revoked), etcd deletes every key on
+// it in one revision, the mark with them, so a deletion of a record or
+// entry whose revision deletes a lease mark is an expiry, and any other one
+// a release. A mark lives exactly as
+// long as its lease, one per lease however many keys ride on it, and is no
+// key's (a key never contains NUL). A lease granted by a version of this
+// package without lease marks has none: its expiry is reported as a
+// release, which the elector and package lock treat alike.
 //
 // etcd counts lease TTLs in whole seconds: a TTL that is not a whole number
 // of seconds is rounded up (1.2 s becomes 2 s, 1 ns becomes 1 s), for leases
@@ -173,9 +184,8 @@
 // owner-checked read-only transaction and a keep-alive of the session, sent
 // together (the keep-alive extends only this Backend's own session, so it
 // needs no check first); RenewBatch 2 requests per session, as above;
-// Release 1 (the owner-checked transaction; a grant of the markers' lease
-// in the background at most every 2.5 s, or before the transaction after 4
-// s without a release); SetMetadata 1 (an owner-checked transaction that
+// Release 1 (the owner-checked transaction, deleting the record alone);
+// SetMetadata 1 (an owner-checked transaction that
 // rewrites the record with the same etcd lease attached; the token carries
 // the acquisition time, so no read is needed); Get 1 read plus 2 parallel
 // lease look-ups; List 1 range read plus one lease look-up per held key,
@@ -284,7 +294,9 @@
 // marker of its key and of each ancestor, in one owner-checked transaction,
 // so watchers of the key and of every ancestor see backend.EventReleased
 // (an expiry: backend.EventExpired). The markers of an entry on a session
-// go on the markers' lease of Acquire's releases (at most 5 s); a Detached
+// go on a lease of 5 s the Backend shares between such releases and uses for
+// 4 s after its grant (at most 5 s; its successor granted in the
+// background once it is 2.5 s old); a Detached
 // entry's on its own lease, then revoked. Nothing of an entry outlives its
 // lease, a registration is deleted when it is withdrawn, replaced or due,
 // and a session lease holds nothing once its keys are gone, so the store
@@ -308,8 +320,8 @@
 // trip (0: a read-only transaction checking the entry and its intents, and
 // a keep-alive of the session, sent together); RenewBatch 2 requests per
 // session however many entries and plain keys ride on it (0: the session's
-// keep-alive and look-up); Release 1 (1: the transaction; the markers'
-// lease as for Acquire's releases); SetMetadata 1 (1); CancelWait 1 (1),
+// keep-alive and look-up); Release 1 (1: the transaction; the markers' lease
+// in the background, at most every 2.5 s); SetMetadata 1 (1); CancelWait 1 (1),
 // whoever made the registration; Holders 1 range read plus a look-up per
 // holder (0); Get 1 plus 1 or 2 look-ups (0). A Detached entry: AcquireMode
 // 2 (2: grant, transaction; a failure without a probe adds the revocation
@@ -359,11 +371,13 @@
 // registrations, other keys) are dropped after a map look-up. A Watch made
 // while the shared watch runs returns at once, with no request; every change
 // committed after it returns reaches it. The watch covers each key, a
-// release marker next to it and its entries: Release deletes the key (or an
-// entry) and writes <prefix><key>\x00 in the same transaction, so a
-// deletion that comes with the marker is reported as backend.EventReleased,
-// and one without it (lease expiry, or a deletion by hand) as
-// backend.EventExpired. Every creation or rewrite of the key or of a holder
+// release marker next to it and its entries, and the lease marks (see
+// "Release of a lease on a session"): a deletion of the key (or of an
+// entry) whose revision also deleted a lease mark is reported as
+// backend.EventExpired, unless the same transaction wrote the release
+// marker <prefix><key>\x00 (as a Release of a Detached lease or of an entry
+// does); any other deletion, a Release on a session, which writes no
+// marker, or a deletion by hand, as backend.EventReleased. Every creation or rewrite of the key or of a holder
 // or intent entry is backend.EventChanged; waiters are reported only when
 // they go (see above). A subscription whose channel is full loses ordinary
 // events (those buffered already tell the receiver to look), never a reset.

@@ -81,3 +81,9 @@ const (
 	MarkerRefresh = markerRefresh
 	MarkerUse     = markerUse
 )
+
+// LeaseOfToken returns the etcd lease ID in a token of b's.
+func LeaseOfToken(token string) int64 {
+	id, _ := parseToken(token)
+	return int64(id)
+}

@@ -3,6 +3,8 @@ package etcdbackend
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,11 +44,31 @@ func recordHeader(token, holderID string) string {
 
 // encodeRecord returns the value of a lease record.
 func encodeRecord(token, holderID string, body recordBody) (string, error) {
+	v, err := appendRecord(nil, token, holderID, body)
+	return string(v), err
+}
+
+// appendRecord appends the value of a lease record to dst. A body with
+// nothing but the acquisition time (a plain acquisition without metadata,
+// the common case) is written by hand, as encoding/json would write it,
+// without its reflection; any other goes through encoding/json.
+func appendRecord(dst []byte, token, holderID string, body recordBody) ([]byte, error) {
+	dst = append(dst, token...)
+	dst = append(dst, ' ')
+	dst = strconv.AppendQuote(dst, holderID)
+	dst = append(dst, '\n')
+	if len(body.Metadata) == 0 && body.Mode == 0 && body.Limit == 0 && body.Key == "" {
+		if y := body.AcquiredAt.Year(); y >= 0 && y <= 9999 {
+			dst = append(dst, `{"acquired_at":"`...)
+			dst = body.AcquiredAt.AppendFormat(dst, time.RFC3339Nano)
+			return append(dst, `"}`...), nil
+		}
+	}
 	js, err := json.Marshal(body)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	return recordHeader(token, holderID) + string(js), nil
+	return append(dst, js...), nil
 }
 
 // decodeRecord parses the value of a lease record.
@@ -72,7 +94,34 @@ func decodeRecord(value []byte) (token, holderID string, body recordBody, err er
 // (Unix nanoseconds, so that SetMetadata can rewrite the record without
 // reading it first) and a random part, each in hex.
 func newToken(id clientv3.LeaseID, acquiredAt time.Time) string {
-	return fmt.Sprintf("%016x-%016x-%s", uint64(id), uint64(acquiredAt.UnixNano()), backend.NewToken())
+	return string(appendToken(nil, id, acquiredAt, 0))
+}
+
+// appendToken appends a token to dst: the etcd lease ID and the
+// acquisition time in 16 hex digits each, then mark (if not 0) and 128
+// random bits in hex, as backend.NewToken makes them, "-" between the parts.
+func appendToken(dst []byte, id clientv3.LeaseID, acquiredAt time.Time, mark byte) []byte {
+	dst = appendHex16(dst, uint64(id))
+	dst = append(dst, '-')
+	dst = appendHex16(dst, uint64(acquiredAt.UnixNano()))
+	dst = append(dst, '-')
+	if mark != 0 {
+		dst = append(dst, mark)
+	}
+	var r [16]byte
+	if _, err := rand.Read(r[:]); err != nil {
+		panic("etcdbackend: crypto/rand failed: " + err.Error())
+	}
+	return hex.AppendEncode(dst, r[:])
+}
+
+// appendHex16 appends v to dst in 16 lower-case hex digits.
+func appendHex16(dst []byte, v uint64) []byte {
+	const digits = "0123456789abcdef"
+	for shift := 60; shift >= 0; shift -= 4 {
+		dst = append(dst, digits[(v>>shift)&0xf])
+	}
+	return dst
 }
 
 // parseToken returns the etcd lease ID encoded in a token made by newToken.
@@ -283,13 +332,23 @@ func deleteOp(key string) *pb.RequestOp {
 // lease that ownerCheck compares as well add nothing, and each comparison
 // costs the server a read of the key.
 func (b *Backend) tokenCheck(l backend.Lease) []*pb.Compare {
-	k := []byte(b.leaseKey(l.Key))
-	h := recordHeader(l.Token, l.HolderID)
-	// See ownerCmps.
-	upper := h[:len(h)-1] + "\x0b"
+	// One buffer for the key, the header and its upper bound (see
+	// ownerCmps), none of which etcd's client modifies.
+	n := len(b.prefix) + len(l.Key)
+	buf := make([]byte, 0, n+2*(len(l.Token)+len(l.HolderID)+8))
+	buf = append(buf, b.prefix...)
+	buf = append(buf, l.Key...)
+	buf = append(buf, l.Token...)
+	buf = append(buf, ' ')
+	buf = strconv.AppendQuote(buf, l.HolderID)
+	buf = append(buf, '\n')
+	m := len(buf)
+	buf = append(buf, buf[n:m-1]...)
+	buf = append(buf, '\x0b')
+	k, h, upper := buf[:n:n], buf[n:m:m], buf[m:]
 	return []*pb.Compare{
-		{Result: pb.Compare_GREATER, Target: pb.Compare_VALUE, Key: k, TargetUnion: &pb.Compare_Value{Value: []byte(h)}},
-		{Result: pb.Compare_LESS, Target: pb.Compare_VALUE, Key: k, TargetUnion: &pb.Compare_Value{Value: []byte(upper)}},
+		{Result: pb.Compare_GREATER, Target: pb.Compare_VALUE, Key: k, TargetUnion: &pb.Compare_Value{Value: h}},
+		{Result: pb.Compare_LESS, Target: pb.Compare_VALUE, Key: k, TargetUnion: &pb.Compare_Value{Value: upper}},
 	}
 }
 
@@ -326,7 +385,8 @@ func (b *Backend) acquireWith(ctx context.Context, req backend.AcquireRequest, g
 	}
 	resp, err := b.txn(ctx, &pb.TxnRequest{
 		Compare: b.freeCheck(req.Key),
-		Success: []*pb.RequestOp{putOp(k, value, grant.ID)},
+		// The lease mark with the record (see leaseMark).
+		Success: []*pb.RequestOp{putOp(k, value, grant.ID), putOp(b.leaseMark(grant.ID), "", grant.ID)},
 		Failure: b.holderReads(req.Key),
 	})
 	if err != nil {

@@ -249,7 +249,7 @@ func txnOps(req backend.ModeRequest) int {
 			regNeed = 2
 		}
 	}
-	ops := 1 + anc // the holder and its intents
+	ops := 2 + anc // the holder, its intents and the lease mark
 	if req.WaitID != "" {
 		ops += 2 // the registration deleted, in both modes
 	}
@@ -445,6 +445,10 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 		revokeFresh()
 		return backend.Lease{}, fmt.Errorf("etcdbackend: %s: %w", op, err)
 	}
+	if fresh != 0 || (onSess && !s.marked) {
+		// The lease mark with the entry (see leaseMark).
+		t.then = append(t.then, clientv3.OpPut(b.leaseMark(id), "", clientv3.WithLease(id)))
+	}
 	var kaWait func() error
 	if needKA {
 		kaWait = b.sessionKeepAlive(ctx, s.id)
@@ -545,6 +549,9 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 		},
 	}
 	if onSess {
+		if !s.marked {
+			b.sessionMarked(secs, s.id)
+		}
 		b.ownEntry(id, lease)
 	}
 	if req.WaitID != "" {

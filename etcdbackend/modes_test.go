@@ -132,7 +132,7 @@ func TestModesRoundTrips(t *testing.T) {
 		do          func() error
 		want, raftW int
 	}{
-		{"Exclusive of a free key, first use of its TTL (grant of the session, txn)", func() (err error) {
+		{"Exclusive of a free key, first use of its TTL (grant of the session, txn putting its lease mark too)", func() (err error) {
 			x, err = b.AcquireMode(ctx, modeRequest("x", "a", backend.Exclusive))
 			return err
 		}, 2, 2},

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -24,6 +26,10 @@ type session struct {
 	id       clientv3.LeaseID // 0: none yet, or lost
 	ttl      int64            // granted TTL of id, in seconds
 	lastSent time.Time        // send time of the grant or last keep-alive of id that succeeded
+	// marked reports that a transaction putting the lease mark of id
+	// (leaseMark) has succeeded: until then, every acquisition on id puts
+	// it with its record.
+	marked bool
 	// retired holds the full session leases of this TTL that came before
 	// id and may still have keys (see sessionFull), with what lastSent
 	// and ttl are for id; each is forgotten once it has expired by the
@@ -65,6 +71,7 @@ type sessionState struct {
 	id       clientv3.LeaseID
 	ttl      int64
 	lastSent time.Time
+	marked   bool // see session.marked
 }
 
 // sessionFor returns the session of TTL secs, made on demand.
@@ -89,7 +96,7 @@ func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, e
 	defer s.mu.Unlock()
 	live := s.id != 0 && time.Since(s.lastSent) < time.Duration(s.ttl)*time.Second
 	if live && !b.sessionFull(s.id) {
-		return sessionState{s.id, s.ttl, s.lastSent}, nil
+		return sessionState{s.id, s.ttl, s.lastSent, s.marked}, nil
 	}
 	sent := time.Now()
 	grant, err := b.cli.Grant(ctx, secs+sessionHeadroom(secs))
@@ -106,8 +113,19 @@ func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, e
 		s.retired[s.id] = retiredLease{s.ttl, s.lastSent}
 	}
 	b.pruneRetiredLocked(s, sent)
-	s.id, s.ttl, s.lastSent = grant.ID, grant.TTL, sent
-	return sessionState{s.id, s.ttl, s.lastSent}, nil
+	s.id, s.ttl, s.lastSent, s.marked = grant.ID, grant.TTL, sent, false
+	return sessionState{s.id, s.ttl, s.lastSent, false}, nil
+}
+
+// sessionMarked records that a transaction putting the lease mark of
+// session lease id, of TTL secs, has succeeded.
+func (b *Backend) sessionMarked(secs int64, id clientv3.LeaseID) {
+	s := b.sessionFor(secs)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.id == id {
+		s.marked = true
+	}
 }
 
 // sessionKept records a keep-alive of etcd lease id sent at sent that
@@ -412,6 +430,9 @@ func (b *Backend) orphans(id clientv3.LeaseID, attached [][]byte) []string {
 		if strings.Contains(key, heartbeatInfix) {
 			continue // a heartbeat record riding on the session (hostSession)
 		}
+		if strings.HasPrefix(key, leaseMarkPart) {
+			continue // the session's lease mark
+		}
 		out = append(out, string(k))
 	}
 	return out
@@ -529,7 +550,7 @@ const sessionTokenMark = 's'
 // newSessionToken returns the token of an acquisition on session lease id:
 // like newToken, with the random part marked.
 func newSessionToken(id clientv3.LeaseID, acquiredAt time.Time) string {
-	return fmt.Sprintf("%016x-%016x-%c%s", uint64(id), uint64(acquiredAt.UnixNano()), sessionTokenMark, backend.NewToken())
+	return string(appendToken(nil, id, acquiredAt, sessionTokenMark))
 }
 
 // onSession reports whether token was made by newSessionToken.
@@ -592,13 +613,13 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 			})
 		}
 		token := newSessionToken(s.id, sent)
-		value, err := encodeRecord(token, req.HolderID, recordBody{AcquiredAt: sent, Metadata: req.Metadata})
+		value, err := appendRecord(nil, token, req.HolderID, recordBody{AcquiredAt: sent, Metadata: req.Metadata})
 		if err != nil {
 			wg.Wait()
 			return backend.Lease{}, fmt.Errorf("etcdbackend: acquire %q: encode record: %w", req.Key, err)
 		}
 		b.setPending(req.Key, 1)
-		lease, err := b.putOnLease(ctx, req, s.id, full, token, value)
+		lease, err := b.putOnLease(ctx, req, s.id, full, token, value, !s.marked)
 		wg.Wait()
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(kaErr, rpctypes.ErrLeaseNotFound) {
 			if err == nil {
@@ -636,6 +657,9 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 			b.setPending(req.Key, -1)
 			return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q: keep-alive of the session", req.Key), kaErr)
 		}
+		if !s.marked {
+			b.sessionMarked(secs, s.id)
+		}
 		b.own(s.id, req.Key, token)
 		b.setPending(req.Key, -1)
 		return lease, nil
@@ -643,12 +667,18 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 }
 
 // putOnLease runs Acquire's transaction putting value, the record of req
-// with token, attached to etcd lease id of TTL ttl. A held key is a
-// *backend.HeldError.
-func (b *Backend) putOnLease(ctx context.Context, req backend.AcquireRequest, id clientv3.LeaseID, ttl time.Duration, token, value string) (backend.Lease, error) {
+// with token, attached to etcd lease id of TTL ttl, and with it (mark) the
+// lease mark of id (leaseMark). A held key is a *backend.HeldError.
+func (b *Backend) putOnLease(ctx context.Context, req backend.AcquireRequest, id clientv3.LeaseID, ttl time.Duration, token string, value []byte, mark bool) (backend.Lease, error) {
+	ops := []*pb.RequestOp{{Request: &pb.RequestOp_RequestPut{RequestPut: &pb.PutRequest{
+		Key: []byte(b.leaseKey(req.Key)), Value: value, Lease: int64(id),
+	}}}}
+	if mark {
+		ops = append(ops, putOp(b.leaseMark(id), "", id))
+	}
 	resp, err := b.txn(ctx, &pb.TxnRequest{
 		Compare: b.freeCheck(req.Key),
-		Success: []*pb.RequestOp{putOp(b.leaseKey(req.Key), value, id)},
+		Success: ops,
 		Failure: b.holderReads(req.Key),
 	})
 	if err != nil {
@@ -709,41 +739,27 @@ func (b *Backend) cleanUp(key string, id clientv3.LeaseID, token, holderID strin
 }
 
 // releaseOnSession is Release of a lease on a session: one owner-checked
-// transaction that deletes the record and writes its release marker on the
-// marker lease. The session lease stays. When etcd says the marker lease is
-// gone, a new one is granted and the transaction retried, once.
+// transaction that deletes the record, and nothing else. Watchers tell the
+// deletion from an expiry by the lease mark (see deletionType), so the
+// release writes no marker. The session lease stays.
 func (b *Backend) releaseOnSession(ctx context.Context, l backend.Lease, id clientv3.LeaseID) error {
-	for attempt := 0; ; attempt++ {
-		mid, err := b.markerLease(ctx)
-		if err != nil {
-			b.cleanUp(l.Key, id, l.Token, l.HolderID) // as below
-			return fail(ctx, fmt.Sprintf("release %q: grant marker lease", l.Key), err)
-		}
-		resp, err := b.txn(ctx, &pb.TxnRequest{
-			Compare: b.tokenCheck(l),
-			Success: []*pb.RequestOp{
-				deleteOp(b.leaseKey(l.Key)),
-				putOp(b.releaseMarker(l.Key), "released", mid),
-			},
-		})
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) && attempt == 0 {
-			b.markerLost(mid)
-			continue
-		}
-		if err != nil {
-			// The record may still be on the session, and a caller that
-			// gives up on it (the elector after a failed verification)
-			// would leave it there for as long as the session lives:
-			// delete it in the background too.
-			b.cleanUp(l.Key, id, l.Token, l.HolderID)
-			return fail(ctx, fmt.Sprintf("release %q", l.Key), err)
-		}
-		b.disown(id, l.Key, l.Token)
-		if !resp.Succeeded {
-			return fmt.Errorf("etcdbackend: release %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
-		}
-		return nil
+	resp, err := b.txn(ctx, &pb.TxnRequest{
+		Compare: b.tokenCheck(l),
+		Success: []*pb.RequestOp{deleteOp(b.leaseKey(l.Key))},
+	})
+	if err != nil {
+		// The record may still be on the session, and a caller that gives
+		// up on it (the elector after a failed verification) would leave
+		// it there for as long as the session lives: delete it in the
+		// background too.
+		b.cleanUp(l.Key, id, l.Token, l.HolderID)
+		return fail(ctx, fmt.Sprintf("release %q", l.Key), err)
 	}
+	b.disown(id, l.Key, l.Token)
+	if !resp.Succeeded {
+		return fmt.Errorf("etcdbackend: release %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
+	}
+	return nil
 }
 
 // renewOnSession is Renew of a lease on a session: the owner-checked
@@ -984,4 +1000,57 @@ func (b *Backend) track() bool {
 	}
 	b.watches.Add(1)
 	return true
+}
+
+// leaseMarkPart is what follows the prefix in the etcd key of a lease mark
+// (leaseMark). It begins with NUL, which no key contains, so it is no key's
+// record, entry or heartbeat.
+const leaseMarkPart = "\x00lease/"
+
+// leaseMark returns the etcd key of the lease mark of etcd lease id: an
+// empty value attached to id, put on every etcd lease this Backend attaches
+// lease records or entries to, in the transaction that attaches the first
+// of them (on a session lease: every acquisition's transaction until one of
+// them has succeeded; waiter registrations, whose deletions are reported
+// alike whatever their cause, need none; on a Detached lease: the
+// transaction that puts its record or entry), and so deleted by the
+// revocation that ends id, at the same revision as every key on it. It
+// lives as long as its lease, one per lease.
+func (b *Backend) leaseMark(id clientv3.LeaseID) string {
+	return b.prefix + leaseMarkPart + strconv.FormatUint(uint64(id), 16)
+}
+
+// deletionType returns the event that the deletion events[i] of the record
+// or an entry of key reports to watchers of key. Its revision deleted a
+// lease mark (leaseMark) exactly when an etcd lease ended in it, taking
+// every key attached to it: the deletion is then an expiry
+// (backend.EventExpired), unless the same transaction put key's release
+// marker (a Release of a Detached lease or of an entry of backend.Modes
+// writes one). Any other deletion is a release (backend.EventReleased): a
+// Release of a lease on a session deletes the record alone, so that it
+// costs one delete and nothing else. A deletion by hand is reported as a
+// release too, and so is the expiry of a lease granted by a version of this
+// package that put no lease mark. The events of one revision are next to
+// each other in a watch response.
+func (b *Backend) deletionType(events []*clientv3.Event, i int, key string) backend.EventType {
+	if releasedWith(events, i, b.prefix+key+"\x00") {
+		return backend.EventReleased
+	}
+	rev := events[i].Kv.ModRevision
+	mark := func(ev *clientv3.Event) bool {
+		k := ev.Kv.Key
+		return ev.Type == mvccpb.DELETE && len(k) > len(b.prefix)+len(leaseMarkPart) &&
+			string(k[:len(b.prefix)]) == b.prefix && string(k[len(b.prefix):len(b.prefix)+len(leaseMarkPart)]) == leaseMarkPart
+	}
+	for j := i - 1; j >= 0 && events[j].Kv.ModRevision == rev; j-- {
+		if mark(events[j]) {
+			return backend.EventExpired
+		}
+	}
+	for j := i + 1; j < len(events) && events[j].Kv.ModRevision == rev; j++ {
+		if mark(events[j]) {
+			return backend.EventExpired
+		}
+	}
+	return backend.EventReleased
 }

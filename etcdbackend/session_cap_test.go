@@ -52,8 +52,9 @@ func TestSessionCap(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(resp.Keys) != keys[id] {
-			t.Errorf("session lease %x: %d keys attached, want %d", id, len(resp.Keys), keys[id])
+		// The keys and the session's lease mark.
+		if len(resp.Keys) != keys[id]+1 {
+			t.Errorf("session lease %x: %d keys attached, want %d and its lease mark", id, len(resp.Keys), keys[id])
 		}
 	}
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strconv"
 	"testing"
 	"time"
 
@@ -90,7 +91,7 @@ func TestSession(t *testing.T) {
 
 	n.reset()
 	l1 := acquire("one", false, ttl+headroom)
-	expect("first Acquire (grant of the session, txn)", map[string]int64{"LeaseGrant": 1, "Txn": 1})
+	expect("first Acquire (grant of the session, txn putting its lease mark too)", map[string]int64{"LeaseGrant": 1, "Txn": 1})
 	if got := grantedTTL(t, cli, sessionOf(t, cli, prefix+"one")); got != ttl+headroom {
 		t.Errorf("session lease: etcd granted %v, want %v", got, ttl+headroom)
 	}
@@ -119,7 +120,7 @@ func TestSession(t *testing.T) {
 	if err := b.Release(ctx, l1); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	expect("first Release (grant of the markers' lease, txn)", map[string]int64{"LeaseGrant": 1, "Txn": 1})
+	expect("first Release (txn: no marker, so no markers' lease)", map[string]int64{"Txn": 1})
 	if err := b.Release(ctx, l2); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
@@ -153,9 +154,11 @@ func TestSession(t *testing.T) {
 // TestPairRequests: on a warm session, an Acquire+Release pair is two
 // transactions and nothing else (concurrency.Mutex's TryLock+Unlock is two
 // requests too): no keep-alive of the session while it was kept alive
-// within its headroom, and no grant of the markers' lease, which a release
-// renews in the background once it is half-way through its TTL and uses in
-// the meantime; only a markers' lease too old to use is granted first.
+// within its headroom, and no markers' lease (the release writes no
+// marker). The release of an entry of backend.Modes writes markers on the
+// markers' lease, which it renews in the background once it is half-way
+// through its TTL and uses in the meantime; only a markers' lease too old
+// to use is granted first.
 func TestPairRequests(t *testing.T) {
 	ctx := testCtx(t)
 	var n counter
@@ -173,7 +176,7 @@ func TestPairRequests(t *testing.T) {
 			t.Fatalf("Release(%q): %v", key, err)
 		}
 	}
-	pair("warm-up") // grants the session and the markers' lease
+	pair("warm-up") // grants the session (and puts its lease mark)
 	const pairs = 20
 	n.reset()
 	for i := range pairs {
@@ -182,9 +185,29 @@ func TestPairRequests(t *testing.T) {
 	if got, want := n.byMethod(), map[string]int64{"Txn": 2 * pairs}; !maps.Equal(got, want) {
 		t.Errorf("%d pairs on a warm session: got requests %v, want %v", pairs, got, want)
 	}
+	// A release on a session writes no marker, so it needs no lease for
+	// one.
+	if id := etcdbackend.MarkerLease(b); id != 0 {
+		t.Errorf("markers' lease after plain pairs: got %x, want none", id)
+	}
 
-	// A markers' lease half-way through its TTL: the release still costs
-	// one transaction, and its successor is granted in the background.
+	// The release of an entry of backend.Modes on a session writes
+	// markers, on the markers' lease. Half-way through its TTL, the
+	// release still costs one transaction, and its successor is granted
+	// in the background.
+	pair = func(key string) {
+		t.Helper()
+		req := modeRequest(key, "a", backend.Exclusive)
+		req.TTL = ttl
+		l, err := b.AcquireMode(ctx, req)
+		if err != nil {
+			t.Fatalf("AcquireMode(%q): %v", key, err)
+		}
+		if err := b.Release(ctx, l); err != nil {
+			t.Fatalf("Release(%q): %v", key, err)
+		}
+	}
+	pair("m") // grants the markers' lease
 	old := etcdbackend.AgeMarkerLease(b, etcdbackend.MarkerRefresh)
 	n.reset()
 	pair("k0")
@@ -560,7 +583,8 @@ func TestOrphanSwept(t *testing.T) {
 	for _, kv := range resp.Kvs {
 		keys = append(keys, string(kv.Key)[len(prefix):])
 	}
-	if want := []string{"a", "b"}; fmt.Sprint(keys) != fmt.Sprint(want) {
+	// The session's lease mark is not an orphan either.
+	if want := []string{"\x00lease/" + strconv.FormatUint(uint64(id), 16), "a", "b"}; fmt.Sprint(keys) != fmt.Sprint(want) {
 		t.Errorf("keys after RenewBatch: got %q, want %q (the orphan deleted)", keys, want)
 	}
 	for i, err := range b.RenewBatch(ctx, leases) {

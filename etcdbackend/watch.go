@@ -649,11 +649,7 @@ func (h *watchHub) dispatch(r *hubRun, resp clientv3.WatchResponse) {
 		case mvccpb.DELETE:
 			key := subs[0].key
 			h.b.setSeenHeld(key, false)
-			typ := backend.EventExpired
-			if releasedWith(resp.Events, i, prefix+key+"\x00") {
-				typ = backend.EventReleased
-			}
-			send(subs, typ)
+			send(subs, h.b.deletionType(resp.Events, i, key))
 		}
 	}
 }

@@ -77,8 +77,10 @@ func received(s *subscription) []backend.EventType {
 
 // TestDispatchRoutesEventsByKey: one etcd watch over the whole prefix
 // carries every key's changes; each reaches the subscriptions of its own key
-// only, typed as the per-key watch typed it, and heartbeat records, release
-// markers, waiter registrations and keys nobody watches reach nobody.
+// only, typed as the per-key watch typed it (a deletion is an expiry when
+// its revision deleted a lease mark, unless it came with its key's release
+// marker), and heartbeat records, release markers, lease marks, waiter
+// registrations and keys nobody watches reach nobody.
 func TestDispatchRoutesEventsByKey(t *testing.T) {
 	const (
 		put = mvccpb.PUT
@@ -104,10 +106,16 @@ func TestDispatchRoutesEventsByKey(t *testing.T) {
 			map[*subscription][]backend.EventType{k: {backend.EventReleased}, k2: {backend.EventReleased}}},
 		{"marker written first in the transaction", []*clientv3.Event{ev(put, "p/k/sub\x00", 19), ev(del, "p/k/sub\x00hx/t", 19)},
 			map[*subscription][]backend.EventType{sub: {backend.EventReleased}}},
-		{"expiry: deletion without a marker", []*clientv3.Event{ev(del, "p/k/sub", 20), ev(put, "p/k/sub\x00", 21)},
+		{"expiry: deletion with a lease mark's", []*clientv3.Event{ev(del, "p/\x00lease/694d", 20), ev(del, "p/k/sub", 20), ev(put, "p/k/sub\x00", 21)},
 			map[*subscription][]backend.EventType{sub: {backend.EventExpired}}},
-		{"another key's marker in the same revision", []*clientv3.Event{ev(del, "p/k", 22), ev(put, "p/k/sub\x00", 22)},
+		{"another key's marker in the same revision as a lease mark's deletion", []*clientv3.Event{ev(del, "p/k", 22), ev(put, "p/k/sub\x00", 22), ev(del, "p/\x00lease/1", 22)},
 			map[*subscription][]backend.EventType{k: {backend.EventExpired}, k2: {backend.EventExpired}}},
+		{"release on a session: a deletion alone", []*clientv3.Event{ev(del, "p/k", 27), ev(del, "p/\x00lease/1", 28)},
+			map[*subscription][]backend.EventType{k: {backend.EventReleased}, k2: {backend.EventReleased}}},
+		{"the marker wins over a lease mark's deletion", []*clientv3.Event{ev(del, "p/\x00lease/1", 29), ev(del, "p/k/sub\x00hx/t", 29), ev(put, "p/k/sub\x00", 29)},
+			map[*subscription][]backend.EventType{sub: {backend.EventReleased}}},
+		{"a lease mark under another prefix", []*clientv3.Event{ev(del, "q/\x00lease/1", 30), ev(del, "p/k", 30), ev(del, "p/k/sub/\x00lease/1", 30)},
+			map[*subscription][]backend.EventType{k: {backend.EventReleased}, k2: {backend.EventReleased}}},
 		{"entries", []*clientv3.Event{ev(put, "p/lock/a:b/c\x00hs/00000003/00000001", 23), ev(put, "p/lock/a:b/c\x00ix/t", 23)},
 			map[*subscription][]backend.EventType{other: {backend.EventChanged, backend.EventChanged}}},
 		{"waiters: only their withdrawal", []*clientv3.Event{ev(put, "p/k\x00wx/1", 24), ev(put, "p/k\x00ws/2", 25), ev(del, "p/k\x00wx/1", 26)},
@@ -122,8 +130,8 @@ func TestDispatchRoutesEventsByKey(t *testing.T) {
 			}
 		})
 	}
-	if r.rev != 26 {
-		t.Errorf("revision dispatched: got %d, want 26", r.rev)
+	if r.rev != 30 {
+		t.Errorf("revision dispatched: got %d, want 30", r.rev)
 	}
 }
 
