@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/keeper"
 )
 
 // Prefix is prepended to every lock key to form its backend key, so locks
@@ -298,6 +300,13 @@ type Locker struct {
 
 	ops      sync.WaitGroup // calls in flight, Do functions included
 	monitors sync.WaitGroup // per started lock: its hold until finished; the watch timer while armed; the reset watch
+
+	// unpin lets the keeper drop the renewal scheduler of the Locker's
+	// backend and RenewInterval, which New pinned so that short locks
+	// taken one after another share one instead of making and dropping one
+	// each. Close calls it, and so does a cleanup when a Locker that was
+	// never closed is collected.
+	unpin func()
 }
 
 // New returns a Locker that acquires locks on b as holder id (shown to
@@ -328,6 +337,8 @@ func New(b backend.Backend, id string, opts *Options) (*Locker, error) {
 	l.modes, _ = b.(backend.Modes)
 	l.closeCtx, l.cancelClose = context.WithCancel(context.Background())
 	l.holdCtx, l.cancelHold = context.WithCancel(context.Background())
+	l.unpin = keeper.Pin(b, o.RenewInterval)
+	runtime.AddCleanup(l, func(unpin func()) { unpin() }, l.unpin)
 	return l, nil
 }
 
@@ -382,6 +393,7 @@ func (l *Locker) Close() error {
 	wg.Wait()
 	l.cancelHold()
 	l.monitors.Wait()
+	l.unpin()
 	close(l.closing)
 	return nil
 }

@@ -428,3 +428,63 @@ func TestReleaseBeforeItsChunk(t *testing.T) {
 		}
 	})
 }
+
+// A pinned scheduler outlives its holds: short holds started one after
+// another share it (no scheduler made and dropped per hold), it renews
+// the next hold as before, and it is dropped once unpinned.
+func TestPinnedSchedulerOutlivesItsHolds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &keyed{Backend: c}
+		cfg := config(b)
+		unpin := keeper.Pin(b, cfg.RenewInterval)
+		if n := keeper.Schedulers(b); n != 1 {
+			t.Fatalf("schedulers after Pin: %d, want 1", n)
+		}
+		first := acquire(t, b, cfg, "a")
+		s := keeper.SchedulerOf(first)
+		release(t, first)
+		if n := keeper.Schedulers(b); n != 1 {
+			t.Errorf("schedulers after the last hold of a pinned one left: %d, want 1 (kept)", n)
+		}
+		for i := range 3 {
+			h := acquire(t, b, cfg, fmt.Sprintf("short%d", i))
+			if got := keeper.SchedulerOf(h); got != s {
+				t.Errorf("short hold %d: scheduler %p, want the pinned one %p", i, got, s)
+			}
+			release(t, h)
+		}
+		base := bubbleGoroutines()
+		h := acquire(t, b, cfg, "b")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if _, renews := b.counts(); !h.Held() || renews["b"] < 4 {
+			t.Errorf("a hold on the pinned scheduler after 1s: held %v, %d renewals; want held, at least 4", h.Held(), renews["b"])
+		}
+		release(t, h)
+		time.Sleep(time.Second) // its timers fire once more, for nothing
+		synctest.Wait()
+		if n := bubbleGoroutines(); n != base {
+			t.Errorf("goroutines of an idle pinned scheduler: %d, want %d (none)", n, base)
+		}
+		unpin()
+		unpin() // does nothing more
+		if n := keeper.Schedulers(b); n != 0 {
+			t.Errorf("schedulers after unpin: %d, want 0 (dropped)", n)
+		}
+		// A hold after that makes a new scheduler, dropped at its release.
+		h = acquire(t, b, cfg, "c")
+		if got := keeper.SchedulerOf(h); got == s || got == nil {
+			t.Errorf("a hold after unpin: scheduler %p, want a new one (not %p)", got, s)
+		}
+		time.Sleep(time.Second)
+		if !h.Held() {
+			t.Error("a hold after unpin is not held after 1s")
+		}
+		release(t, h)
+		if n := keeper.Schedulers(b); n != 0 {
+			t.Errorf("schedulers after that hold's release: %d, want 0", n)
+		}
+	})
+}
