@@ -461,7 +461,7 @@ func (lk *Lock) Release(ctx context.Context) error {
 	lk.released = true
 	lk.mu.Unlock()
 	err := lk.hold.Release(ctx)
-	if first {
+	if first && l.metrics {
 		l.opts.Metrics.Released(l.opts.Class(lk.key), time.Since(lk.acquiredAt))
 	}
 	l.mu.Lock()

@@ -270,6 +270,9 @@ type Locker struct {
 	id      string
 	opts    Options
 	log     *slog.Logger
+	// metrics is false when opts.Metrics is NopMetrics (the default), so
+	// that calls spare reading the clock for it.
+	metrics bool
 
 	// closeCtx is cancelled when Close begins: waits and calls in flight end.
 	closeCtx    context.Context
@@ -333,6 +336,8 @@ func New(b backend.Backend, id string, opts *Options) (*Locker, error) {
 		queues: make(map[string]*keyQueue),
 		tries:  make(map[uint64]context.CancelFunc),
 	}
+	_, nop := o.Metrics.(NopMetrics)
+	l.metrics = !nop
 	l.watcher, _ = b.(backend.Watcher)
 	l.modes, _ = b.(backend.Modes)
 	l.closeCtx, l.cancelClose = context.WithCancel(context.Background())

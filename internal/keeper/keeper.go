@@ -507,7 +507,9 @@ func (h *Hold) Release(ctx context.Context) error {
 		}
 		inFlight = h.renewWait
 	}
-	h.armLocked(time.Now())
+	if h.timer != nil { // spares reading the clock for nothing
+		h.armLocked(time.Now())
+	}
 	lost := h.lost
 	h.mu.Unlock()
 	if h.sch != nil {

@@ -145,7 +145,14 @@ func (s *scheduler) add(h *Hold, now time.Time) bool {
 		h.m.group = s.grouper.BatchGroup(h.lease.Key)
 	}
 	s.members = append(s.members, h)
-	next := now.Add(coalesce.Grid(now, s.interval))
+	// The next grid instant: the one the holds started in this interval
+	// wait for, while now is in that interval (computed once per interval,
+	// and the same instant, monotonic reading included, so the hold joins
+	// their bucket), else the next multiple of the interval.
+	next := s.startAt
+	if next.IsZero() || !now.Before(next) || next.Sub(now) >= s.interval {
+		next = now.Add(coalesce.Grid(now, s.interval))
+	}
 	h.m.due = next
 	switch b := s.startB; {
 	case b == nil || b.sort || !next.Equal(s.startAt):

@@ -488,3 +488,42 @@ func TestPinnedSchedulerOutlivesItsHolds(t *testing.T) {
 		}
 	})
 }
+
+// nopBatcher renews and releases every lease at once, allocating nothing.
+type nopBatcher struct{ backend.Backend }
+
+func (*nopBatcher) RenewBatch(_ context.Context, leases []backend.Lease) []error {
+	return make([]error, len(leases))
+}
+
+func (*nopBatcher) Release(context.Context, backend.Lease) error { return nil }
+
+// Short holds started and released one after another on a pinned scheduler
+// allocate nothing in the scheduler: they reuse it, its timers and its
+// start bucket (one grid instant per interval, computed once). Only the
+// Hold itself and Release's bounded context are allocated.
+func TestShortHoldsOnAPinnedSchedulerAllocateNothing(t *testing.T) {
+	b := &nopBatcher{}
+	cfg := keeper.Config{Backend: b, TTL: time.Minute, RenewDeadline: 42 * time.Second,
+		RenewInterval: 20 * time.Second, RequestTimeout: 12 * time.Second}
+	unpin := keeper.Pin(b, cfg.RenewInterval)
+	defer unpin()
+	lease := backend.Lease{Key: "k", HolderID: "a", Token: "t", Term: 1, TTL: cfg.TTL}
+	ctx := context.Background()
+	pair := func() {
+		h := keeper.Start(ctx, cfg, lease, time.Now())
+		if err := h.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pair() // the first hold arms the timers and makes the bucket
+	bounded := testing.AllocsPerRun(100, func() {
+		c, cancel := context.WithTimeout(ctx, cfg.RequestTimeout)
+		_ = c.Done()
+		cancel()
+	})
+	got := testing.AllocsPerRun(100, pair)
+	if want := 1 + bounded; got > want {
+		t.Errorf("allocations per short hold: %v, want at most %v (the Hold, and %v for Release's context)", got, want, bounded)
+	}
+}
