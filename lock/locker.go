@@ -211,16 +211,18 @@ const (
 )
 
 // params is one acquisition's resolved configuration.
+// Its fields are ordered so that the small ones share a word: a Lock
+// carries one.
 type params struct {
 	ttl, renewDeadline, renewInterval, requestTimeout time.Duration
-	noRenew                                           bool
 	maxHold                                           time.Duration
 	metadata                                          map[string]string
 
-	mode      Mode
 	limit     int
-	hier      bool     // AcquireOptions.Hierarchical
 	ancestors []string // backend keys of the ancestors, outermost first
+	mode      Mode
+	noRenew   bool
+	hier      bool // AcquireOptions.Hierarchical
 	fair      bool
 }
 
