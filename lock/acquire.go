@@ -31,8 +31,10 @@ const minRetry = 20 * time.Millisecond
 //
 // TryAcquire does not queue behind this Locker's waiting Acquire calls.
 func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOptions) (lk *Lock, err error) {
-	start := time.Now()
-	defer func() { l.acquired(key, start, err) }()
+	if l.metrics {
+		start := time.Now()
+		defer func() { l.acquired(key, start, err) }()
+	}
 	bk, p, err := l.prepare(key, opts)
 	if err != nil {
 		return nil, err
@@ -76,8 +78,10 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 // hierarchical Acquire blocked by a holder of an ancestor, or by an
 // ancestor's Exclusive waiters, also watches that ancestor's key.
 func (l *Locker) Acquire(ctx context.Context, key string, opts *AcquireOptions) (lk *Lock, err error) {
-	start := time.Now()
-	defer func() { l.acquired(key, start, err) }()
+	if l.metrics {
+		start := time.Now()
+		defer func() { l.acquired(key, start, err) }()
+	}
 	bk, p, err := l.prepare(key, opts)
 	if err != nil {
 		return nil, err

@@ -18,17 +18,17 @@ import (
 // its context is cancelled the moment it is lost or released. Its methods
 // are safe for concurrent use, from any goroutine.
 type Lock struct {
-	l    *Locker
-	key  string
-	p    params      // p.metadata is the metadata given at acquisition
-	hold keeper.Hold // started before the Lock is shared; keeps the lease
-	// acquiredAt is when the acquisition was sent (monotonic clock).
-	acquiredAt time.Time
+	l   *Locker
+	key string
+	p   params // p.metadata is the metadata given at acquisition
+	// hold is started before the Lock is shared; it keeps the lease, and
+	// when its acquisition was sent (Hold.Acquired, monotonic clock).
+	hold keeper.Hold
 
 	mu          sync.Mutex        // guards the fields below
 	md          map[string]string // the metadata last set
-	fnRunning   bool              // a Do/TryDo function holds the lock
 	cancelledAt time.Time         // when that function's context was cancelled; zero if not
+	fnRunning   bool              // a Do/TryDo function holds the lock
 	released    bool              // Release has begun
 }
 
@@ -57,7 +57,7 @@ func (lk *Lock) fnDone() {
 // ErrClosed.
 func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params) (*Lock, error) {
 	// p.metadata is the caller's map cloned (params), never changed.
-	lk := &Lock{l: l, key: key, p: p, acquiredAt: sent, md: p.metadata}
+	lk := &Lock{l: l, key: key, p: p, md: p.metadata}
 	var kb backend.Backend = l.b
 	if lease.Entry != nil && lease.Entry.Mode == Shared {
 		// The keeper's Verify reads the key's record; Get returns the
@@ -154,7 +154,7 @@ func (l *Locker) watchTick() {
 	var next time.Time
 	start := false
 	for lk := range l.locks {
-		at := lk.acquiredAt.Add(lk.p.renewInterval / 4)
+		at := lk.hold.Acquired().Add(lk.p.renewInterval / 4)
 		if !now.Before(at) {
 			start = true
 			break
@@ -334,7 +334,7 @@ func (lk *Lock) Term() uint64 { return lk.hold.Lease().Term }
 // clock), and the metadata last set. Its key is the lock key.
 func (lk *Lock) Record() backend.Record {
 	lease := lk.hold.Lease()
-	at := lk.acquiredAt.Round(0)
+	at := lk.hold.Acquired().Round(0)
 	lk.mu.Lock()
 	md := maps.Clone(lk.md)
 	lk.mu.Unlock()
@@ -461,8 +461,8 @@ func (lk *Lock) Release(ctx context.Context) error {
 	lk.released = true
 	lk.mu.Unlock()
 	err := lk.hold.Release(ctx)
-	if first {
-		l.opts.Metrics.Released(l.opts.Class(lk.key), time.Since(lk.acquiredAt))
+	if first && l.metrics {
+		l.opts.Metrics.Released(l.opts.Class(lk.key), time.Since(lk.hold.Acquired()))
 	}
 	l.mu.Lock()
 	delete(l.locks, lk)

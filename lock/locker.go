@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/keeper"
 )
 
 // Prefix is prepended to every lock key to form its backend key, so locks
@@ -209,16 +211,18 @@ const (
 )
 
 // params is one acquisition's resolved configuration.
+// Its fields are ordered so that the small ones share a word: a Lock
+// carries one.
 type params struct {
 	ttl, renewDeadline, renewInterval, requestTimeout time.Duration
-	noRenew                                           bool
 	maxHold                                           time.Duration
 	metadata                                          map[string]string
 
-	mode      Mode
 	limit     int
-	hier      bool     // AcquireOptions.Hierarchical
 	ancestors []string // backend keys of the ancestors, outermost first
+	mode      Mode
+	noRenew   bool
+	hier      bool // AcquireOptions.Hierarchical
 	fair      bool
 }
 
@@ -268,6 +272,9 @@ type Locker struct {
 	id      string
 	opts    Options
 	log     *slog.Logger
+	// metrics is false when opts.Metrics is NopMetrics (the default), so
+	// that calls spare reading the clock for it.
+	metrics bool
 
 	// closeCtx is cancelled when Close begins: waits and calls in flight end.
 	closeCtx    context.Context
@@ -298,6 +305,13 @@ type Locker struct {
 
 	ops      sync.WaitGroup // calls in flight, Do functions included
 	monitors sync.WaitGroup // per started lock: its hold until finished; the watch timer while armed; the reset watch
+
+	// unpin lets the keeper drop the renewal scheduler of the Locker's
+	// backend and RenewInterval, which New pinned so that short locks
+	// taken one after another share one instead of making and dropping one
+	// each. Close calls it, and so does a cleanup when a Locker that was
+	// never closed is collected.
+	unpin func()
 }
 
 // New returns a Locker that acquires locks on b as holder id (shown to
@@ -324,10 +338,14 @@ func New(b backend.Backend, id string, opts *Options) (*Locker, error) {
 		queues: make(map[string]*keyQueue),
 		tries:  make(map[uint64]context.CancelFunc),
 	}
+	_, nop := o.Metrics.(NopMetrics)
+	l.metrics = !nop
 	l.watcher, _ = b.(backend.Watcher)
 	l.modes, _ = b.(backend.Modes)
 	l.closeCtx, l.cancelClose = context.WithCancel(context.Background())
 	l.holdCtx, l.cancelHold = context.WithCancel(context.Background())
+	l.unpin = keeper.Pin(b, o.RenewInterval)
+	runtime.AddCleanup(l, func(unpin func()) { unpin() }, l.unpin)
 	return l, nil
 }
 
@@ -382,6 +400,7 @@ func (l *Locker) Close() error {
 	releaseAll(locks)
 	l.cancelHold()
 	l.monitors.Wait()
+	l.unpin()
 	close(l.closing)
 	return nil
 }

@@ -25,3 +25,12 @@ func Schedulers(b backend.Backend) int {
 	})
 	return n
 }
+
+// SchedulerOf returns the scheduler h renews through (nil when none), to
+// compare with another hold's.
+func SchedulerOf(h *Hold) any {
+	if h.sch == nil {
+		return nil
+	}
+	return h.sch
+}

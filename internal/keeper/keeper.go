@@ -238,6 +238,9 @@ func StartIn(h *Hold, parent context.Context, cfg Config, lease backend.Lease, s
 // Lease returns the lease kept.
 func (h *Hold) Lease() backend.Lease { return h.lease }
 
+// Acquired returns when the lease's acquisition was sent, as given to Start.
+func (h *Hold) Acquired() time.Time { return h.acquired }
+
 // Context returns a context cancelled at step-down, with the step-down's
 // cause (context.Cause). It is made on the first call; after step-down that
 // call returns a context already cancelled with the cause.
@@ -507,7 +510,9 @@ func (h *Hold) Release(ctx context.Context) error {
 		}
 		inFlight = h.renewWait
 	}
-	h.armLocked(time.Now())
+	if h.timer != nil { // spares reading the clock for nothing
+		h.armLocked(time.Now())
+	}
 	lost := h.lost
 	h.mu.Unlock()
 	if h.sch != nil {

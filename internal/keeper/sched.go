@@ -37,7 +37,12 @@ import (
 // steps its holds down one by one, each at its own deadline.
 //
 // A scheduler with no holds left is dropped (its timers stopped), so that
-// a backend no longer used is not kept, nor timers armed for nothing.
+// a backend no longer used is not kept, nor timers armed for nothing,
+// unless it is pinned (Pin): an owner that starts and releases short holds
+// one after another (a Locker taking lock after lock) then reuses one
+// scheduler, instead of making one (two timers, a registry entry) for each
+// hold and dropping it at the hold's release. A pinned scheduler without
+// holds re-arms neither timer: each fires at most once more, for nothing.
 type scheduler struct {
 	key      schedKey
 	br       backend.BatchRenewer
@@ -46,6 +51,7 @@ type scheduler struct {
 
 	mu      sync.Mutex // guards the fields below and every member's Hold.m
 	dead    bool       // dropped from the registry: add must find another
+	pins    int        // Pin calls not yet undone: not dropped when idle
 	members []*Hold
 	running bool        // run is sending batches
 	gridT   *time.Timer // wakes run
@@ -139,10 +145,25 @@ func (s *scheduler) add(h *Hold, now time.Time) bool {
 		h.m.group = s.grouper.BatchGroup(h.lease.Key)
 	}
 	s.members = append(s.members, h)
-	next := now.Add(coalesce.Grid(now, s.interval))
+	// The next grid instant: the one the holds started in this interval
+	// wait for, while now is in that interval (computed once per interval,
+	// and the same instant, monotonic reading included, so the hold joins
+	// their bucket), else the next multiple of the interval.
+	next := s.startAt
+	if next.IsZero() || !now.Before(next) || next.Sub(now) >= s.interval {
+		next = now.Add(coalesce.Grid(now, s.interval))
+	}
 	h.m.due = next
-	if s.startB == nil || s.startB.hidx < 0 || s.startB.sort || !next.Equal(s.startAt) {
+	switch b := s.startB; {
+	case b == nil || b.sort || !next.Equal(s.startAt):
 		s.startB, s.startAt = &bucket{at: h.deadline, hidx: -1}, next
+	case b.hidx < 0 && b.live == 0:
+		// Every hold that joined it has left (short holds, one after
+		// another): nothing refers to it any more, so it is reused.
+		clear(b.holds)
+		b.holds = b.holds[:0]
+	case b.hidx < 0:
+		s.startB = &bucket{at: h.deadline, hidx: -1}
 	}
 	h.m.dl = h.deadline
 	s.watchLocked(h, s.startB, h.deadline)
@@ -170,10 +191,52 @@ func (s *scheduler) remove(h *Hold) <-chan struct{} {
 	if h.m.flight != nil {
 		f = h.m.flight.done
 	}
-	if len(s.members) == 0 && !s.running {
+	if len(s.members) == 0 && !s.running && s.pins == 0 {
 		s.dropLocked()
 	}
 	return f
+}
+
+// Pin keeps the scheduler of b and interval, the one holds started with
+// that backend and RenewInterval join, registered until the returned
+// function is called (once; later calls do nothing), even while it has no
+// hold. Without a pin a scheduler is dropped with its timers when its last
+// hold leaves, so an owner that starts and releases one short hold after
+// another would make and drop one per hold. Pin does nothing when b does
+// not renew in batches.
+func Pin(b backend.Backend, interval time.Duration) (unpin func()) {
+	for {
+		s := schedulerFor(b, interval)
+		if s == nil {
+			return func() {}
+		}
+		if s.pin() {
+			var once sync.Once
+			return func() { once.Do(s.unpin) }
+		}
+	}
+}
+
+// pin counts a Pin; it returns false, doing nothing, when s was dropped.
+func (s *scheduler) pin() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead {
+		schedulers.CompareAndDelete(s.key, s)
+		return false
+	}
+	s.pins++
+	return true
+}
+
+// unpin undoes a Pin, and drops s when it has no hold and no pin left.
+func (s *scheduler) unpin() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pins--
+	if s.pins == 0 && len(s.members) == 0 && !s.running {
+		s.dropLocked()
+	}
 }
 
 // dropLocked takes s, which has no member left, out of the registry and
@@ -280,7 +343,9 @@ func (s *scheduler) run() {
 	s.due, s.down = due[:0], down[:0]
 	s.running = false
 	if len(s.members) == 0 {
-		s.dropLocked()
+		if s.pins == 0 {
+			s.dropLocked()
+		}
 		s.mu.Unlock()
 		return
 	}

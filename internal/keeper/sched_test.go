@@ -428,3 +428,102 @@ func TestReleaseBeforeItsChunk(t *testing.T) {
 		}
 	})
 }
+
+// A pinned scheduler outlives its holds: short holds started one after
+// another share it (no scheduler made and dropped per hold), it renews
+// the next hold as before, and it is dropped once unpinned.
+func TestPinnedSchedulerOutlivesItsHolds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &keyed{Backend: c}
+		cfg := config(b)
+		unpin := keeper.Pin(b, cfg.RenewInterval)
+		if n := keeper.Schedulers(b); n != 1 {
+			t.Fatalf("schedulers after Pin: %d, want 1", n)
+		}
+		first := acquire(t, b, cfg, "a")
+		s := keeper.SchedulerOf(first)
+		release(t, first)
+		if n := keeper.Schedulers(b); n != 1 {
+			t.Errorf("schedulers after the last hold of a pinned one left: %d, want 1 (kept)", n)
+		}
+		for i := range 3 {
+			h := acquire(t, b, cfg, fmt.Sprintf("short%d", i))
+			if got := keeper.SchedulerOf(h); got != s {
+				t.Errorf("short hold %d: scheduler %p, want the pinned one %p", i, got, s)
+			}
+			release(t, h)
+		}
+		base := bubbleGoroutines()
+		h := acquire(t, b, cfg, "b")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if _, renews := b.counts(); !h.Held() || renews["b"] < 4 {
+			t.Errorf("a hold on the pinned scheduler after 1s: held %v, %d renewals; want held, at least 4", h.Held(), renews["b"])
+		}
+		release(t, h)
+		time.Sleep(time.Second) // its timers fire once more, for nothing
+		synctest.Wait()
+		if n := bubbleGoroutines(); n != base {
+			t.Errorf("goroutines of an idle pinned scheduler: %d, want %d (none)", n, base)
+		}
+		unpin()
+		unpin() // does nothing more
+		if n := keeper.Schedulers(b); n != 0 {
+			t.Errorf("schedulers after unpin: %d, want 0 (dropped)", n)
+		}
+		// A hold after that makes a new scheduler, dropped at its release.
+		h = acquire(t, b, cfg, "c")
+		if got := keeper.SchedulerOf(h); got == s || got == nil {
+			t.Errorf("a hold after unpin: scheduler %p, want a new one (not %p)", got, s)
+		}
+		time.Sleep(time.Second)
+		if !h.Held() {
+			t.Error("a hold after unpin is not held after 1s")
+		}
+		release(t, h)
+		if n := keeper.Schedulers(b); n != 0 {
+			t.Errorf("schedulers after that hold's release: %d, want 0", n)
+		}
+	})
+}
+
+// nopBatcher renews and releases every lease at once, allocating nothing.
+type nopBatcher struct{ backend.Backend }
+
+func (*nopBatcher) RenewBatch(_ context.Context, leases []backend.Lease) []error {
+	return make([]error, len(leases))
+}
+
+func (*nopBatcher) Release(context.Context, backend.Lease) error { return nil }
+
+// Short holds started and released one after another on a pinned scheduler
+// allocate nothing in the scheduler: they reuse it, its timers and its
+// start bucket (one grid instant per interval, computed once). Only the
+// Hold itself and Release's bounded context are allocated.
+func TestShortHoldsOnAPinnedSchedulerAllocateNothing(t *testing.T) {
+	b := &nopBatcher{}
+	cfg := keeper.Config{Backend: b, TTL: time.Minute, RenewDeadline: 42 * time.Second,
+		RenewInterval: 20 * time.Second, RequestTimeout: 12 * time.Second}
+	unpin := keeper.Pin(b, cfg.RenewInterval)
+	defer unpin()
+	lease := backend.Lease{Key: "k", HolderID: "a", Token: "t", Term: 1, TTL: cfg.TTL}
+	ctx := context.Background()
+	pair := func() {
+		h := keeper.Start(ctx, cfg, lease, time.Now())
+		if err := h.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pair() // the first hold arms the timers and makes the bucket
+	bounded := testing.AllocsPerRun(100, func() {
+		c, cancel := context.WithTimeout(ctx, cfg.RequestTimeout)
+		_ = c.Done()
+		cancel()
+	})
+	got := testing.AllocsPerRun(100, pair)
+	if want := 1 + bounded; got > want {
+		t.Errorf("allocations per short hold: %v, want at most %v (the Hold, and %v for Release's context)", got, want, bounded)
+	}
+}
