@@ -281,3 +281,57 @@ func TestCallsInFlightAreBounded(t *testing.T) {
 		}
 	})
 }
+
+// Resign called from inside the leader function while the elector's loop
+// is parked reaches the loop (its queue wakes it): the step-down begins,
+// the leader context ends, and the elector leads again after its sit-out.
+func TestResignFromInsideWithParkedLoop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.New()
+		defer mem.Close()
+		e, err := sovereign.New(mem, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		before := libraryGoroutines()
+		parked := make(chan int, 1)
+		resigned := make(chan error, 1)
+		terms := make(chan uint64, 2)
+		go e.Run(ctx, func(lctx context.Context) error {
+			term, _ := sovereign.TermFromContext(lctx)
+			select {
+			case terms <- term:
+			default:
+			}
+			if len(terms) == 1 {
+				// The loop has parked by now; 1.1s: not an instant of a renewal
+				// or a heartbeat, whose goroutines would be counted.
+				time.Sleep(1100 * time.Millisecond)
+				parked <- libraryGoroutines() - before
+				err := e.Resign(lctx)
+				if lctx.Err() == nil {
+					t.Error("leader context alive after Resign returned")
+				}
+				resigned <- err
+			}
+			<-lctx.Done()
+			return nil
+		})
+		// Run's goroutine, the leader function's (here, counting).
+		if got := <-parked; got != 2 {
+			t.Errorf("%d library goroutines while the leader function runs, want 2 (Run and the function)", got)
+		}
+		if err := <-resigned; err != nil {
+			t.Fatalf("Resign from inside the leader function: got %v, want nil", err)
+		}
+		time.Sleep(e.Options().ResignSitOut + time.Second)
+		synctest.Wait()
+		if len(terms) != 2 || !e.IsLeader() {
+			t.Errorf("%d terms, leading %v after the sit-out; want 2 terms, leading", len(terms), e.IsLeader())
+		}
+		cancel()
+		e.Close()
+	})
+}

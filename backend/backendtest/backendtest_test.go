@@ -390,11 +390,33 @@ func (b *broken) Watch(ctx context.Context, key string) (<-chan backend.Event, e
 	return out, nil
 }
 
-// WatchNotify is the memory store's WatchNotify, with the notify calls the
+// WatchNotify is the broken Watch, notified, for the mutations of Watch;
+// otherwise the memory store's WatchNotify, with the notify calls the
 // mutations named notify-* leave out: every one (notify-never), every one
 // after the first (notify-once), those after the channel was closed by the
 // end of ctx or by Close (notify-not-on-close).
 func (b *broken) WatchNotify(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
+	switch b.name {
+	case "watch-drops-release", "watch-survives-restart", "watch-silent-after-restart":
+		// The broken Watch, with notifications of what it delivers.
+		ch, err := b.Watch(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		out := make(chan backend.Event, 16)
+		go func() {
+			defer notify()
+			defer close(out)
+			for e := range ch {
+				select {
+				case out <- e:
+				default:
+				}
+				notify()
+			}
+		}()
+		return out, nil
+	}
 	var calls atomic.Int64
 	inner := func() {
 		n := calls.Add(1)

@@ -120,8 +120,24 @@ func testRestart(t *testing.T, h *harness, loseData bool) {
 	if err := a.Heartbeat(h.ctx, key, "a", longTTL); err != nil {
 		t.Fatalf("Heartbeat: %v", err)
 	}
-	var events <-chan backend.Event
-	if w != nil {
+	var (
+		events <-chan backend.Event
+		calls  chan struct{} // notify's calls, when w is a backend.WatchNotifier
+	)
+	if n, ok := w.(backend.WatchNotifier); ok {
+		// The break must be notified too: a receiver that waits for
+		// notifications would otherwise never learn of it.
+		calls = make(chan struct{}, 1)
+		var err error
+		if events, err = n.WatchNotify(h.ctx, key, func() {
+			select {
+			case calls <- struct{}{}:
+			default:
+			}
+		}); err != nil {
+			t.Fatalf("WatchNotify: %v", err)
+		}
+	} else if w != nil {
 		var err error
 		if events, err = w.Watch(h.ctx, key); err != nil {
 			t.Fatalf("Watch: %v", err)
@@ -133,7 +149,11 @@ func testRestart(t *testing.T, h *harness, loseData bool) {
 	if w != nil && loseData {
 		// The lease vanished without an event: the watch must say that it
 		// may have missed changes.
-		h.resetOrClosed(events, nil)
+		if calls != nil {
+			h.resetOrClosedNotified(events, calls)
+		} else {
+			h.resetOrClosed(events, nil)
+		}
 	}
 	h.reconnect(a)
 	h.reconnect(b)
@@ -239,6 +259,39 @@ func (h *harness) resetOrClosed(events <-chan backend.Event, also func(backend.E
 				h.t.Fatalf("watch open across a restart: neither closed, nor EventReset, nor the next change within %v", bound)
 			}
 			h.t.Fatalf("watch open across a restart that lost data: neither closed nor EventReset within %v", bound)
+		}
+	}
+}
+
+// resetOrClosedNotified is resetOrClosed for a subscription made with
+// WatchNotify: it waits for notify's calls (on calls) and only then receives
+// from events, without blocking, so an EventReset or a close that is not
+// notified is never seen.
+func (h *harness) resetOrClosedNotified(events <-chan backend.Event, calls <-chan struct{}) {
+	h.t.Helper()
+	start := time.Now()
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	for {
+		select {
+		case <-calls:
+		case <-timer.C:
+			h.t.Fatalf("watch made with WatchNotify, open across a restart that lost data: neither closed nor EventReset, with a notify call, within %v", bound)
+		}
+		for drained := false; !drained; {
+			select {
+			case e, ok := <-events:
+				switch {
+				case !ok:
+					h.t.Logf("watch closed and notified %v after the restart", time.Since(start))
+					return
+				case e.Type == backend.EventReset:
+					h.t.Logf("watch delivered EventReset, notified, %v after the restart", time.Since(start))
+					return
+				}
+			default:
+				drained = true
+			}
 		}
 	}
 }
