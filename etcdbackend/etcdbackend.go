@@ -638,7 +638,8 @@ func (b *Backend) Close() error {
 }
 
 // begin checks that the backend is open and ctx alive, and returns ctx
-// bounded by the request timeout.
+// bounded by the request timeout (ctx itself when its deadline comes no
+// later than that), with the function releasing what the bound took.
 func (b *Backend) begin(ctx context.Context, op string) (context.Context, context.CancelFunc, error) {
 	b.mu.Lock()
 	closed := b.closed
@@ -654,6 +655,11 @@ func (b *Backend) begin(ctx context.Context, op string) (context.Context, contex
 		return nil, nil, fmt.Errorf("etcdbackend: %s: %w", op, err)
 	}
 	b.nudge()
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= b.timeout {
+		// ctx ends first anyway (package lock and the elector bound their
+		// calls themselves): a timer of our own would never fire first.
+		return ctx, func() {}, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	return ctx, cancel, nil
 }
