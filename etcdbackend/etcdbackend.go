@@ -377,9 +377,10 @@
 // backend.EventExpired, unless the same transaction wrote the release
 // marker <prefix><key>\x00 (as a Release of a Detached lease or of an entry
 // does); any other deletion, a Release on a session, which writes no
-// marker, or a deletion by hand, as backend.EventReleased. Every creation or rewrite of the key or of a holder
-// or intent entry is backend.EventChanged; waiters are reported only when
-// they go (see above). A subscription whose channel is full loses ordinary
+// marker, or a deletion by hand, as backend.EventReleased. Every creation
+// or rewrite of the key or of a holder or intent entry is
+// backend.EventChanged; waiters are reported only when they go (see
+// above). A subscription whose channel is full loses ordinary
 // events (those buffered already tell the receiver to look), never a reset.
 // The watch requires an etcd leader (clientv3.WithRequireLeader), so a
 // member cut off from its cluster does not keep a silent watch. When the
