@@ -251,6 +251,21 @@ func TestUnreachableClusterFailsWithinContext(t *testing.T) {
 	t.Run("request timeout", func(t *testing.T) {
 		const timeout = 200 * time.Millisecond
 		b := newBackend(t, cli, &etcdbackend.Options{RequestTimeout: timeout})
+		// A caller's deadline later than the request timeout leaves the
+		// request timeout in force.
+		later, cancel := context.WithTimeout(t.Context(), time.Hour)
+		defer cancel()
+		for name, call := range calls(b, lease) {
+			start := time.Now()
+			err := call(later)
+			elapsed := time.Since(start)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s with a later deadline: got %v, want an error that is context.DeadlineExceeded", name, err)
+			}
+			if elapsed > timeout+time.Second {
+				t.Errorf("%s with a later deadline: returned after %v, want about %v", name, elapsed, timeout)
+			}
+		}
 		for name, call := range calls(b, lease) {
 			start := time.Now()
 			err := call(context.Background())

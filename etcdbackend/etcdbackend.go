@@ -377,9 +377,10 @@
 // backend.EventExpired, unless the same transaction wrote the release
 // marker <prefix><key>\x00 (as a Release of a Detached lease or of an entry
 // does); any other deletion, a Release on a session, which writes no
-// marker, or a deletion by hand, as backend.EventReleased. Every creation or rewrite of the key or of a holder
-// or intent entry is backend.EventChanged; waiters are reported only when
-// they go (see above). A subscription whose channel is full loses ordinary
+// marker, or a deletion by hand, as backend.EventReleased. Every creation
+// or rewrite of the key or of a holder or intent entry is
+// backend.EventChanged; waiters are reported only when they go (see
+// above). A subscription whose channel is full loses ordinary
 // events (those buffered already tell the receiver to look), never a reset.
 // The watch requires an etcd leader (clientv3.WithRequireLeader), so a
 // member cut off from its cluster does not keep a silent watch. When the
@@ -638,7 +639,8 @@ func (b *Backend) Close() error {
 }
 
 // begin checks that the backend is open and ctx alive, and returns ctx
-// bounded by the request timeout.
+// bounded by the request timeout (ctx itself when its deadline comes no
+// later than that), with the function releasing what the bound took.
 func (b *Backend) begin(ctx context.Context, op string) (context.Context, context.CancelFunc, error) {
 	b.mu.Lock()
 	closed := b.closed
@@ -654,6 +656,11 @@ func (b *Backend) begin(ctx context.Context, op string) (context.Context, contex
 		return nil, nil, fmt.Errorf("etcdbackend: %s: %w", op, err)
 	}
 	b.nudge()
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= b.timeout {
+		// ctx ends first anyway (package lock and the elector bound their
+		// calls themselves): a timer of our own would never fire first.
+		return ctx, func() {}, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	return ctx, cancel, nil
 }
