@@ -306,12 +306,11 @@ type Locker struct {
 	ops      sync.WaitGroup // calls in flight, Do functions included
 	monitors sync.WaitGroup // per started lock: its hold until finished; the watch timer while armed; the reset watch
 
-	// unpin lets the keeper drop the renewal scheduler of the Locker's
-	// backend and RenewInterval, which New pinned so that short locks
-	// taken one after another share one instead of making and dropping one
-	// each. Close calls it, and so does a cleanup when a Locker that was
-	// never closed is collected.
-	unpin func()
+	// pin keeps the keeper's renewal scheduler of the Locker's backend and
+	// RenewInterval, so that short locks taken one after another share one
+	// instead of making and dropping one each. Close unpins it; a cleanup
+	// forgets it when a Locker that was never closed is collected.
+	pin *keeper.Pin
 }
 
 // New returns a Locker that acquires locks on b as holder id (shown to
@@ -344,8 +343,8 @@ func New(b backend.Backend, id string, opts *Options) (*Locker, error) {
 	l.modes, _ = b.(backend.Modes)
 	l.closeCtx, l.cancelClose = context.WithCancel(context.Background())
 	l.holdCtx, l.cancelHold = context.WithCancel(context.Background())
-	l.unpin = keeper.Pin(b, o.RenewInterval)
-	runtime.AddCleanup(l, func(unpin func()) { unpin() }, l.unpin)
+	l.pin = keeper.NewPin(b, o.RenewInterval)
+	runtime.AddCleanup(l, (*keeper.Pin).Forget, l.pin)
 	return l, nil
 }
 
@@ -400,7 +399,7 @@ func (l *Locker) Close() error {
 	releaseAll(locks)
 	l.cancelHold()
 	l.monitors.Wait()
-	l.unpin()
+	l.pin.Unpin()
 	close(l.closing)
 	return nil
 }

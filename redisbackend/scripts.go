@@ -131,6 +131,18 @@ const luaPrelude = luaBase + luaChunked + luaCheckOwner + luaHeartbeatState
 // backend.Modes (holders, or intents of locks below) returns HELDM with the
 // record of each; the helpers that read entries are defined inside that
 // branch, so the way to success costs what it did.
+//
+// What the calls cost (redis-server 7.0, server CPU of an acquisition and
+// release of a free lock key, 500 of each pipelined, medians of 7 to 9
+// interleaved rounds on a loaded 2-core VM, 2026-11-23): 13.5 µs a pair,
+// against 5.6 for bsm/redislock's two scripts (SET NX PX; GET, DEL) and 4.5
+// for two empty scripts. Leaving out one call at a time: the counter's GET
+// and SET 2.4 µs, PEXPIRE 1.1, the two PUBLISHes 1.3, TIME about 1,
+// HGETALL 0.7, the renewed_at and ttl fields 0.4; the Lua around the calls
+// (validation, formatting) about 0.4. Each call is one the guarantees
+// need (the counter and TIME: terms above every earlier one; PUBLISH: the
+// watch contract; PEXPIRE: a hash takes its TTL in a second command), so
+// the free path is at its floor for this key layout.
 var acquireScript = redis.NewScript(`
 local h = redis.pcall('HGETALL', KEYS[1])
 if h['err'] or #h > 0 then

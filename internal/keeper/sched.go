@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
@@ -198,26 +199,60 @@ func (s *scheduler) remove(h *Hold) <-chan struct{} {
 }
 
 // Pin keeps the scheduler of b and interval, the one holds started with
-// that backend and RenewInterval join, registered until the returned
-// function is called (once; later calls do nothing), even while it has no
-// hold. Without a pin a scheduler is dropped with its timers when its last
-// hold leaves, so an owner that starts and releases one short hold after
-// another would make and drop one per hold. Pin does nothing when b does
-// not renew in batches.
-func Pin(b backend.Backend, interval time.Duration) (unpin func()) {
+// that backend and RenewInterval join, registered while it is not
+// unpinned, even while it has no hold. Without a pin a scheduler is
+// dropped with its timers when its last hold leaves, so an owner that
+// starts and releases one short hold after another would make and drop one
+// per hold. Its methods are safe for concurrent use.
+type Pin struct {
+	s    *scheduler // nil when the backend does not renew in batches
+	done atomic.Bool
+}
+
+// NewPin pins the scheduler of b and interval (making it if need be). It
+// pins nothing when b does not renew in batches.
+func NewPin(b backend.Backend, interval time.Duration) *Pin {
 	for {
 		s := schedulerFor(b, interval)
-		if s == nil {
-			return func() {}
-		}
-		if s.pin() {
-			var once sync.Once
-			return func() { once.Do(s.unpin) }
+		if s == nil || s.pin() {
+			return &Pin{s: s}
 		}
 	}
 }
 
-// pin counts a Pin; it returns false, doing nothing, when s was dropped.
+// Unpin undoes the pin; later calls do nothing. A scheduler left without
+// hold or pin is dropped, its timers stopped.
+func (p *Pin) Unpin() { p.unpin(true) }
+
+// Forget is Unpin for a cleanup (runtime.AddCleanup) of an owner that was
+// never closed: a scheduler left without hold or pin leaves the registry,
+// but its timers are left to fire once, for nothing, rather than stopped,
+// since a cleanup runs outside any synctest bubble they may belong to (and
+// touching them from there is fatal).
+func (p *Pin) Forget() { p.unpin(false) }
+
+func (p *Pin) unpin(stop bool) {
+	if p.s == nil || p.done.Swap(true) {
+		return
+	}
+	s := p.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pins--
+	if s.pins > 0 || len(s.members) > 0 || s.running {
+		return
+	}
+	if stop {
+		s.dropLocked()
+		return
+	}
+	// run returns at once on a dead scheduler, and fireDeadlines, with no
+	// bucket, re-arms nothing.
+	s.dead = true
+	schedulers.CompareAndDelete(s.key, s)
+}
+
+// pin counts a pin; it returns false, doing nothing, when s was dropped.
 func (s *scheduler) pin() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -227,16 +262,6 @@ func (s *scheduler) pin() bool {
 	}
 	s.pins++
 	return true
-}
-
-// unpin undoes a Pin, and drops s when it has no hold and no pin left.
-func (s *scheduler) unpin() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.pins--
-	if s.pins == 0 && len(s.members) == 0 && !s.running {
-		s.dropLocked()
-	}
 }
 
 // dropLocked takes s, which has no member left, out of the registry and

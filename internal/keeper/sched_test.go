@@ -438,7 +438,7 @@ func TestPinnedSchedulerOutlivesItsHolds(t *testing.T) {
 		defer c.Close()
 		b := &keyed{Backend: c}
 		cfg := config(b)
-		unpin := keeper.Pin(b, cfg.RenewInterval)
+		pin := keeper.NewPin(b, cfg.RenewInterval)
 		if n := keeper.Schedulers(b); n != 1 {
 			t.Fatalf("schedulers after Pin: %d, want 1", n)
 		}
@@ -468,8 +468,8 @@ func TestPinnedSchedulerOutlivesItsHolds(t *testing.T) {
 		if n := bubbleGoroutines(); n != base {
 			t.Errorf("goroutines of an idle pinned scheduler: %d, want %d (none)", n, base)
 		}
-		unpin()
-		unpin() // does nothing more
+		pin.Unpin()
+		pin.Unpin() // does nothing more
 		if n := keeper.Schedulers(b); n != 0 {
 			t.Errorf("schedulers after unpin: %d, want 0 (dropped)", n)
 		}
@@ -506,8 +506,7 @@ func TestShortHoldsOnAPinnedSchedulerAllocateNothing(t *testing.T) {
 	b := &nopBatcher{}
 	cfg := keeper.Config{Backend: b, TTL: time.Minute, RenewDeadline: 42 * time.Second,
 		RenewInterval: 20 * time.Second, RequestTimeout: 12 * time.Second}
-	unpin := keeper.Pin(b, cfg.RenewInterval)
-	defer unpin()
+	defer keeper.NewPin(b, cfg.RenewInterval).Unpin()
 	lease := backend.Lease{Key: "k", HolderID: "a", Token: "t", Term: 1, TTL: cfg.TTL}
 	ctx := context.Background()
 	pair := func() {
@@ -525,5 +524,28 @@ func TestShortHoldsOnAPinnedSchedulerAllocateNothing(t *testing.T) {
 	got := testing.AllocsPerRun(100, pair)
 	if want := 1 + bounded; got > want {
 		t.Errorf("allocations per short hold: %v, want at most %v (the Hold, and %v for Release's context)", got, want, bounded)
+	}
+}
+
+// Forget, a cleanup's Unpin, drops a scheduler whose timers belong to a
+// synctest bubble from outside that bubble without touching them (stopping
+// them there would be fatal): it only leaves the registry.
+func TestForgetOutsideTheBubble(t *testing.T) {
+	var (
+		pin *keeper.Pin
+		b   *keyed
+	)
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b = &keyed{Backend: c}
+		cfg := config(b)
+		pin = keeper.NewPin(b, cfg.RenewInterval)
+		release(t, acquire(t, b, cfg, "a")) // arms the scheduler's timers
+	})
+	pin.Forget()
+	pin.Forget() // does nothing more
+	if n := keeper.Schedulers(b); n != 0 {
+		t.Errorf("schedulers after Forget: %d, want 0", n)
 	}
 }
