@@ -130,17 +130,6 @@ func (c *countingBackend) done(op int, t0 time.Time, err error) {
 	}
 }
 
-// total returns the number of calls so far (a batch counts once).
-func (c *countingBackend) total() int64 {
-	var n int64
-	for op := range numOps {
-		for o := range numOutcomes {
-			n += c.calls[op][o].Load()
-		}
-	}
-	return n - c.items.Load()
-}
-
 // batchDone counts a batch call (by its first error) and each of its items.
 func (c *countingBackend) batchDone(op, itemOp int, t0 time.Time, errs []error) {
 	var first error

@@ -271,13 +271,9 @@ func measureMany(cfg manyConfig) (manyResult, error) {
 		b = compose(newLimiter(b, cfg.Inflight), b)
 	}
 	var cb *countingBackend
-	if b != nil && (cfg.Diag || requests == nil) {
-		// The memory backend has no wire: its calls are its requests.
+	if b != nil && cfg.Diag {
 		cb = newCountingBackend(b, cfg.Diag)
 		b = compose(cb, b)
-		if requests == nil {
-			requests = cb.total
-		}
 	}
 
 	base := heapAlloc()
