@@ -45,9 +45,15 @@ type Elector struct {
 	notifier backend.WatchNotifier // nil when b's watches cannot wake the elector
 	name     string
 	id       string
-	opts     Options
-	log      *slog.Logger
-	bus      *bus
+	// okAt is when the backend last answered a call of this elector, in
+	// nanoseconds since okBase (its creation; noAnswer before the first
+	// answer): an atomic beside what a batch reads, not a field under mu,
+	// because every renewal and heartbeat of every election sets it.
+	okAt   atomic.Int64
+	okBase time.Time
+	opts   Options
+	log    *slog.Logger
+	bus    *bus
 
 	rs runState   // the loop's state machine; its runner's alone (see run.go)
 	w  watchState // the subscription to the key; the runner's alone
@@ -111,15 +117,17 @@ func New(b backend.Backend, name, id string, opts *Options) (*Elector, error) {
 	}
 	log := o.Logger.With("election", name, "id", id)
 	e := &Elector{
-		b:     b,
-		name:  name,
-		id:    id,
-		opts:  o,
-		log:   log,
-		bus:   newBus(log, func() { o.Metrics.EventsDropped(name, 1) }),
-		wakeC: make(chan struct{}, 1),
-		done:  make(chan struct{}),
+		b:      b,
+		name:   name,
+		id:     id,
+		opts:   o,
+		log:    log,
+		bus:    newBus(log, func() { o.Metrics.EventsDropped(name, 1) }),
+		wakeC:  make(chan struct{}, 1),
+		done:   make(chan struct{}),
+		okBase: time.Now(),
 	}
+	e.okAt.Store(noAnswer)
 	e.watcher, _ = b.(backend.Watcher)
 	if e.watcher != nil {
 		e.notifier, _ = b.(backend.WatchNotifier)

@@ -32,19 +32,30 @@ type hbKey struct {
 // callback runs only while a batch is sent. A failed heartbeat is retried
 // after the elector's backoff rather than at the next instant.
 type hbScheduler struct {
-	key  hbKey
-	send func(context.Context, []backend.HeartbeatRequest) []error
+	key     hbKey
+	send    func(context.Context, []backend.HeartbeatRequest) []error
+	grouper backend.BatchGrouper // the backend's, when it places keys in groups
 
 	mu       sync.Mutex
 	members  map[*Elector]*hbMember
 	timer    *time.Timer   // armed for the earliest next of a member; nil when none
 	due      time.Time     // when timer fires, while it is armed
 	inflight chan struct{} // closed when the batch being sent has been answered; nil when none
+
+	// Buffers of fire, kept from one batch to the next (used by the
+	// running fire only), so that an idle batch allocates next to nothing.
+	batch []*hbMember
+	reqs  []backend.HeartbeatRequest
+	errs  []error
 }
 
 type hbMember struct {
-	next     time.Time // when its next heartbeat is due
-	failures int       // consecutive failed heartbeats
+	e        *Elector
+	req      backend.HeartbeatRequest // what its heartbeat asks for
+	group    uint32                   // the key's group (backend.BatchGrouper), or 0
+	next     time.Time                // when its next heartbeat is due
+	failures int                      // consecutive failed heartbeats
+	gone     bool                     // unscheduled
 }
 
 var (
@@ -61,11 +72,16 @@ func (e *Elector) scheduleHeartbeats(hb backend.BatchHeartbeater) {
 	s := hbScheds[key]
 	if s == nil {
 		s = &hbScheduler{key: key, send: hb.HeartbeatBatch, members: make(map[*Elector]*hbMember)}
+		s.grouper, _ = e.b.(backend.BatchGrouper)
 		hbScheds[key] = s
 	}
 	s.mu.Lock()
 	next := time.Now().Add(coalesce.Gather)
-	s.members[e] = &hbMember{next: next}
+	m := &hbMember{e: e, req: backend.HeartbeatRequest{Key: e.name, ID: e.id, TTL: e.opts.HeartbeatTTL}, next: next}
+	if s.grouper != nil {
+		m.group = s.grouper.BatchGroup(e.name)
+	}
+	s.members[e] = m
 	// Only an earlier instant moves the timer: no scan of every member for
 	// each of thousands of electors starting together.
 	if s.inflight == nil && (s.timer == nil || next.Before(s.due)) {
@@ -87,7 +103,10 @@ func (e *Elector) unscheduleHeartbeats() {
 		return
 	}
 	s.mu.Lock()
-	delete(s.members, e)
+	if m := s.members[e]; m != nil {
+		m.gone = true
+		delete(s.members, e)
+	}
 	inflight := s.inflight
 	if len(s.members) == 0 {
 		if s.timer != nil {
@@ -137,38 +156,25 @@ func (s *hbScheduler) fire() {
 		return
 	}
 	now := time.Now()
-	var (
-		es   []*Elector
-		reqs []backend.HeartbeatRequest
-	)
-	for e, m := range s.members {
+	batch, reqs := s.batch[:0], s.reqs[:0]
+	for _, m := range s.members {
 		// Heartbeats due within the gathering window go now, with the others.
 		if !m.next.After(now.Add(coalesce.Gather)) {
-			es = append(es, e)
-			reqs = append(reqs, backend.HeartbeatRequest{Key: e.name, ID: e.id, TTL: e.opts.HeartbeatTTL})
+			batch = append(batch, m)
 		}
 	}
-	if g, ok := s.key.b.(backend.BatchGrouper); ok && len(reqs) > maxHeartbeatBatch {
+	if s.grouper != nil && len(batch) > maxHeartbeatBatch {
 		// Whole groups per call (see backend.BatchGrouper).
-		type item struct {
-			group uint32
-			e     *Elector
-			req   backend.HeartbeatRequest
-		}
-		items := make([]item, len(reqs))
-		for i := range reqs {
-			items[i] = item{g.BatchGroup(reqs[i].Key), es[i], reqs[i]}
-		}
-		slices.SortFunc(items, func(a, b item) int { return cmp.Compare(a.group, b.group) })
-		for i, it := range items {
-			es[i], reqs[i] = it.e, it.req
-		}
+		slices.SortFunc(batch, func(a, b *hbMember) int { return cmp.Compare(a.group, b.group) })
+	}
+	for _, m := range batch {
+		reqs = append(reqs, m.req)
 	}
 	done := make(chan struct{})
 	s.inflight = done
 	s.mu.Unlock()
 
-	errs := make([]error, len(reqs))
+	errs := slices.Grow(s.errs[:0], len(reqs))[:len(reqs)]
 	for i := 0; i < len(reqs); i += maxHeartbeatBatch {
 		j := min(i+maxHeartbeatBatch, len(reqs))
 		ctx, cancel := context.WithTimeout(context.Background(), s.key.timeout)
@@ -185,11 +191,12 @@ func (s *hbScheduler) fire() {
 
 	s.mu.Lock()
 	now = time.Now()
-	for i, e := range es {
-		m := s.members[e]
-		if m == nil {
+	next := now.Add(coalesce.Grid(now, s.key.interval))
+	for i, m := range batch {
+		if m.gone {
 			continue // unscheduled meanwhile: its result no longer matters
 		}
+		e := m.e
 		if err := errs[i]; err != nil {
 			m.failures++
 			m.next = now.Add(e.backoff(m.failures))
@@ -197,9 +204,14 @@ func (s *hbScheduler) fire() {
 			continue
 		}
 		m.failures = 0
-		m.next = now.Add(coalesce.Grid(now, s.key.interval))
-		e.backendOK()
+		m.next = next
+		e.backendOKAt(now)
 	}
+	// Keep the buffers, without pointers into electors that may go.
+	clear(batch[:cap(batch)])
+	clear(reqs[:cap(reqs)])
+	clear(errs[:cap(errs)])
+	s.batch, s.reqs, s.errs = batch[:0], reqs[:0], errs[:0]
 	s.inflight = nil
 	close(done)
 	s.armLocked()

@@ -3,6 +3,7 @@ package sovereign
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"time"
 )
@@ -54,7 +55,6 @@ var ErrUnhealthy = errors.New("sovereign: unhealthy")
 type health struct {
 	fnRunning   bool
 	cancelledAt time.Time // when the leader context was cancelled while fn ran; zero otherwise
-	lastOK      time.Time // the last time the backend answered
 	startedAt   time.Time
 }
 
@@ -67,11 +67,28 @@ func (e *Elector) setFnRunning(running bool) {
 	}
 }
 
-func (e *Elector) backendOK() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.health.lastOK = time.Now()
+// backendOK notes that the backend answered a call of e just now.
+func (e *Elector) backendOK() { e.backendOKAt(time.Now()) }
+
+// backendOKAt notes that the backend answered a call of e at t (what Check
+// reads). It is called for every renewal and heartbeat of every election
+// (thousands per batch), so it takes no lock: one atomic store.
+func (e *Elector) backendOKAt(t time.Time) {
+	e.okAt.Store(int64(t.Sub(e.okBase)))
 }
+
+// lastOK returns when the backend last answered a call of e, or the zero
+// time if it never did.
+func (e *Elector) lastOK() time.Time {
+	v := e.okAt.Load()
+	if v == noAnswer {
+		return time.Time{}
+	}
+	return e.okBase.Add(time.Duration(v))
+}
+
+// noAnswer is Elector.okAt before the backend's first answer.
+const noAnswer = math.MinInt64
 
 // unreachableAfter is how many TTLs without an answer from the backend make
 // Check report it unreachable.
@@ -93,7 +110,7 @@ func (e *Elector) Check(tolerance time.Duration) error {
 			ErrUnhealthy, e.name, now.Sub(h.cancelledAt).Round(time.Millisecond))
 	}
 	if e.started && !e.closed {
-		since := h.lastOK
+		since := e.lastOK()
 		if since.IsZero() {
 			since = h.startedAt
 		}

@@ -243,6 +243,33 @@ func startCPUProfile(path string) (stop func(), err error) {
 	}, nil
 }
 
+// startMemProfile records every allocation from now on (MemProfileRate 1),
+// writes the allocation profile so far to path+".base", and returns a
+// function that writes it again to path.
+func startMemProfile(path string) (stop func(), err error) {
+	runtime.MemProfileRate = 1
+	write := func(path string) error {
+		runtime.GC() // the profile is as of the last completed GC
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+	if err := write(path + ".base"); err != nil {
+		return nil, err
+	}
+	return func() {
+		if err := write(path); err != nil {
+			fmt.Fprintln(os.Stderr, "memory profile:", err)
+		}
+	}, nil
+}
+
 func progress(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
 }

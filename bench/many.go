@@ -455,6 +455,18 @@ func measureMany(cfg manyConfig) (manyResult, error) {
 		}
 		defer stop()
 	}
+	if p := os.Getenv("BENCH_CHILD_MEMPROFILE"); p != "" {
+		// Every allocation of the measurement windows, for diagnosis: p.base
+		// is taken at their start and p at their end, so that
+		// `go tool pprof -sample_index=alloc_objects -diff_base p.base bin p`
+		// shows only theirs (both are written at rate 1, so start-up's
+		// samples cancel out).
+		stop, err := startMemProfile(p)
+		if err != nil {
+			return r, err
+		}
+		defer stop()
+	}
 	// An elector that lost its leadership while measured and won it back has
 	// a new term: compare terms rather than subscribe (a listener would add
 	// a goroutine per election to the figures).

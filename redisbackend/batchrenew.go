@@ -156,11 +156,14 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 		fill(errs, err)
 		return errs
 	}
-	var calls []batchScriptCall
-	groups := map[string]int{}                   // hash tag → index in calls of its open group
-	hbKeys := make([]string, len(leases))        // the holder's heartbeat record refreshed, or ""
-	hbTTLs := make([]time.Duration, len(leases)) // and its TTL
-	now := time.Now()                            // before sending: a record refreshed lives its TTL from at least now
+	var (
+		calls  []batchScriptCall
+		groups = map[string]int{}                   // hash tag → index in calls of its open group
+		hbTTLs = make([]time.Duration, len(leases)) // the TTL of the holder's heartbeat record refreshed, or 0
+		ms     msCache
+		buf    []byte
+	)
+	now := time.Now() // before sending: a record refreshed lives its TTL from at least now
 	for i, l := range leases {
 		if l.Entry != nil || b.waitN > 0 {
 			errs[i] = b.Renew(ctx, l)
@@ -170,22 +173,38 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 			errs[i] = err
 			continue
 		}
-		lease, _, hb := b.leaseKeys(l.Key)
-		g := b.group(calls, groups, lease)
+		// One string holds the lease's key and, when the holder's record
+		// is refreshed, the record's and the members set's: the key of
+		// the record and the lease's key are prefixes of it, the set's
+		// key its end.
+		buf = b.appendKeyBase(buf[:0], l.Key)
+		base := len(buf)
+		ttl, hb := b.beats.renewal(beatKey{l.Key, l.HolderID}, now)
+		var keys string
+		var rec int // end of the record's key in keys
+		if hb {
+			buf = append(buf, ":heartbeat:"...)
+			buf = append(buf, l.HolderID...)
+			rec = len(buf)
+			buf = b.appendKeyBase(buf, l.Key)
+			buf = append(buf, ":members"...)
+		}
+		keys = string(buf)
+		g := b.group(calls, groups, keys[:base])
 		if g < 0 {
 			g = len(calls)
-			calls = append(calls, batchScriptCall{})
-			groups[b.groupTag(lease)] = g
+			calls = append(calls, newBatchScriptCall(len(leases)-i, 3, 4))
+			groups[b.groupTag(keys[:base])] = g
 		}
 		c := &calls[g]
-		c.keys = append(c.keys, lease)
-		var hbTTL any = 0
-		if ttl, ok := b.beats.renewal(hb+l.HolderID, now); ok {
-			hbKeys[i], hbTTLs[i] = hb+l.HolderID, ttl
-			c.keys = append(c.keys, hb+l.HolderID, b.keyBase(l.Key)+":members")
-			hbTTL = ttlMillis(ttl)
+		c.keys = append(c.keys, keys[:base])
+		hbTTL := "0"
+		if hb {
+			hbTTLs[i] = ttl
+			c.keys = append(c.keys, keys[:rec], keys[rec:])
+			hbTTL = ms.of(ttl)
 		}
-		c.args = append(c.args, l.HolderID, l.Token, ttlMillis(l.TTL), hbTTL)
+		c.args = append(c.args, l.HolderID, l.Token, ms.of(l.TTL), hbTTL)
 		c.items = append(c.items, i)
 	}
 	b.runBatch(ctx, renewManyScript, calls, func(i int, reply any, err error) {
@@ -198,10 +217,10 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 		case err != nil:
 			errs[i] = err
 		case status == "OKH":
-			b.beats.refreshed(hbKeys[i], hbTTLs[i], now)
+			b.beats.refreshed(beatKey{l.Key, l.HolderID}, hbTTLs[i], now)
 		case status == "OK":
-			if hbKeys[i] != "" {
-				b.beats.forget(hbKeys[i]) // missing or foreign: HeartbeatBatch sees to it
+			if hbTTLs[i] != 0 {
+				b.beats.forget(beatKey{l.Key, l.HolderID}) // missing or foreign: HeartbeatBatch sees to it
 			}
 		case status == "LOST":
 			errs[i] = fmt.Errorf("redisbackend: renew %q (term %d): %w", l.Key, l.Term, backend.ErrLeaseLost)
@@ -220,8 +239,12 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRe
 		fill(errs, err)
 		return errs
 	}
-	var calls []batchScriptCall
-	groups := map[string]int{}
+	var (
+		calls  []batchScriptCall
+		groups = map[string]int{}
+		ms     msCache
+		buf    []byte
+	)
 	now := time.Now() // before sending: a record written lives TTL from at least now
 	for i, r := range reqs {
 		if err := backend.ValidateHeartbeat(r.Key, r.ID, r.TTL); err != nil {
@@ -232,41 +255,83 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRe
 			errs[i] = err
 			continue
 		}
-		_, _, hb := b.leaseKeys(r.Key)
-		if b.beats.fresh(hb+r.ID, r.TTL, now) {
+		if b.beats.fresh(beatKey{r.Key, r.ID}, r.TTL, now) {
 			continue // the record outlives the next batch by a quarter of its TTL
 		}
-		g := b.group(calls, groups, hb+r.ID)
+		// The record's key and the members set's, in one string.
+		buf = b.appendKeyBase(buf[:0], r.Key)
+		buf = append(buf, ":heartbeat:"...)
+		buf = append(buf, r.ID...)
+		rec := len(buf)
+		buf = b.appendKeyBase(buf, r.Key)
+		buf = append(buf, ":members"...)
+		keys := string(buf)
+		g := b.group(calls, groups, keys[:rec])
 		if g < 0 {
 			g = len(calls)
-			calls = append(calls, batchScriptCall{})
-			groups[b.groupTag(hb+r.ID)] = g
+			calls = append(calls, newBatchScriptCall(len(reqs)-i, 2, 2))
+			groups[b.groupTag(keys[:rec])] = g
 		}
 		c := &calls[g]
-		c.keys = append(c.keys, hb+r.ID, b.keyBase(r.Key)+":members")
-		c.args = append(c.args, r.ID, ttlMillis(r.TTL))
+		c.keys = append(c.keys, keys[:rec], keys[rec:])
+		c.args = append(c.args, r.ID, ms.of(r.TTL))
 		c.items = append(c.items, i)
 	}
 	b.runBatch(ctx, heartbeatManyScript, calls, func(i int, reply any, err error) {
 		r := reqs[i]
-		_, _, hb := b.leaseKeys(r.Key)
+		bk := beatKey{r.Key, r.ID}
 		if err != nil {
-			b.beats.forget(hb + r.ID)
+			b.beats.forget(bk)
 			errs[i] = fmt.Errorf("redisbackend: heartbeat %q for %q: %w", r.ID, r.Key, err)
 			return
 		}
 		switch status, err := itemStatus("heartbeat", r.Key, reply); {
 		case err != nil:
-			b.beats.forget(hb + r.ID)
+			b.beats.forget(bk)
 			errs[i] = err
 		case status == "OK":
-			b.beats.wrote(hb+r.ID, r.TTL, now)
+			b.beats.wrote(bk, r.TTL, now)
 		default:
-			b.beats.forget(hb + r.ID)
+			b.beats.forget(bk)
 			errs[i] = fmt.Errorf("redisbackend: heartbeat %q for %q: unexpected reply %q", r.ID, r.Key, status)
 		}
 	})
 	return errs
+}
+
+// appendKeyBase appends b.keyBase(key) to dst (keep the two in step), so
+// that the keys of a batch item are built in one string.
+func (b *Backend) appendKeyBase(dst []byte, key string) []byte {
+	dst = append(dst, b.prefix...)
+	dst = append(dst, '{')
+	rest, ok := strings.CutPrefix(key, backend.LockKeyPrefix)
+	if !ok {
+		dst = append(dst, key...)
+		return append(dst, '}')
+	}
+	i := strings.IndexByte(rest, '/')
+	if i < 0 {
+		i = len(rest)
+	}
+	dst = append(dst, backend.LockKeyPrefix...)
+	dst = append(dst, rest[:i]...)
+	dst = append(dst, "}{"...)
+	dst = append(dst, rest[i:]...)
+	return append(dst, '}')
+}
+
+// msCache formats TTLs as script arguments (whole milliseconds, rounded up),
+// remembering the last one: the items of a batch mostly share their TTL.
+type msCache struct {
+	d time.Duration
+	s string
+}
+
+func (c *msCache) of(d time.Duration) string {
+	if c.s == "" || d != c.d {
+		c.d, c.s = d, strconv.FormatInt(ttlMillis(d), 10)
+	}
+	return c.s
 }
 
 // beats is what HeartbeatBatch knows of the records it wrote, so that a
@@ -287,8 +352,14 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRe
 // batch writes it.
 type beats struct {
 	mu    sync.Mutex
-	m     map[string]beat // record key → its last write
+	m     map[beatKey]beat // record → its last write
 	swept time.Time
+}
+
+// beatKey names a heartbeat record: the ID's record for the key. Made of the
+// request's own strings, it costs no allocation to look up.
+type beatKey struct {
+	key, id string
 }
 
 type beat struct {
@@ -301,7 +372,7 @@ type beat struct {
 
 // fresh reports whether the record at key, asked for again at now, can be
 // left alone; it notes the request either way.
-func (s *beats) fresh(key string, ttl time.Duration, now time.Time) bool {
+func (s *beats) fresh(key beatKey, ttl time.Duration, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sweep(now)
@@ -317,11 +388,11 @@ func (s *beats) fresh(key string, ttl time.Duration, now time.Time) bool {
 }
 
 // wrote notes that a batch sent at sent wrote the record at key.
-func (s *beats) wrote(key string, ttl time.Duration, sent time.Time) {
+func (s *beats) wrote(key beatKey, ttl time.Duration, sent time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m == nil {
-		s.m = make(map[string]beat)
+		s.m = make(map[beatKey]beat)
 	}
 	bt := s.m[key]
 	if !bt.asked.IsZero() {
@@ -345,7 +416,7 @@ func (s *beats) wrote(key string, ttl time.Duration, sent time.Time) {
 // TestBeatsRenewalsCoverBatches). Batches keep their rule (fresh): if
 // renewals stop, they write the record before it runs short, as they
 // would without renewals.
-func (s *beats) renewal(key string, now time.Time) (time.Duration, bool) {
+func (s *beats) renewal(key beatKey, now time.Time) (time.Duration, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	bt, ok := s.m[key]
@@ -377,7 +448,7 @@ func (s *beats) renewal(key string, now time.Time) (time.Duration, bool) {
 // refreshed notes that a renewal sent at sent refreshed the record at key
 // with ttl. It changes nothing when batches ask for the record with
 // another TTL or forgot it meanwhile.
-func (s *beats) refreshed(key string, ttl time.Duration, sent time.Time) {
+func (s *beats) refreshed(key beatKey, ttl time.Duration, sent time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	bt, ok := s.m[key]
@@ -389,7 +460,7 @@ func (s *beats) refreshed(key string, ttl time.Duration, sent time.Time) {
 }
 
 // forget makes the next batch write the record at key.
-func (s *beats) forget(key string) {
+func (s *beats) forget(key beatKey) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.m, key)
@@ -411,10 +482,52 @@ func (s *beats) sweep(now time.Time) {
 
 // batchScriptCall is one script of a batch: the keys of one hash slot and
 // the batch items (indexes into the caller's slice) they serve, in order.
+// Its arguments are strings, passed to go-redis by pointer (see evalSha).
 type batchScriptCall struct {
 	keys  []string
-	args  []any
+	args  []string
 	items []int
+}
+
+// newBatchScriptCall returns a call with room for the keys and arguments of
+// up to n items (at most maxBatchKeys), of k keys and a arguments each.
+func newBatchScriptCall(n, k, a int) batchScriptCall {
+	n = min(n, maxBatchKeys)
+	return batchScriptCall{
+		keys:  make([]string, 0, n*k),
+		args:  make([]string, 0, n*a),
+		items: make([]int, 0, n),
+	}
+}
+
+// evalSha returns the EVALSHA command of s for c. Its keys and arguments go
+// in as pointers into c's slices, which go-redis writes (and reads for a
+// Cluster's slot) as the strings they point to: a pointer in an interface
+// costs no allocation, where each string would cost one.
+func (c *batchScriptCall) evalSha(ctx context.Context, s *redis.Script) *redis.Cmd {
+	argv := make([]any, 0, 3+len(c.keys)+len(c.args))
+	argv = append(argv, "evalsha", s.Hash(), len(c.keys))
+	for i := range c.keys {
+		argv = append(argv, &c.keys[i])
+	}
+	for i := range c.args {
+		argv = append(argv, &c.args[i])
+	}
+	cmd := redis.NewCmd(ctx, argv...)
+	if len(c.keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	return cmd
+}
+
+// eval returns the EVAL command of s for c, for a server that does not know
+// the script (NOSCRIPT).
+func (c *batchScriptCall) eval(ctx context.Context, p redis.Pipeliner, s *redis.Script) *redis.Cmd {
+	args := make([]any, len(c.args))
+	for i := range c.args {
+		args[i] = c.args[i]
+	}
+	return s.Eval(ctx, p, c.keys, args...)
 }
 
 // groupTag is what decides a key's placement: its hash slot on a Cluster
@@ -460,8 +573,10 @@ func (b *Backend) group(calls []batchScriptCall, groups map[string]int, key stri
 	return g
 }
 
-// runBatch sends calls as one pipeline (evalPipeline) and reports each
-// item's status.
+// runBatch sends calls as one pipeline of EVALSHA, then, in a second
+// pipeline, EVAL for each call whose script the server did not know
+// (NOSCRIPT: after SCRIPT FLUSH or a restart), as evalPipeline does, and
+// reports each item's status.
 func (b *Backend) runBatch(ctx context.Context, s *redis.Script, calls []batchScriptCall, report func(item int, reply any, err error)) {
 	if len(calls) == 0 {
 		return
@@ -469,11 +584,25 @@ func (b *Backend) runBatch(ctx context.Context, s *redis.Script, calls []batchSc
 	replies := make([][]any, len(calls))
 	callErrs := make([]error, len(calls))
 	err := b.bounded(ctx, func(ctx context.Context) error {
-		scripts := make([]scriptCall, len(calls))
-		for i, c := range calls {
-			scripts[i] = scriptCall{script: s, keys: c.keys, args: c.args}
+		cmds := make([]*redis.Cmd, len(calls))
+		p := b.client.Pipeline()
+		for i := range calls {
+			cmds[i] = calls[i].evalSha(ctx, s)
+			_ = p.Process(ctx, cmds[i])
 		}
-		cmds := evalPipeline(ctx, b.client, scripts)
+		_, _ = p.Exec(ctx)
+		var retry redis.Pipeliner
+		for i, cmd := range cmds {
+			if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+				if retry == nil {
+					retry = b.client.Pipeline()
+				}
+				cmds[i] = calls[i].eval(ctx, retry, s)
+			}
+		}
+		if retry != nil {
+			_, _ = retry.Exec(ctx)
+		}
 		for i, cmd := range cmds {
 			v, err := cmd.Result()
 			if err != nil {

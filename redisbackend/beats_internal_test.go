@@ -25,13 +25,13 @@ func TestBeatsWriteOnlyWhatNeedsIt(t *testing.T) {
 			var got []int
 			for i := range 13 {
 				now := t0.Add(time.Duration(i) * tc.interval)
-				if !s.fresh("k", tc.ttl, now) {
+				if !s.fresh(bk("k"), tc.ttl, now) {
 					got = append(got, i)
-					s.wrote("k", tc.ttl, now)
+					s.wrote(bk("k"), tc.ttl, now)
 				}
 				// The record never has less than a quarter of its TTL
 				// left when the next batch comes.
-				if left := s.m["k"].written.Add(tc.ttl).Sub(now.Add(tc.interval)); left < tc.ttl/4 && i < 12 {
+				if left := s.m[bk("k")].written.Add(tc.ttl).Sub(now.Add(tc.interval)); left < tc.ttl/4 && i < 12 {
 					t.Fatalf("batch %d: the record would have %v left at the next batch", i, left)
 				}
 			}
@@ -49,26 +49,26 @@ func TestBeatsWriteOnlyWhatNeedsIt(t *testing.T) {
 	t.Run("unknown, changed TTL, forgotten, swept", func(t *testing.T) {
 		var s beats
 		now := time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
-		if s.fresh("k", 15*time.Second, now) {
+		if s.fresh(bk("k"), 15*time.Second, now) {
 			t.Fatal("a record never written is fresh")
 		}
-		s.wrote("k", 15*time.Second, now)
+		s.wrote(bk("k"), 15*time.Second, now)
 		now = now.Add(time.Second)
-		if !s.fresh("k", 15*time.Second, now) {
+		if !s.fresh(bk("k"), 15*time.Second, now) {
 			t.Fatal("a record written a second ago, batches a second apart, is not fresh")
 		}
-		if s.fresh("k", 20*time.Second, now) {
+		if s.fresh(bk("k"), 20*time.Second, now) {
 			t.Fatal("a record asked for with another TTL is fresh")
 		}
-		s.forget("k")
-		if s.fresh("k", 15*time.Second, now) {
+		s.forget(bk("k"))
+		if s.fresh(bk("k"), 15*time.Second, now) {
 			t.Fatal("a forgotten record (failed write) is fresh")
 		}
-		s.wrote("k", 15*time.Second, now)
-		s.wrote("gone", 15*time.Second, now)
+		s.wrote(bk("k"), 15*time.Second, now)
+		s.wrote(bk("gone"), 15*time.Second, now)
 		now = now.Add(2 * time.Minute) // "gone" not asked for since
-		s.fresh("k", 15*time.Second, now)
-		if _, ok := s.m["gone"]; ok {
+		s.fresh(bk("k"), 15*time.Second, now)
+		if _, ok := s.m[bk("gone")]; ok {
 			t.Error("a record nobody asked for during twice its TTL was not swept")
 		}
 	})
@@ -102,19 +102,19 @@ func TestBeatsRenewalsCoverBatches(t *testing.T) {
 					if nextBatch.Before(nextRenew) || nextBatch.Equal(nextRenew) {
 						now = nextBatch
 						nextBatch = nextBatch.Add(tc.batch)
-						if !s.fresh("k", tc.ttl, now) {
+						if !s.fresh(bk("k"), tc.ttl, now) {
 							if writes > 0 {
 								t.Errorf("batch at %v wrote the record (refreshed %v ago by renewals)", now.Sub(t0), now.Sub(expires.Add(-tc.ttl)))
 							}
 							writes++
-							s.wrote("k", tc.ttl, now)
+							s.wrote(bk("k"), tc.ttl, now)
 							expires = now.Add(tc.ttl)
 						}
 					} else {
 						nextRenew = nextRenew.Add(tc.renew)
-						if ttl, ok := s.renewal("k", now); ok {
+						if ttl, ok := s.renewal(bk("k"), now); ok {
 							refreshes++
-							s.refreshed("k", ttl, now)
+							s.refreshed(bk("k"), ttl, now)
 							expires = now.Add(ttl)
 						}
 					}
@@ -130,3 +130,6 @@ func TestBeatsRenewalsCoverBatches(t *testing.T) {
 		}
 	}
 }
+
+// bk names the record of ID "i" for key.
+func bk(key string) beatKey { return beatKey{key: key, id: "i"} }

@@ -863,7 +863,7 @@ func (b *Backend) RemoveMember(ctx context.Context, key, id string) error {
 		return fmt.Errorf("%w: empty instance ID", backend.ErrInvalid)
 	}
 	_, _, hb := b.leaseKeys(key)
-	b.beats.forget(hb + id) // the next heartbeat batch writes it again
+	b.beats.forget(beatKey{key, id}) // the next heartbeat batch writes it again
 	reply, _, err := b.run(ctx, removeMemberScript, false, []string{hb + id, b.keyBase(key) + ":members", hb}, id)
 	if err != nil {
 		return fmt.Errorf("redisbackend: remove member %q of %q: %w", id, key, err)
