@@ -1025,10 +1025,11 @@ func (b *Backend) leaseMark(id clientv3.LeaseID) string {
 // lease mark (leaseMark) exactly when an etcd lease ended in it, taking
 // every key attached to it: the deletion is then an expiry
 // (backend.EventExpired), unless the same transaction put key's release
-// marker (a Release of a Detached lease or of an entry of backend.Modes
-// writes one). Any other deletion is a release (backend.EventReleased): a
-// Release of a lease on a session deletes the record alone, so that it
-// costs one delete and nothing else. A deletion by hand is reported as a
+// marker (a Release of an entry of backend.Modes writes one, as did a
+// Release of a Detached lease in earlier versions). Any other deletion is
+// a release (backend.EventReleased): a Release of a lease from Acquire,
+// on a session or Detached, deletes the record alone, so that it costs one
+// delete and nothing else. A deletion by hand is reported as a
 // release too, and so is the expiry of a lease granted by a version of this
 // package that put no lease mark. The events of one revision are next to
 // each other in a watch response.
