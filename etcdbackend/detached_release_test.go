@@ -2,6 +2,7 @@ package etcdbackend_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -74,6 +75,99 @@ func TestDetachedReleaseDeletesOnly(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("after 10 s: %d puts and %d deletions seen, want the record's and the lease mark's deletions", puts, deletes)
+		}
+	}
+}
+
+// TestEntryReleaseDeletesOnly: the Release of an entry of backend.Modes
+// with ancestors, on a session or Detached, deletes the entry and its
+// intents and puts nothing (no release markers), and watchers of the key
+// and of each ancestor still report a release, not an expiry.
+func TestEntryReleaseDeletesOnly(t *testing.T) {
+	for _, detached := range []bool{false, true} {
+		t.Run(fmt.Sprintf("detached=%v", detached), func(t *testing.T) {
+			ctx := testCtx(t)
+			prefix := newPrefix()
+			cli := newClient(t, nil, nil)
+			b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+			w := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: prefix})
+			keys := []string{"t", "t/a", "t/a/b"}
+			var subs []<-chan backend.Event
+			for _, k := range keys {
+				ch, err := w.Watch(ctx, k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				subs = append(subs, ch)
+			}
+			req := modeRequest("t/a/b", "a", backend.Exclusive)
+			req.Ancestors = keys[:2]
+			req.Detached = detached
+			l, err := b.AcquireMode(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, ch := range subs {
+				if e := nextEvent(t, ch, "acquisition", 10*time.Second); e.Type != backend.EventChanged {
+					t.Fatalf("acquisition, watcher of %q: got %v, want %v", keys[i], e.Type, backend.EventChanged)
+				}
+			}
+			start, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Release(ctx, l); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			for i, ch := range subs {
+				if e := nextEvent(t, ch, "release", 10*time.Second); e.Type != backend.EventReleased {
+					t.Fatalf("release, watcher of %q: got %v, want %v", keys[i], e.Type, backend.EventReleased)
+				}
+			}
+			end, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range putsBetween(t, cli, prefix, start.Header.Revision, end.Header.Revision) {
+				t.Errorf("Release put %q", k)
+			}
+		})
+	}
+}
+
+// putsBetween returns the keys under prefix put after revision from, up to
+// revision to (the store's revision after the changes looked at).
+func putsBetween(t *testing.T, cli *clientv3.Client, prefix string, from, to int64) []string {
+	t.Helper()
+	if to <= from {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	wc := cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(from+1))
+	var puts []string
+	for {
+		select {
+		case resp, ok := <-wc:
+			if !ok {
+				t.Fatal("watch closed")
+			}
+			if err := resp.Err(); err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range resp.Events {
+				if ev.Kv.ModRevision > to {
+					return puts
+				}
+				if ev.Type == mvccpb.PUT {
+					puts = append(puts, string(ev.Kv.Key))
+				}
+			}
+			if n := len(resp.Events); n > 0 && resp.Events[n-1].Kv.ModRevision >= to {
+				return puts
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no change up to revision %d seen within 10 s", to)
 		}
 	}
 }

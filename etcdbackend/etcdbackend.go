@@ -290,19 +290,16 @@
 // would wake them again); its deletion (success, CancelWait, expiry) sends
 // backend.EventChanged.
 //
-// Release of an entry deletes it and its intents, and writes the release
-// marker of its key and of each ancestor, in one owner-checked transaction,
-// so watchers of the key and of every ancestor see backend.EventReleased
-// (an expiry: backend.EventExpired). The markers of an entry on a session
-// go on a lease of 5 s the Backend shares between such releases and uses for
-// 4 s after its grant (at most 5 s; its successor granted in the
-// background once it is 2.5 s old); a Detached
-// entry's on its own lease, then revoked. Nothing of an entry outlives its
-// lease, a registration is deleted when it is withdrawn, replaced or due,
-// and a session lease holds nothing once its keys are gone, so the store
-// returns to its size before once every entry is released or has expired
-// (the session and markers' leases, one per TTL and Backend, end at their
-// TTL once unused).
+// Release of an entry deletes it and its intents, and nothing else, in one
+// owner-checked transaction: its revision deletes no lease mark, so
+// watchers of the key and of every ancestor see backend.EventReleased
+// (an expiry, which deletes the lease mark of the entry's etcd lease in
+// the same revision: backend.EventExpired). A Detached entry's lease is
+// then revoked. Nothing of an entry outlives its lease, a registration is
+// deleted when it is withdrawn, replaced or due, and a session lease holds
+// nothing once its keys are gone, so the store returns to its size before
+// once every entry is released or has expired (the session leases, one per
+// TTL and Backend, end at their TTL once unused).
 //
 // Requests (raft proposals) per operation, measured by TestModesRoundTrips,
 // on a session already granted (the first use of a TTL adds its grant, and
@@ -320,8 +317,8 @@
 // trip (0: a read-only transaction checking the entry and its intents, and
 // a keep-alive of the session, sent together); RenewBatch 2 requests per
 // session however many entries and plain keys ride on it (0: the session's
-// keep-alive and look-up); Release 1 (1: the transaction; the markers' lease
-// in the background, at most every 2.5 s); SetMetadata 1 (1); CancelWait 1 (1),
+// keep-alive and look-up); Release 1 (1: the transaction); SetMetadata 1
+// (1); CancelWait 1 (1),
 // whoever made the registration; Holders 1 range read plus a look-up per
 // holder (0); Get 1 plus 1 or 2 look-ups (0). A Detached entry: AcquireMode
 // 2 (2: grant, transaction; a failure without a probe adds the revocation
@@ -559,13 +556,6 @@ type Backend struct {
 	// owned or have failed): RenewBatch's sweep of orphans skips them.
 	pending map[string]int
 
-	marker struct {
-		mu         sync.Mutex       // serialises grants; guards the fields below
-		id         clientv3.LeaseID // lease of release markers; 0: none
-		lastSent   time.Time        // send time of its grant
-		refreshing bool             // a grant of its successor is under way
-	}
-
 	ka kaStream // the keep-alive stream (see keepAliveOnce)
 
 	watches sync.WaitGroup // watch goroutines, the connection monitor, the keep-alive reader and background clean-ups
@@ -771,9 +761,6 @@ const (
 
 // leaseKey is the etcd key of key's lease record.
 func (b *Backend) leaseKey(key string) string { return b.prefix + key }
-
-// releaseMarker is the etcd key Release writes next to the lease record.
-func (b *Backend) releaseMarker(key string) string { return b.prefix + key + "\x00" }
 
 // heartbeatPrefix is the etcd key prefix of key's heartbeat records.
 func (b *Backend) heartbeatPrefix(key string) string { return b.prefix + key + heartbeatInfix }
