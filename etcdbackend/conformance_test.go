@@ -82,8 +82,9 @@ func TestConformance(t *testing.T) {
 				}
 				return int(keys.Count-marks.Count) + grants.live(live)
 			},
-			// Terms are revisions; the release marker of a key released
-			// from a session outlives it by up to 5 s (markerTTL).
+			// Terms are revisions, and no release writes a marker, so
+			// nothing of a key outlives its lease; the 5 s are slack
+			// for a loaded machine.
 			Retention: 5 * time.Second,
 			Restart: func(loseData bool) {
 				var err error
