@@ -43,11 +43,11 @@ func TestConformance(t *testing.T) {
 			// Whole seconds; 2s so that a lease read just after a renewal
 			// still shows a remaining TTL of at least one second.
 			ShortTTL: 2 * time.Second,
-			// The keys under the prefix (records, heartbeats, release
-			// markers; not lease marks) and the live leases granted to this Env's clients
-			// (unused grants and heartbeat leases included), except the
-			// leases each Backend shares between keys (a session per TTL,
-			// the release markers' lease): their number does not grow with
+			// The keys under the prefix (records, entries, heartbeats;
+			// not lease marks) and the live leases granted to this Env's
+			// clients (unused grants and heartbeat leases included),
+			// except the leases each Backend shares between keys (a
+			// session per TTL, heartbeat sessions): their number does not grow with
 			// the keys used, and each ends at its TTL once unused (their
 			// keys are counted).
 			Size: func() int {

@@ -216,7 +216,7 @@
 // in keys, so this never collides with a user key, a descendant
 // "<key>/..." or a heartbeat record):
 //
-//	<prefix><key>\x00                     release marker (as for Acquire)
+//	<prefix><key>\x00                     release marker (written by earlier versions only)
 //	<prefix><key>\x00hx/<token>           an Exclusive holder
 //	<prefix><key>\x00hs/<limit>/<token>   a Shared holder without a limit (limit 00000000)
 //	<prefix><key>\x00hs/<limit>/<slot>    a Shared holder of a semaphore: slot 0 to limit-1
@@ -367,14 +367,14 @@
 // the etcd client), and records nobody watches (heartbeats, waiter
 // registrations, other keys) are dropped after a map look-up. A Watch made
 // while the shared watch runs returns at once, with no request; every change
-// committed after it returns reaches it. The watch covers each key, a
-// release marker next to it and its entries, and the lease marks (see
-// "Release of a lease on a session"): a deletion of the key (or of an
-// entry) whose revision also deleted a lease mark is reported as
-// backend.EventExpired, unless the same transaction wrote the release
-// marker <prefix><key>\x00 (as a Release of a Detached lease or of an entry
-// does); any other deletion, a Release on a session, which writes no
-// marker, or a deletion by hand, as backend.EventReleased. Every creation
+// committed after it returns reaches it. The watch covers each key, its
+// entries, and the lease marks (see "Release of a lease on a session"): a
+// deletion of the key (or of an entry) whose revision also deleted a lease
+// mark is reported as backend.EventExpired, unless the same transaction
+// wrote the release marker <prefix><key>\x00 (as earlier versions' Release
+// of a Detached lease or of an entry did); any other deletion, a Release
+// (which writes no marker) or a deletion by hand, as
+// backend.EventReleased. Every creation
 // or rewrite of the key or of a holder or intent entry is
 // backend.EventChanged; waiters are reported only when they go (see
 // above). A subscription whose channel is full loses ordinary

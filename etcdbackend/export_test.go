@@ -6,9 +6,9 @@ import "time"
 var TxnOps = txnOps
 
 // SharedLeases returns the etcd leases b shares between keys: its session
-// leases, heartbeat sessions and its release markers' lease. Each lives on until its TTL has
-// passed since the last key on it was released (one per TTL and Backend,
-// however many keys were used).
+// leases and heartbeat sessions. Each lives on until its TTL has passed
+// since the last key on it was released (one per TTL and Backend, however
+// many keys were used).
 func SharedLeases(b *Backend) map[int64]bool {
 	out := make(map[int64]bool)
 	for _, s := range b.sessionList() {
