@@ -43,11 +43,11 @@ func TestConformance(t *testing.T) {
 			// Whole seconds; 2s so that a lease read just after a renewal
 			// still shows a remaining TTL of at least one second.
 			ShortTTL: 2 * time.Second,
-			// The keys under the prefix (records, heartbeats, release
-			// markers; not lease marks) and the live leases granted to this Env's clients
-			// (unused grants and heartbeat leases included), except the
-			// leases each Backend shares between keys (a session per TTL,
-			// the release markers' lease): their number does not grow with
+			// The keys under the prefix (records, entries, heartbeats;
+			// not lease marks) and the live leases granted to this Env's
+			// clients (unused grants and heartbeat leases included),
+			// except the leases each Backend shares between keys (a
+			// session per TTL, heartbeat sessions): their number does not grow with
 			// the keys used, and each ends at its TTL once unused (their
 			// keys are counted).
 			Size: func() int {
@@ -82,8 +82,9 @@ func TestConformance(t *testing.T) {
 				}
 				return int(keys.Count-marks.Count) + grants.live(live)
 			},
-			// Terms are revisions; the release marker of a key released
-			// from a session outlives it by up to 5 s (markerTTL).
+			// Terms are revisions, and no release writes a marker, so
+			// nothing of a key outlives its lease; the 5 s are slack
+			// for a loaded machine.
 			Retention: 5 * time.Second,
 			Restart: func(loseData bool) {
 				var err error

@@ -216,7 +216,7 @@
 // in keys, so this never collides with a user key, a descendant
 // "<key>/..." or a heartbeat record):
 //
-//	<prefix><key>\x00                     release marker (as for Acquire)
+//	<prefix><key>\x00                     release marker (written by earlier versions only)
 //	<prefix><key>\x00hx/<token>           an Exclusive holder
 //	<prefix><key>\x00hs/<limit>/<token>   a Shared holder without a limit (limit 00000000)
 //	<prefix><key>\x00hs/<limit>/<slot>    a Shared holder of a semaphore: slot 0 to limit-1
@@ -290,19 +290,16 @@
 // would wake them again); its deletion (success, CancelWait, expiry) sends
 // backend.EventChanged.
 //
-// Release of an entry deletes it and its intents, and writes the release
-// marker of its key and of each ancestor, in one owner-checked transaction,
-// so watchers of the key and of every ancestor see backend.EventReleased
-// (an expiry: backend.EventExpired). The markers of an entry on a session
-// go on a lease of 5 s the Backend shares between such releases and uses for
-// 4 s after its grant (at most 5 s; its successor granted in the
-// background once it is 2.5 s old); a Detached
-// entry's on its own lease, then revoked. Nothing of an entry outlives its
-// lease, a registration is deleted when it is withdrawn, replaced or due,
-// and a session lease holds nothing once its keys are gone, so the store
-// returns to its size before once every entry is released or has expired
-// (the session and markers' leases, one per TTL and Backend, end at their
-// TTL once unused).
+// Release of an entry deletes it and its intents, and nothing else, in one
+// owner-checked transaction: its revision deletes no lease mark, so
+// watchers of the key and of every ancestor see backend.EventReleased
+// (an expiry, which deletes the lease mark of the entry's etcd lease in
+// the same revision: backend.EventExpired). A Detached entry's lease is
+// then revoked. Nothing of an entry outlives its lease, a registration is
+// deleted when it is withdrawn, replaced or due, and a session lease holds
+// nothing once its keys are gone, so the store returns to its size before
+// once every entry is released or has expired (the session leases, one per
+// TTL and Backend, end at their TTL once unused).
 //
 // Requests (raft proposals) per operation, measured by TestModesRoundTrips,
 // on a session already granted (the first use of a TTL adds its grant, and
@@ -320,8 +317,8 @@
 // trip (0: a read-only transaction checking the entry and its intents, and
 // a keep-alive of the session, sent together); RenewBatch 2 requests per
 // session however many entries and plain keys ride on it (0: the session's
-// keep-alive and look-up); Release 1 (1: the transaction; the markers' lease
-// in the background, at most every 2.5 s); SetMetadata 1 (1); CancelWait 1 (1),
+// keep-alive and look-up); Release 1 (1: the transaction); SetMetadata 1
+// (1); CancelWait 1 (1),
 // whoever made the registration; Holders 1 range read plus a look-up per
 // holder (0); Get 1 plus 1 or 2 look-ups (0). A Detached entry: AcquireMode
 // 2 (2: grant, transaction; a failure without a probe adds the revocation
@@ -370,14 +367,14 @@
 // the etcd client), and records nobody watches (heartbeats, waiter
 // registrations, other keys) are dropped after a map look-up. A Watch made
 // while the shared watch runs returns at once, with no request; every change
-// committed after it returns reaches it. The watch covers each key, a
-// release marker next to it and its entries, and the lease marks (see
-// "Release of a lease on a session"): a deletion of the key (or of an
-// entry) whose revision also deleted a lease mark is reported as
-// backend.EventExpired, unless the same transaction wrote the release
-// marker <prefix><key>\x00 (as a Release of a Detached lease or of an entry
-// does); any other deletion, a Release on a session, which writes no
-// marker, or a deletion by hand, as backend.EventReleased. Every creation
+// committed after it returns reaches it. The watch covers each key, its
+// entries, and the lease marks (see "Release of a lease on a session"): a
+// deletion of the key (or of an entry) whose revision also deleted a lease
+// mark is reported as backend.EventExpired, unless the same transaction
+// wrote the release marker <prefix><key>\x00 (as earlier versions' Release
+// of a Detached lease or of an entry did); any other deletion, a Release
+// (which writes no marker) or a deletion by hand, as
+// backend.EventReleased. Every creation
 // or rewrite of the key or of a holder or intent entry is
 // backend.EventChanged; waiters are reported only when they go (see
 // above). A subscription whose channel is full loses ordinary
@@ -558,13 +555,6 @@ type Backend struct {
 	// (from before their transaction is sent until they are recorded in
 	// owned or have failed): RenewBatch's sweep of orphans skips them.
 	pending map[string]int
-
-	marker struct {
-		mu         sync.Mutex       // serialises grants; guards the fields below
-		id         clientv3.LeaseID // lease of release markers; 0: none
-		lastSent   time.Time        // send time of its grant
-		refreshing bool             // a grant of its successor is under way
-	}
 
 	ka kaStream // the keep-alive stream (see keepAliveOnce)
 
@@ -771,9 +761,6 @@ const (
 
 // leaseKey is the etcd key of key's lease record.
 func (b *Backend) leaseKey(key string) string { return b.prefix + key }
-
-// releaseMarker is the etcd key Release writes next to the lease record.
-func (b *Backend) releaseMarker(key string) string { return b.prefix + key + "\x00" }
 
 // heartbeatPrefix is the etcd key prefix of key's heartbeat records.
 func (b *Backend) heartbeatPrefix(key string) string { return b.prefix + key + heartbeatInfix }

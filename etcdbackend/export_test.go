@@ -6,9 +6,9 @@ import "time"
 var TxnOps = txnOps
 
 // SharedLeases returns the etcd leases b shares between keys: its session
-// leases, heartbeat sessions and its release markers' lease. Each lives on until its TTL has
-// passed since the last key on it was released (one per TTL and Backend,
-// however many keys were used).
+// leases and heartbeat sessions. Each lives on until its TTL has passed
+// since the last key on it was released (one per TTL and Backend, however
+// many keys were used).
 func SharedLeases(b *Backend) map[int64]bool {
 	out := make(map[int64]bool)
 	for _, s := range b.sessionList() {
@@ -31,11 +31,6 @@ func SharedLeases(b *Backend) map[int64]bool {
 		}
 		s.mu.Unlock()
 	}
-	b.marker.mu.Lock()
-	if b.marker.id != 0 {
-		out[int64(b.marker.id)] = true
-	}
-	b.marker.mu.Unlock()
 	return out
 }
 
@@ -59,28 +54,6 @@ func AgeSessions(b *Backend, d time.Duration) {
 		s.mu.Unlock()
 	}
 }
-
-// AgeMarkerLease makes the release markers' lease of b look d older than it
-// is, and reports its ID (0: none).
-func AgeMarkerLease(b *Backend, d time.Duration) int64 {
-	b.marker.mu.Lock()
-	defer b.marker.mu.Unlock()
-	b.marker.lastSent = b.marker.lastSent.Add(-d)
-	return int64(b.marker.id)
-}
-
-// MarkerLease reports the ID of the release markers' lease of b (0: none).
-func MarkerLease(b *Backend) int64 {
-	b.marker.mu.Lock()
-	defer b.marker.mu.Unlock()
-	return int64(b.marker.id)
-}
-
-// Marker ages that a test sets a marker lease to.
-const (
-	MarkerRefresh = markerRefresh
-	MarkerUse     = markerUse
-)
 
 // LeaseOfToken returns the etcd lease ID in a token of b's.
 func LeaseOfToken(token string) int64 {

@@ -520,14 +520,13 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	if onSession(l.Token) {
 		return b.releaseOnSession(ctx, l, id)
 	}
+	// The deletion alone: its revision deletes no lease mark, so watchers
+	// report it as a release (see deletionType), as for a lease on a
+	// session; the revocation below deletes the lease mark later, with no
+	// record.
 	resp, err := b.cli.Txn(ctx).
 		If(b.ownerCheck(l, id)...).
-		Then(
-			clientv3.OpDelete(b.leaseKey(l.Key)),
-			// The marker tells watchers this deletion is a release; it
-			// goes with the lease revoked below.
-			clientv3.OpPut(b.releaseMarker(l.Key), "released", clientv3.WithLease(id)),
-		).
+		Then(clientv3.OpDelete(b.leaseKey(l.Key))).
 		Commit()
 	if err != nil {
 		return fail(ctx, fmt.Sprintf("release %q", l.Key), err)
@@ -535,8 +534,8 @@ func (b *Backend) Release(ctx context.Context, l backend.Lease) error {
 	if !resp.Succeeded {
 		return fmt.Errorf("etcdbackend: release %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
 	}
-	// The key is free; the lease now holds only the marker. If revoking
-	// fails, both expire with the lease's TTL.
+	// The key is free; the lease now holds only its lease mark. If
+	// revoking fails, the mark expires with the lease's TTL.
 	if ctx.Err() == nil {
 		_, _ = b.cli.Revoke(ctx, id)
 	}

@@ -1286,11 +1286,11 @@ func (b *Backend) renewEntryOnSession(ctx context.Context, l backend.Lease, id c
 }
 
 // releaseEntry is Release of an entry: one owner-checked transaction
-// deletes the entry and its intents and writes the release marker of the
-// key and of each ancestor (so their watchers see backend.EventReleased).
-// An entry on a session is then done (see releaseEntryOnSession); an entry
-// with a lease of its own (Detached) has that lease, which holds only the
-// markers now, revoked.
+// deletes the entry and its intents (see releaseOps: watchers of the key
+// and of each ancestor see backend.EventReleased). An entry on a session
+// is then done (see releaseEntryOnSession); an entry with a lease of its
+// own (Detached) has that lease, which holds only its lease mark now,
+// revoked.
 func (b *Backend) releaseEntry(ctx context.Context, l backend.Lease, id clientv3.LeaseID) error {
 	// Release deletes whatever of the entry is left.
 	cmps, hk, err := b.entryOwnerCheck(l, id, false)
@@ -1300,7 +1300,7 @@ func (b *Backend) releaseEntry(ctx context.Context, l backend.Lease, id clientv3
 	if onSession(l.Token) {
 		return b.releaseEntryOnSession(ctx, l, id, cmps, hk)
 	}
-	resp, err := b.cli.Txn(ctx).If(cmps...).Then(b.releaseOps(l, hk, id)...).Commit()
+	resp, err := b.cli.Txn(ctx).If(cmps...).Then(b.releaseOps(l, hk)...).Commit()
 	if err != nil {
 		return fail(ctx, fmt.Sprintf("release %q", l.Key), err)
 	}
@@ -1314,51 +1314,34 @@ func (b *Backend) releaseEntry(ctx context.Context, l backend.Lease, id clientv3
 }
 
 // releaseOps returns the writes of the release of entry l, whose holder
-// key is hk: deleting it and its intents, and the release markers of its
-// key and ancestors, attached to etcd lease marker.
-func (b *Backend) releaseOps(l backend.Lease, hk string, marker clientv3.LeaseID) []clientv3.Op {
-	ops := []clientv3.Op{
-		clientv3.OpDelete(hk),
-		clientv3.OpPut(b.releaseMarker(l.Key), "released", clientv3.WithLease(marker)),
-	}
+// key is hk: deleting it and its intents, and nothing else. Their revision
+// deletes no lease mark, so watchers of the key and of its ancestors
+// report a release (see deletionType).
+func (b *Backend) releaseOps(l backend.Lease, hk string) []clientv3.Op {
+	ops := []clientv3.Op{clientv3.OpDelete(hk)}
 	for _, a := range l.Entry.Ancestors {
-		ops = append(ops,
-			clientv3.OpDelete(b.intentKey(a, l.Entry.Mode, l.Token)),
-			clientv3.OpPut(b.releaseMarker(a), "released", clientv3.WithLease(marker)))
+		ops = append(ops, clientv3.OpDelete(b.intentKey(a, l.Entry.Mode, l.Token)))
 	}
 	return ops
 }
 
 // releaseEntryOnSession is Release of an entry on session lease id: the
-// owner-checked transaction (cmps, on holder key hk) alone, its markers on
-// the release markers' lease (see releaseOnSession); the session stays.
-// When etcd says the markers' lease is gone, a new one is granted and the
-// transaction retried, once. When the outcome is unknown, the entry is
-// deleted in the background, as Acquire's keys are.
+// owner-checked transaction (cmps, on holder key hk) alone; the session
+// stays. When the outcome is unknown, the entry is deleted in the
+// background, as Acquire's keys are.
 func (b *Backend) releaseEntryOnSession(ctx context.Context, l backend.Lease, id clientv3.LeaseID, cmps []clientv3.Cmp, hk string) error {
-	req := backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: l.Key, HolderID: l.HolderID},
-		Mode: l.Entry.Mode, Limit: l.Entry.Limit, Ancestors: l.Entry.Ancestors}
-	for attempt := 0; ; attempt++ {
-		mid, err := b.markerLease(ctx)
-		if err != nil {
-			b.cleanUpEntries(req, id, []string{l.Token})
-			return fail(ctx, fmt.Sprintf("release %q: grant marker lease", l.Key), err)
-		}
-		resp, err := b.cli.Txn(ctx).If(cmps...).Then(b.releaseOps(l, hk, mid)...).Commit()
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) && attempt == 0 {
-			b.markerLost(mid)
-			continue
-		}
-		if err != nil {
-			b.cleanUpEntries(req, id, []string{l.Token})
-			return fail(ctx, fmt.Sprintf("release %q", l.Key), err)
-		}
-		b.disownEntry(id, l)
-		if !resp.Succeeded {
-			return fmt.Errorf("etcdbackend: release %q term %d (%v): %w", l.Key, l.Term, l.Entry.Mode, backend.ErrLeaseLost)
-		}
-		return nil
+	resp, err := b.cli.Txn(ctx).If(cmps...).Then(b.releaseOps(l, hk)...).Commit()
+	if err != nil {
+		req := backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: l.Key, HolderID: l.HolderID},
+			Mode: l.Entry.Mode, Limit: l.Entry.Limit, Ancestors: l.Entry.Ancestors}
+		b.cleanUpEntries(req, id, []string{l.Token})
+		return fail(ctx, fmt.Sprintf("release %q", l.Key), err)
 	}
+	b.disownEntry(id, l)
+	if !resp.Succeeded {
+		return fmt.Errorf("etcdbackend: release %q term %d (%v): %w", l.Key, l.Term, l.Entry.Mode, backend.ErrLeaseLost)
+	}
+	return nil
 }
 
 // setEntryMetadata is SetMetadata of an entry: one owner-checked

@@ -467,82 +467,6 @@ func (b *Backend) owns(id clientv3.LeaseID, key, token string) (owned, known boo
 	return known && m[key] == token, known
 }
 
-// markerTTL is the TTL, in seconds, of the lease that the release markers
-// of session leases are attached to. A marker lease is used until it is
-// markerUse old, so a marker lasts at most markerTTL after its release;
-// once it is markerRefresh old, the next release grants its successor in
-// the background, so a steady stream of releases never waits for a grant.
-const markerTTL = 5
-
-// Ages of a marker lease, by the local clock from the send time of its
-// grant: a new one is granted in the background from markerRefresh on, and
-// the lease is no longer used from markerUse on (a second before it can
-// expire, for the transaction that attaches a marker to it to commit).
-const (
-	markerRefresh = markerTTL * time.Second / 2
-	markerUse     = markerTTL*time.Second - time.Second
-)
-
-// markerLease returns the etcd lease to attach the release markers of
-// session leases to. It grants one first when there is none younger than
-// markerUse, and starts granting the next one in the background when the
-// current one is markerRefresh old or more.
-func (b *Backend) markerLease(ctx context.Context) (clientv3.LeaseID, error) {
-	b.marker.mu.Lock()
-	defer b.marker.mu.Unlock()
-	if b.marker.id != 0 {
-		age := time.Since(b.marker.lastSent)
-		if age < markerUse {
-			if age >= markerRefresh {
-				b.refreshMarkerLocked()
-			}
-			return b.marker.id, nil
-		}
-	}
-	sent := time.Now()
-	grant, err := b.cli.Grant(ctx, markerTTL)
-	if err != nil {
-		return 0, err
-	}
-	b.marker.id, b.marker.lastSent = grant.ID, sent
-	return grant.ID, nil
-}
-
-// refreshMarkerLocked grants the next marker lease in the background, unless
-// a grant is already under way or the Backend is closed. It runs with
-// b.marker.mu held.
-func (b *Backend) refreshMarkerLocked() {
-	if b.marker.refreshing {
-		return
-	}
-	if !b.track() {
-		return
-	}
-	b.marker.refreshing = true
-	go func() {
-		defer b.watches.Done()
-		ctx, cancel := context.WithTimeout(b.life, b.timeout)
-		defer cancel()
-		sent := time.Now()
-		grant, err := b.cli.Grant(ctx, markerTTL)
-		b.marker.mu.Lock()
-		defer b.marker.mu.Unlock()
-		b.marker.refreshing = false
-		if err == nil && sent.After(b.marker.lastSent) {
-			b.marker.id, b.marker.lastSent = grant.ID, sent
-		}
-	}()
-}
-
-// markerLost forgets marker lease id, found gone.
-func (b *Backend) markerLost(id clientv3.LeaseID) {
-	b.marker.mu.Lock()
-	defer b.marker.mu.Unlock()
-	if b.marker.id == id {
-		b.marker.id = 0
-	}
-}
-
 // sessionTokenMark is the character after the time part of a token that
 // marks a lease on a session (a random part is lower-case hex).
 const sessionTokenMark = 's'
@@ -1025,10 +949,11 @@ func (b *Backend) leaseMark(id clientv3.LeaseID) string {
 // lease mark (leaseMark) exactly when an etcd lease ended in it, taking
 // every key attached to it: the deletion is then an expiry
 // (backend.EventExpired), unless the same transaction put key's release
-// marker (a Release of a Detached lease or of an entry of backend.Modes
-// writes one). Any other deletion is a release (backend.EventReleased): a
-// Release of a lease on a session deletes the record alone, so that it
-// costs one delete and nothing else. A deletion by hand is reported as a
+// marker (earlier versions of this package wrote one with the Release of
+// a Detached lease or of an entry of backend.Modes). Any other deletion is
+// a release (backend.EventReleased): a Release deletes the record (or the
+// entry and its intents) alone, so that it costs one transaction of
+// deletions and nothing else. A deletion by hand is reported as a
 // release too, and so is the expiry of a lease granted by a version of this
 // package that put no lease mark. The events of one revision are next to
 // each other in a watch response.

@@ -154,11 +154,8 @@ func TestSession(t *testing.T) {
 // TestPairRequests: on a warm session, an Acquire+Release pair is two
 // transactions and nothing else (concurrency.Mutex's TryLock+Unlock is two
 // requests too): no keep-alive of the session while it was kept alive
-// within its headroom, and no markers' lease (the release writes no
-// marker). The release of an entry of backend.Modes writes markers on the
-// markers' lease, which it renews in the background once it is half-way
-// through its TTL and uses in the meantime; only a markers' lease too old
-// to use is granted first.
+// within its headroom, and no lease for release markers (the release
+// writes none). The same holds for an entry of backend.Modes.
 func TestPairRequests(t *testing.T) {
 	ctx := testCtx(t)
 	var n counter
@@ -185,16 +182,8 @@ func TestPairRequests(t *testing.T) {
 	if got, want := n.byMethod(), map[string]int64{"Txn": 2 * pairs}; !maps.Equal(got, want) {
 		t.Errorf("%d pairs on a warm session: got requests %v, want %v", pairs, got, want)
 	}
-	// A release on a session writes no marker, so it needs no lease for
-	// one.
-	if id := etcdbackend.MarkerLease(b); id != 0 {
-		t.Errorf("markers' lease after plain pairs: got %x, want none", id)
-	}
-
-	// The release of an entry of backend.Modes on a session writes
-	// markers, on the markers' lease. Half-way through its TTL, the
-	// release still costs one transaction, and its successor is granted
-	// in the background.
+	// The release of an entry of backend.Modes on a session writes no
+	// marker either: a pair is two transactions, and nothing else.
 	pair = func(key string) {
 		t.Helper()
 		req := modeRequest(key, "a", backend.Exclusive)
@@ -207,31 +196,13 @@ func TestPairRequests(t *testing.T) {
 			t.Fatalf("Release(%q): %v", key, err)
 		}
 	}
-	pair("m") // grants the markers' lease
-	old := etcdbackend.AgeMarkerLease(b, etcdbackend.MarkerRefresh)
+	pair("m")
 	n.reset()
-	pair("k0")
-	deadline := time.Now().Add(10 * time.Second)
-	for etcdbackend.MarkerLease(b) == old {
-		if time.Now().After(deadline) {
-			t.Fatal("the markers' lease was not granted again in the background within 10s")
-		}
-		<-time.After(time.Millisecond)
+	for i := range pairs {
+		pair(fmt.Sprintf("m%d", i%4))
 	}
-	if got, want := n.byMethod(), map[string]int64{"Txn": 2, "LeaseGrant": 1}; !maps.Equal(got, want) {
-		t.Errorf("pair with an aging markers' lease: got requests %v, want %v (the grant in the background)", got, want)
-	}
-	n.reset()
-	pair("k1")
-	if got, want := n.byMethod(), map[string]int64{"Txn": 2}; !maps.Equal(got, want) {
-		t.Errorf("pair after the background grant: got requests %v, want %v", got, want)
-	}
-	// One too old to use is replaced before the release.
-	etcdbackend.AgeMarkerLease(b, etcdbackend.MarkerUse)
-	n.reset()
-	pair("k2")
-	if got, want := n.byMethod(), map[string]int64{"Txn": 2, "LeaseGrant": 1}; !maps.Equal(got, want) {
-		t.Errorf("pair with a markers' lease too old to use: got requests %v, want %v", got, want)
+	if got, want := n.byMethod(), map[string]int64{"Txn": 2 * pairs}; !maps.Equal(got, want) {
+		t.Errorf("%d entry pairs on a warm session: got requests %v, want %v", pairs, got, want)
 	}
 }
 
