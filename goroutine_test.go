@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/sovereign-go/sovereign"
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/electortest"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
@@ -27,26 +27,10 @@ const idleGoroutines = 4
 // aside), by their stacks. Unlike runtime.NumGoroutine it does not count
 // goroutines of earlier tests that are still ending.
 func libraryGoroutines() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	count := 0
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		for _, line := range strings.Split(g, "\n") {
-			if strings.HasPrefix(line, "github.com/sovereign-go/sovereign.") ||
-				strings.HasPrefix(line, "github.com/sovereign-go/sovereign/") && !strings.HasPrefix(line, "github.com/sovereign-go/sovereign_test.") {
-				count++
-				break
-			}
-		}
-	}
-	return count
+	return electortest.Goroutines(func(frame string) bool {
+		return strings.HasPrefix(frame, "github.com/sovereign-go/sovereign.") ||
+			strings.HasPrefix(frame, "github.com/sovereign-go/sovereign/") && !strings.HasPrefix(frame, "github.com/sovereign-go/sovereign_test.")
+	})
 }
 
 // startPairs starts n elections, each with one elector on a and one on b,

@@ -1,100 +1,32 @@
 package redisbackend_test
 
 import (
-	"context"
 	"fmt"
-	"runtime"
-	"strings"
 	"testing"
 	"time"
 
-	sovereign "github.com/sovereign-go/sovereign"
 	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/internal/electortest"
 	"github.com/sovereign-go/sovereign/internal/testredis"
 )
-
-// electorGoroutines returns the number of goroutines running code of the
-// elector (package sovereign), by their stacks.
-func electorGoroutines() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	count := 0
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "\ngithub.com/sovereign-go/sovereign.") {
-			count++
-		}
-	}
-	return count
-}
-
-// idleElectorGoroutines bounds the goroutines of idle electors at the
-// instant they are counted, however many there are: a few may be resumed
-// for a look at the store.
-const idleElectorGoroutines = 8
 
 // TestIdleElectorsCostNoGoroutine: n elections on one Redis server, each
 // with a leader and a follower on two Backends (one pub/sub connection
 // each), come to a moment where their electors run no more than a few
 // goroutines in all, for n and 2n: waiting costs them none, thanks to the
 // watch's notifications (backend.WatchNotifier). Without them each elector
-// keeps one.
+// keeps one. A long TTL: followers (Redis does not report expiries) look at
+// the key once per TTL.
 func TestIdleElectorsCostNoGoroutine(t *testing.T) {
 	srv := testredis.Start(t)
 	for _, n := range []int{50, 100} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			a := newBackend(t, srv.NewClient(t, nil), nil)
-			b := newBackend(t, srv.NewClient(t, nil), nil)
-			var es []*sovereign.Elector
 			prefix := fmt.Sprintf("idle-%d-%d", n, time.Now().UnixNano())
-			for i := range n {
-				for j, be := range []backend.Backend{a, b} {
-					// A long TTL: followers (Redis does not report expiries)
-					// look at the key once per TTL.
-					e, err := sovereign.New(be, fmt.Sprintf("%s-%d", prefix, i), fmt.Sprintf("c%d", j),
-						&sovereign.Options{TTL: 10 * time.Second, NoStartupJitter: true, Logger: electortest.Logger()})
-					if err != nil {
-						t.Fatal(err)
-					}
-					if err := e.Start(context.Background()); err != nil {
-						t.Fatal(err)
-					}
-					es = append(es, e)
-				}
-			}
-			defer func() {
-				for _, e := range es {
-					e.Close()
-				}
-				if got := electorGoroutines(); got != 0 {
-					t.Errorf("%d elector goroutines after Close, want 0", got)
-				}
-			}()
-			deadline := time.Now().Add(time.Minute)
-			for {
-				leaders, got := 0, electorGoroutines()
-				for _, e := range es {
-					if e.IsLeader() {
-						leaders++
-					}
-				}
-				if leaders == n && got <= idleElectorGoroutines {
-					t.Logf("%d elections (%d electors) lead and follow with %d elector goroutines", n, len(es), got)
-					return
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%d electors of %d elections: %d lead, %d elector goroutines after a minute; want %d leaders, at most %d goroutines",
-						len(es), n, leaders, got, n, idleElectorGoroutines)
-				}
-				time.Sleep(50 * time.Millisecond) // polling the state, not synchronising
-			}
+			electortest.IdleElectorsCostNoGoroutine(t, n,
+				func(t *testing.T) (backend.Backend, backend.Backend) {
+					return newBackend(t, srv.NewClient(t, nil), nil), newBackend(t, srv.NewClient(t, nil), nil)
+				},
+				func(i int) string { return fmt.Sprintf("%s-%d", prefix, i) }, 10*time.Second)
 		})
 	}
 }
@@ -104,43 +36,7 @@ func TestIdleElectorsCostNoGoroutine(t *testing.T) {
 // again only after a TTL, 10 s here).
 func TestParkedFollowerTakesOverOnRelease(t *testing.T) {
 	srv := testredis.Start(t)
-	a := newBackend(t, srv.NewClient(t, nil), nil)
-	b := newBackend(t, srv.NewClient(t, nil), nil)
-	name := fmt.Sprintf("parked-%d", time.Now().UnixNano())
-	var es []*sovereign.Elector
-	for j, be := range []backend.Backend{a, b} {
-		e, err := sovereign.New(be, name, fmt.Sprintf("c%d", j),
-			&sovereign.Options{TTL: 10 * time.Second, NoStartupJitter: true, Logger: electortest.Logger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
-		es = append(es, e)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for !(es[0].IsLeader() != es[1].IsLeader() && electorGoroutines() == 0) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no leader with both electors parked after 30s: leading %v %v, %d elector goroutines",
-				es[0].IsLeader(), es[1].IsLeader(), electorGoroutines())
-		}
-		time.Sleep(20 * time.Millisecond) // polling the state, not synchronising
-	}
-	leader, follower := es[0], es[1]
-	if !leader.IsLeader() {
-		leader, follower = follower, leader
-	}
-	start := time.Now()
-	if err := leader.Resign(context.Background()); err != nil {
-		t.Fatalf("Resign: %v", err)
-	}
-	for !follower.IsLeader() {
-		if time.Since(start) > 5*time.Second {
-			t.Fatalf("the parked follower did not take over within 5s of the release (it looks again only after 10s)")
-		}
-		time.Sleep(5 * time.Millisecond) // polling the state, not synchronising
-	}
-	t.Logf("took over %v after Resign began", time.Since(start))
+	electortest.ParkedFollowerTakesOverOnRelease(t,
+		newBackend(t, srv.NewClient(t, nil), nil), newBackend(t, srv.NewClient(t, nil), nil),
+		fmt.Sprintf("parked-%d", time.Now().UnixNano()), 10*time.Second)
 }
