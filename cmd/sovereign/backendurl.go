@@ -96,15 +96,7 @@ func (f *backendFlags) open() (*opened, error) {
 		if err != nil {
 			return nil, usageError("backend URL: %v", err)
 		}
-		opt.ContextTimeoutEnabled = true
-		opt.DialTimeout = f.dialTimeout
-		if f.user != "" {
-			opt.Username = f.user
-		}
-		if password != "" {
-			opt.Password = password
-		}
-		if opt.TLSConfig, err = f.tlsConfig(opt.TLSConfig); err != nil {
+		if err := f.redisCommon(&opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.Username, &opt.Password, &opt.TLSConfig, password); err != nil {
 			return nil, err
 		}
 		return f.redis(redis.NewClient(opt))
@@ -116,15 +108,7 @@ func (f *backendFlags) open() (*opened, error) {
 		if opt.MasterName == "" {
 			return nil, usageError("backend URL: redis+sentinel:// needs ?master_name=NAME")
 		}
-		opt.ContextTimeoutEnabled = true
-		opt.DialTimeout = f.dialTimeout
-		if f.user != "" {
-			opt.Username = f.user
-		}
-		if password != "" {
-			opt.Password = password
-		}
-		if opt.TLSConfig, err = f.tlsConfig(opt.TLSConfig); err != nil {
+		if err := f.redisCommon(&opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.Username, &opt.Password, &opt.TLSConfig, password); err != nil {
 			return nil, err
 		}
 		return f.redis(redis.NewFailoverClient(opt))
@@ -133,15 +117,7 @@ func (f *backendFlags) open() (*opened, error) {
 		if err != nil {
 			return nil, usageError("backend URL: %v", err)
 		}
-		opt.ContextTimeoutEnabled = true
-		opt.DialTimeout = f.dialTimeout
-		if f.user != "" {
-			opt.Username = f.user
-		}
-		if password != "" {
-			opt.Password = password
-		}
-		if opt.TLSConfig, err = f.tlsConfig(opt.TLSConfig); err != nil {
+		if err := f.redisCommon(&opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.Username, &opt.Password, &opt.TLSConfig, password); err != nil {
 			return nil, err
 		}
 		return f.redis(redis.NewClusterClient(opt))
@@ -337,4 +313,23 @@ func unreachable(err error) error {
 		return exitWith(exitSoftware, err)
 	}
 	return exitWith(exitUnavailable, fmt.Errorf("backend unreachable: %w", err))
+}
+
+// redisCommon sets what every kind of Redis client takes from the flags, on
+// the fields of its options (redis.Options, FailoverOptions and
+// ClusterOptions are distinct types with the same fields): timeouts bound
+// by the context, the dial timeout, the user and password when given, and
+// the TLS configuration.
+func (f *backendFlags) redisCommon(ctxTimeout *bool, dial *time.Duration, user, pass *string, tlsConf **tls.Config, password string) error {
+	*ctxTimeout = true
+	*dial = f.dialTimeout
+	if f.user != "" {
+		*user = f.user
+	}
+	if password != "" {
+		*pass = password
+	}
+	var err error
+	*tlsConf, err = f.tlsConfig(*tlsConf)
+	return err
 }

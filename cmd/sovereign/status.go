@@ -39,35 +39,51 @@ func checkOutput(o string) error {
 	return nil
 }
 
+// readNamed parses the flags and the one argument NAME of status and members
+// (out and isLock are the flags' values, read once parsed), opens the
+// backend and reads NAME's entry (lock key NAME with --lock).
+func readNamed(ctx context.Context, env *env, fs *flag.FlagSet, out *string, isLock *bool, args []string) (entry, error) {
+	pos, err := exactArgs(fs, args, 1, 1)
+	if err != nil {
+		return entry{}, err
+	}
+	if err := checkOutput(*out); err != nil {
+		return entry{}, err
+	}
+	b, err := env.open()
+	if err != nil {
+		return entry{}, err
+	}
+	defer b.Close()
+	key := backendKey(pos[0], *isLock)
+	if err := b.ValidateKey(key); err != nil {
+		return entry{}, exitWith(exitUsage, err)
+	}
+	e, err := readEntry(ctx, b, key, env.backend.commandTimeout)
+	if err != nil {
+		return entry{}, unreachable(err)
+	}
+	return e, nil
+}
+
+// writeJSON writes v to standard output as indented JSON.
+func writeJSON(env *env, v any) error {
+	enc := json.NewEncoder(env.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
 func cmdStatus(ctx context.Context, env *env, args []string) error {
 	fs := newFlagSet(env, "status", "status [-o json] [--exit-status] [--lock] NAME")
 	out := outputFlag(fs)
 	exitStatus := fs.Bool("exit-status", false, "exit 0 when NAME is held, 3 when nobody holds it")
 	isLock := keyFlag(fs)
-	pos, err := exactArgs(fs, args, 1, 1)
+	e, err := readNamed(ctx, env, fs, out, isLock, args)
 	if err != nil {
 		return err
-	}
-	if err := checkOutput(*out); err != nil {
-		return err
-	}
-	b, err := env.open()
-	if err != nil {
-		return err
-	}
-	defer b.Close()
-	key := backendKey(pos[0], *isLock)
-	if err := b.ValidateKey(key); err != nil {
-		return exitWith(exitUsage, err)
-	}
-	e, err := readEntry(ctx, b, key, env.backend.commandTimeout)
-	if err != nil {
-		return unreachable(err)
 	}
 	if *out == "json" {
-		enc := json.NewEncoder(env.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(e); err != nil {
+		if err := writeJSON(env, e); err != nil {
 			return err
 		}
 	} else {
@@ -83,30 +99,12 @@ func cmdMembers(ctx context.Context, env *env, args []string) error {
 	fs := newFlagSet(env, "members", "members [-o json] [--lock] NAME")
 	out := outputFlag(fs)
 	isLock := keyFlag(fs)
-	pos, err := exactArgs(fs, args, 1, 1)
+	e, err := readNamed(ctx, env, fs, out, isLock, args)
 	if err != nil {
 		return err
-	}
-	if err := checkOutput(*out); err != nil {
-		return err
-	}
-	b, err := env.open()
-	if err != nil {
-		return err
-	}
-	defer b.Close()
-	key := backendKey(pos[0], *isLock)
-	if err := b.ValidateKey(key); err != nil {
-		return exitWith(exitUsage, err)
-	}
-	e, err := readEntry(ctx, b, key, env.backend.commandTimeout)
-	if err != nil {
-		return unreachable(err)
 	}
 	if *out == "json" {
-		enc := json.NewEncoder(env.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(e.Members)
+		return writeJSON(env, e.Members)
 	}
 	t := &table{}
 	t.row("ID", "HEARTBEAT", "EXPIRES IN", "")
@@ -151,9 +149,7 @@ func cmdList(ctx context.Context, env *env, args []string) error {
 		entries = append(entries, newEntry(recs[i].Key, &recs[i], nil))
 	}
 	if *out == "json" {
-		enc := json.NewEncoder(env.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(entries)
+		return writeJSON(env, entries)
 	}
 	t := &table{}
 	t.row("KIND", "NAME", "HOLDER", "TERM", "MODE", "TTL", "SINCE")
