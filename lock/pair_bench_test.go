@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/etcdbackend"
+	"github.com/sovereign-go/sovereign/internal/testetcd"
 	"github.com/sovereign-go/sovereign/internal/testredis"
 	"github.com/sovereign-go/sovereign/lock"
 	"github.com/sovereign-go/sovereign/redisbackend"
@@ -119,67 +122,119 @@ func runPairs(b *testing.B, g int, pair func(ctx context.Context, key string) er
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
 }
 
-// BenchmarkRedisPairDiff measures what package lock adds to the wall time
-// and the CPU of a TryAcquire + Release pair on a real redis-server, from
-// one goroutine: it alternates blocks of 100 pairs through package lock and
-// 100 pairs through the backend alone (each with its own client, as the
-// bench's), so that a load that comes and goes on the machine weighs on
-// both alike, and reports each one's wall and CPU per pair and the
-// differences (lock-ns/op, lock-cpu-ns/op). b.N counts pairs of each.
+// BenchmarkPairDiff measures what package lock adds to the wall time and
+// the CPU of a TryAcquire + Release pair, on a real redis-server and on an
+// embedded etcd, with g goroutines each on its own key: it alternates
+// blocks of pairs through package lock with blocks through the backend's
+// Acquire + Release alone (each with its own client, as the bench's), so
+// that a load that comes and goes on the machine weighs on both alike, and
+// reports each one's wall time and CPU per pair (the process's: with etcd,
+// the embedded server's too) and the differences, lock-ns/op and
+// lock-cpu-ns/op. The context is context.Background(), as the bench's.
 //
-//	go test -run '^$' -bench BenchmarkRedisPairDiff -benchtime 20000x ./lock
-func BenchmarkRedisPairDiff(b *testing.B) {
-	srv := testredis.Start(b)
-	newBackend := func() backend.Backend {
-		c := srv.NewClient(b, &redis.Options{ContextTimeoutEnabled: true, DisableIdentity: true})
-		rb, err := redisbackend.New(c, &redisbackend.Options{Prefix: fmt.Sprintf("bench:%d:", time.Now().UnixNano())})
-		if err != nil {
-			b.Fatal(err)
+//	go test -run '^$' -bench BenchmarkPairDiff -benchtime 20000x ./lock
+func BenchmarkPairDiff(b *testing.B) {
+	b.Run("redis", func(b *testing.B) {
+		srv := testredis.Start(b)
+		newBackend := func(b *testing.B) backend.Backend {
+			c := srv.NewClient(b, &redis.Options{ContextTimeoutEnabled: true, DisableIdentity: true})
+			rb, err := redisbackend.New(c, &redisbackend.Options{Prefix: fmt.Sprintf("bench:%d:", time.Now().UnixNano())})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { rb.Close() })
+			return rb
 		}
-		b.Cleanup(func() { rb.Close() })
-		return rb
-	}
-	lb, bb := newBackend(), newBackend()
+		for _, g := range []int{1, 16} {
+			b.Run(fmt.Sprintf("g=%d", g), func(b *testing.B) { pairDiff(b, g, newBackend(b), newBackend(b)) })
+		}
+	})
+	b.Run("etcd", func(b *testing.B) {
+		cl := testetcd.Start(b)
+		newBackend := func(b *testing.B) backend.Backend {
+			eb, err := etcdbackend.New(testetcd.NewClient(b, cl.ClientConfig()), &etcdbackend.Options{Prefix: fmt.Sprintf("bench%d/", time.Now().UnixNano())})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { eb.Close() })
+			return eb
+		}
+		for _, g := range []int{1, 16} {
+			b.Run(fmt.Sprintf("g=%d", g), func(b *testing.B) { pairDiff(b, g, newBackend(b), newBackend(b)) })
+		}
+	})
+}
+
+// pairDiff runs b.N pairs through a Locker on lb and b.N through bb alone,
+// with g goroutines, in alternating blocks, and reports both and their
+// differences.
+func pairDiff(b *testing.B, g int, lb, bb backend.Backend) {
 	l, err := lock.New(lb, "bench", &lock.Options{TTL: 10 * time.Second, Logger: quiet})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer l.Close()
 	ctx := context.Background()
-	viaLock := func() error {
-		lk, err := l.TryAcquire(ctx, "pair", nil)
+	viaLock := func(key string) error {
+		lk, err := l.TryAcquire(ctx, key, nil)
 		if err != nil {
 			return err
 		}
 		return lk.Release(ctx)
 	}
-	req := backend.AcquireRequest{Key: lock.Prefix + "pair", HolderID: "bench", TTL: 10 * time.Second}
-	alone := func() error {
-		le, err := bb.Acquire(ctx, req)
+	alone := func(key string) error {
+		le, err := bb.Acquire(ctx, backend.AcquireRequest{Key: lock.Prefix + key, HolderID: "bench", TTL: 10 * time.Second})
 		if err != nil {
 			return err
 		}
 		return bb.Release(ctx, le)
 	}
-	for range 100 {
-		if err := viaLock(); err != nil {
-			b.Fatal(err)
+	keys := make([]string, g)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("pair:%d", i)
+	}
+	// run makes n pairs with pair over the g goroutines.
+	run := func(pair func(string) error, n int) error {
+		if g == 1 {
+			for range n {
+				if err := pair(keys[0]); err != nil {
+					return err
+				}
+			}
+			return nil
 		}
-		if err := alone(); err != nil {
+		var (
+			left atomic.Int64
+			wg   sync.WaitGroup
+			errs = make([]error, g)
+		)
+		left.Store(int64(n))
+		for i, k := range keys {
+			wg.Go(func() {
+				for left.Add(-1) >= 0 {
+					if errs[i] = pair(k); errs[i] != nil {
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	}
+	for _, pair := range []func(string) error{viaLock, alone} {
+		if err := run(pair, 20*g); err != nil { // warm-up: scripts, connections
 			b.Fatal(err)
 		}
 	}
-	const block = 100
+	block := 100 * g
 	var wall, cpu [2]time.Duration
 	b.ResetTimer()
 	for done := 0; done < b.N; done += block {
 		n := min(block, b.N-done)
-		for i, pair := range []func() error{viaLock, alone} {
+		for i, pair := range []func(string) error{viaLock, alone} {
 			c0, t0 := cpuTime(), time.Now()
-			for range n {
-				if err := pair(); err != nil {
-					b.Fatal(err)
-				}
+			if err := run(pair, n); err != nil {
+				b.Fatal(err)
 			}
 			wall[i] += time.Since(t0)
 			cpu[i] += cpuTime() - c0
