@@ -39,15 +39,27 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 	if err != nil {
 		return nil, err
 	}
-	// One context bounds the attempt and ends when Close begins.
-	ctx, cancel := context.WithTimeout(ctx, p.requestTimeout)
-	defer cancel()
-	id, err := l.beginTry(cancel)
-	if err != nil {
-		return nil, err
+	// One context bounds the attempt and ends when Close begins: when ctx
+	// is never cancelled, a context shared with the calls of the same
+	// slice of RequestTimeout (no timer of its own, and Close ends it);
+	// else ctx's own, which Close cancels through l.tries.
+	if l.tryBounds.Shares(ctx, p.requestTimeout) {
+		if err := l.beginShared(); err != nil {
+			return nil, err
+		}
+		bctx, _ := l.tryBounds.Bound(ctx, p.requestTimeout)
+		lk, err = l.attempt(bctx, key, bk, p, "", true)
+		l.ops.Done()
+	} else {
+		ctx, cancel := context.WithTimeout(ctx, p.requestTimeout)
+		defer cancel()
+		id, berr := l.beginTry(cancel)
+		if berr != nil {
+			return nil, berr
+		}
+		lk, err = l.attempt(ctx, key, bk, p, "", true)
+		l.endTry(id)
 	}
-	lk, err = l.attempt(ctx, key, bk, p, "", true)
-	l.endTry(id)
 	if err != nil && l.closeCtx.Err() != nil {
 		return nil, fmt.Errorf("lock: acquire %q: %w", key, ErrClosed)
 	}

@@ -63,6 +63,29 @@ func BenchmarkPair(b *testing.B) {
 			}
 		}
 	})
+	// A context that may be cancelled (a request's) takes the other path:
+	// a context.WithTimeout of its own per store call.
+	b.Run("locker batching, cancellable context", func(b *testing.B) {
+		m := &batchingMemory{Backend: memorybackend.New()}
+		defer m.Close()
+		l, err := lock.New(m, "me", &lock.Options{Logger: quiet})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Close()
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		b.ReportAllocs()
+		for b.Loop() {
+			lk, err := l.TryAcquire(ctx, "k", nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := lk.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("backend", func(b *testing.B) {
 		m := memorybackend.New()
 		defer m.Close()

@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"runtime"
 	"testing"
@@ -13,37 +14,55 @@ import (
 )
 
 // A lock released before a quarter of RenewInterval starts no goroutine and
-// no subscription: TryAcquire and Release run in the caller's goroutine.
+// no subscription: TryAcquire and Release run in the caller's goroutine,
+// whether their context may be cancelled (a context of its own per call) or
+// not (a context shared by the calls of a slice of RequestTimeout).
 func TestShortLocksStartNoGoroutine(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		store := memorybackend.NewStore()
-		c := client(t, store)
-		l := newLocker(t, c, "a", fastOpts())
-		base := bubbleGoroutines()
-		for i := range 100 {
-			lk, err := l.TryAcquire(t.Context(), fmt.Sprintf("k/%d", i), nil)
-			if err != nil {
-				t.Fatalf("TryAcquire: %v", err)
-			}
-			if n := bubbleGoroutines(); n != base {
-				t.Fatalf("goroutines while a lock is held: %d, want %d (none per lock)", n, base)
-			}
-			if err := lk.Release(t.Context()); err != nil {
-				t.Fatalf("Release: %v", err)
-			}
-			if n := bubbleGoroutines(); n != base {
-				t.Fatalf("goroutines after TryAcquire+Release: %d, want %d", n, base)
-			}
-		}
-		time.Sleep(time.Second) // every timer the locks set would have fired
-		synctest.Wait()
-		if n := bubbleGoroutines(); n != base {
-			t.Errorf("goroutines 1s after 100 TryAcquire+Release pairs: %d, want %d", n, base)
-		}
-		if got := c.Calls()["Watch"]; got != 0 {
-			t.Errorf("Watch calls for locks released at once: %d, want 0", got)
-		}
-	})
+	for _, tc := range []struct {
+		name string
+		ctx  func(t *testing.T) context.Context
+	}{
+		{"cancellable context", func(t *testing.T) context.Context { return t.Context() }},
+		{"context never cancelled", func(*testing.T) context.Context { return context.Background() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx := tc.ctx(t)
+				store := memorybackend.NewStore()
+				c := client(t, store)
+				l := newLocker(t, c, "a", fastOpts())
+				base := bubbleGoroutines()
+				for i := range 100 {
+					lk, err := l.TryAcquire(ctx, fmt.Sprintf("k/%d", i), nil)
+					if err != nil {
+						t.Fatalf("TryAcquire: %v", err)
+					}
+					if n := bubbleGoroutines(); n != base {
+						t.Fatalf("goroutines while a lock is held: %d, want %d (none per lock)", n, base)
+					}
+					if err := lk.Release(ctx); err != nil {
+						t.Fatalf("Release: %v", err)
+					}
+					if n := bubbleGoroutines(); n != base {
+						t.Fatalf("goroutines after TryAcquire+Release: %d, want %d", n, base)
+					}
+					// The pairs span slices of RequestTimeout; timers that
+					// fire meanwhile (the Locker's watch check) run in
+					// goroutines of their own, which end.
+					time.Sleep(time.Millisecond)
+					synctest.Wait()
+				}
+				time.Sleep(time.Second) // every timer the locks set would have fired
+				synctest.Wait()
+				if n := bubbleGoroutines(); n != base {
+					t.Errorf("goroutines 1s after 100 TryAcquire+Release pairs: %d, want %d", n, base)
+				}
+				if got := c.Calls()["Watch"]; got != 0 {
+					t.Errorf("Watch calls for locks released at once: %d, want 0", got)
+				}
+			})
+		})
+	}
 }
 
 // Held locks run on timers: 100 locks held through ten renewals each (on a

@@ -73,13 +73,19 @@ func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params
 		NoRenew:        p.noRenew,
 		MaxHold:        p.maxHold,
 		Owner:          (*holdOwner)(lk),
+		Bounds:         l.relBounds,
 	}
+	// The hold starts before l.mu is taken, so that concurrent calls do not
+	// wait for each other's scheduler work. l.monitors counts the hold
+	// until it has finished: adding to it here is safe, since start runs
+	// within a call counted in l.ops, which Close waits for before it waits
+	// for l.monitors.
+	l.monitors.Add(1)
+	keeper.StartIn(&lk.hold, l.holdCtx, cfg, lease, sent)
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), p.requestTimeout)
-		defer cancel()
-		_ = l.b.Release(ctx, lease)
+		_ = lk.hold.Release(context.Background()) // owner-checked; counts the hold out of l.monitors
 		return nil, fmt.Errorf("lock: acquire %q: %w", key, ErrClosed)
 	}
 	// A short lock starts no goroutine and sets no timer of its own but
@@ -87,9 +93,6 @@ func (l *Locker) start(key string, lease backend.Lease, sent time.Time, p params
 	// reported by the hold's owner callback, and the Locker's one reset
 	// watch starts only once a lock is still held a quarter of
 	// RenewInterval after its acquisition (one Locker timer checks).
-	// l.monitors counts the hold until it has finished.
-	l.monitors.Add(1)
-	keeper.StartIn(&lk.hold, l.holdCtx, cfg, lease, sent)
 	l.locks[lk] = struct{}{}
 	l.armWatchLocked(sent.Add(p.renewInterval / 4))
 	l.mu.Unlock()

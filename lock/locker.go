@@ -50,7 +50,11 @@ type Options struct {
 	RenewInterval time.Duration
 
 	// RequestTimeout bounds every backend call. Must be less than
-	// RenewDeadline.
+	// RenewDeadline. TryAcquire and Release given a context that is never
+	// cancelled (context.Background, WithoutCancel) bound their call with
+	// a context shared by the calls started in the same 1/16 of
+	// RequestTimeout (one timer per slice instead of one per call), so
+	// such a call gets between 15/16 of RequestTimeout and all of it.
 	// Default: 1/5 of TTL (2 s), at most RenewInterval, as for the
 	// elector: a renewal that times out is still retried before
 	// RenewDeadline.
@@ -283,6 +287,12 @@ type Locker struct {
 	// release retries stop.
 	holdCtx    context.Context
 	cancelHold context.CancelFunc
+	// tryBounds bounds TryAcquire's call by RequestTimeout when the
+	// caller's context is never cancelled, with a context shared by the
+	// calls of a slice of it and ended when Close begins; relBounds bounds
+	// Release's likewise, and Close does not end those (it releases with
+	// them). Neither costs a timer per call (keeper.Bounds).
+	tryBounds, relBounds *keeper.Bounds
 
 	mu      sync.Mutex // guards the fields below
 	closed  bool
@@ -343,6 +353,8 @@ func New(b backend.Backend, id string, opts *Options) (*Locker, error) {
 	l.modes, _ = b.(backend.Modes)
 	l.closeCtx, l.cancelClose = context.WithCancel(context.Background())
 	l.holdCtx, l.cancelHold = context.WithCancel(context.Background())
+	l.tryBounds = keeper.NewBounds(l.closeCtx, o.RequestTimeout)
+	l.relBounds = keeper.NewBounds(context.Background(), o.RequestTimeout)
 	l.pin = keeper.NewPin(b, o.RenewInterval)
 	runtime.AddCleanup(l, (*keeper.Pin).Forget, l.pin)
 	return l, nil
@@ -448,6 +460,18 @@ func (l *Locker) begin(ctx context.Context) (context.Context, func(), error) {
 		cancel(nil)
 		l.ops.Done()
 	}, nil
+}
+
+// beginShared registers a single-attempt call in flight that Close ends
+// through its context (one of l.tryBounds').
+func (l *Locker) beginShared() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	l.ops.Add(1)
+	return nil
 }
 
 // beginTry registers a single-attempt call in flight, to be cancelled with

@@ -12,13 +12,15 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/testetcd"
 	"github.com/sovereign-go/sovereign/lock"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
 func TestMain(m *testing.M) {
 	redis.SetLogger(quietRedis{}) // go-redis logs failed dials
-	goleak.VerifyTestMain(m)
+	// The embedded etcd of BenchmarkPairDiff leaves goroutines of its own.
+	goleak.VerifyTestMain(m, testetcd.IgnoredGoroutines()...)
 }
 
 type quietRedis struct{}

@@ -130,6 +130,11 @@ type Config struct {
 	MaxHold time.Duration
 	// Owner, if not nil, receives the hold's events (see Owner).
 	Owner Owner
+	// Bounds, if not nil, bounds Release's call by RequestTimeout with a
+	// context shared with other calls (see Bounds) when Release's context
+	// is never cancelled, instead of a context.WithTimeout of its own.
+	// Its parent must not end before the owner's releases are done.
+	Bounds *Bounds
 	// Cause returns the context cause for a step-down of reason r (err is
 	// the error that caused it, if any). Nil: Owner.Cause, or an error
 	// naming the reason.
@@ -827,7 +832,7 @@ func (h *Hold) stepDown(r Reason, err, cause error) bool {
 }
 
 func (h *Hold) releaseOnce(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, h.cfg.RequestTimeout)
+	ctx, cancel := h.cfg.Bounds.Bound(ctx, h.cfg.RequestTimeout)
 	defer cancel()
 	err := h.cfg.Backend.Release(ctx, h.lease)
 	if err != nil && !errors.Is(err, backend.ErrLeaseLost) {
