@@ -12,15 +12,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sovereign-go/sovereign/backend"
-	"github.com/sovereign-go/sovereign/internal/testetcd"
 	"github.com/sovereign-go/sovereign/lock"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
 func TestMain(m *testing.M) {
 	redis.SetLogger(quietRedis{}) // go-redis logs failed dials
-	// The embedded etcd of BenchmarkPairDiff leaves goroutines of its own.
-	goleak.VerifyTestMain(m, testetcd.IgnoredGoroutines()...)
+	goleak.VerifyTestMain(m)
 }
 
 type quietRedis struct{}
