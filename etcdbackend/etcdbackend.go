@@ -759,6 +759,14 @@ const (
 	heartbeatInfix  = heartbeatSuffix + "/"
 )
 
+// heartbeatInfixBytes and leaseMarkPartBytes are heartbeatInfix and
+// leaseMarkPart, for the look-ups of RenewBatch, which test the keys of a
+// session as they come, in bytes, without a string of each.
+var (
+	heartbeatInfixBytes = []byte(heartbeatInfix)
+	leaseMarkPartBytes  = []byte(leaseMarkPart)
+)
+
 // leaseKey is the etcd key of key's lease record.
 func (b *Backend) leaseKey(key string) string { return b.prefix + key }
 

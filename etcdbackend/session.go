@@ -1,11 +1,11 @@
 package etcdbackend
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -410,38 +410,15 @@ func (b *Backend) setPending(key string, d int) {
 	}
 }
 
-// orphans returns the keys among attached (etcd keys on session lease id)
-// that this Backend neither holds on it nor is acquiring.
-func (b *Backend) orphans(id clientv3.LeaseID, attached [][]byte) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []string
-	for _, k := range attached {
-		key, ok := strings.CutPrefix(string(k), b.prefix)
-		if !ok {
-			continue
-		}
-		// An entry, intent or registration of backend.Modes is pending
-		// with its key (an intent with its ancestor's).
-		of, _, _ := strings.Cut(key, "\x00")
-		if _, held := b.owned[id][key]; held || b.pending[of] > 0 {
-			continue
-		}
-		if strings.Contains(key, heartbeatInfix) {
-			continue // a heartbeat record riding on the session (hostSession)
-		}
-		if strings.HasPrefix(key, leaseMarkPart) {
-			continue // the session's lease mark
-		}
-		out = append(out, string(k))
-	}
-	return out
-}
-
 // disown forgets key on session lease id if it is still held with token.
 func (b *Backend) disown(id clientv3.LeaseID, key, token string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.disownLocked(id, key, token)
+}
+
+// disownLocked is disown with b.mu held.
+func (b *Backend) disownLocked(id clientv3.LeaseID, key, token string) {
 	m := b.owned[id]
 	if m[key] == token {
 		delete(m, key)
@@ -776,12 +753,18 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 			single = append(single, i)
 			continue
 		}
-		if _, known := b.owns(id, "", ""); !known {
-			single = append(single, i)
-			continue
-		}
 		bySession[id] = append(bySession[id], i)
 	}
+	// A session lease this Backend does not know goes to Renew: tested
+	// under one lock for the batch, not one per lease.
+	b.mu.Lock()
+	for id, items := range bySession {
+		if _, known := b.owned[id]; !known {
+			single = append(single, items...)
+			delete(bySession, id)
+		}
+	}
+	b.mu.Unlock()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, maxParallelLookups)
 	for _, i := range single {
@@ -809,62 +792,126 @@ func (b *Backend) renewSession(ctx context.Context, id clientv3.LeaseID, leases 
 	wg.Go(func() { ttl, ttlErr = b.cli.TimeToLive(ctx, id, clientv3.WithAttachedKeys()) })
 	kaErr := b.keepSession(ctx, id)
 	wg.Wait()
-	var attached map[string]bool
-	if kaErr == nil && ttlErr == nil {
-		attached = make(map[string]bool, len(ttl.Keys))
-		for _, k := range ttl.Keys {
-			attached[string(k)] = true
-		}
-	}
-	var orphans []string
-	if attached != nil {
-		// Looked up after the reply: an acquisition committed before the
-		// look-up is recorded in owned by now, or still pending.
-		orphans = b.orphans(id, ttl.Keys)
-		b.hostLookedUp(id, ttl.Keys)
-	}
-	for _, i := range items {
-		l := leases[i]
-		switch {
-		case errors.Is(kaErr, backend.ErrLeaseLost):
-			errs[i] = fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, kaErr)
-		case kaErr != nil:
-			errs[i] = fail(ctx, fmt.Sprintf("renew %q: keep-alive", l.Key), kaErr)
-		case ttlErr != nil:
-			errs[i] = fail(ctx, fmt.Sprintf("renew %q: look up session keys", l.Key), ttlErr)
-		case l.Entry != nil:
-			if !b.entryAttached(id, l, attached) {
-				b.disownEntry(id, l)
-				errs[i] = fmt.Errorf("etcdbackend: renew %q term %d (%v): %w", l.Key, l.Term, l.Entry.Mode, backend.ErrLeaseLost)
-			}
-		default:
-			owned, _ := b.owns(id, l.Key, l.Token)
-			if !owned || !attached[b.leaseKey(l.Key)] {
-				b.disown(id, l.Key, l.Token)
-				errs[i] = fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
+	if kaErr != nil || ttlErr != nil {
+		for _, i := range items {
+			l := leases[i]
+			switch {
+			case errors.Is(kaErr, backend.ErrLeaseLost):
+				errs[i] = fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, kaErr)
+			case kaErr != nil:
+				errs[i] = fail(ctx, fmt.Sprintf("renew %q: keep-alive", l.Key), kaErr)
+			default:
+				errs[i] = fail(ctx, fmt.Sprintf("renew %q: look up session keys", l.Key), ttlErr)
 			}
 		}
+		return
 	}
+	// Checked after the reply: an acquisition committed before the
+	// look-up is recorded in owned by now, or still pending.
+	orphans := b.checkSession(id, leases, items, errs, ttl.Keys)
+	b.hostLookedUp(id, ttl.Keys)
 	if len(orphans) > 0 {
 		b.deleteOrphans(ctx, id, orphans, ttl.Revision)
 	}
 }
 
-// entryAttached reports whether entry l is held on session lease id: its
-// holder key and every intent of it attached to the session (attached,
-// from the look-up), each acquired by this Backend with l's token and
-// neither released nor found lost since.
-func (b *Backend) entryAttached(id clientv3.LeaseID, l backend.Lease, attached map[string]bool) bool {
-	hk, intents, err := b.entryKeys(l)
-	if err != nil {
-		return false
+// checkSession is the owner check of RenewBatch for leases[i], i in items,
+// all on session lease id, from attached, the etcd keys that the look-up
+// found attached to it: a lease is renewed when its key (an entry's holder
+// key and each of its intents) is among them and this Backend acquired it
+// with the lease's token and has neither released it nor found it lost
+// since; otherwise errs[i] says it is lost, and it is forgotten. It returns
+// the orphans among attached: the keys that this Backend neither holds on
+// id nor is acquiring.
+//
+// It is one pass over attached and one over items, under one lock of b.mu,
+// with no string made of a key of attached (a map indexed by a conversion
+// of bytes to a string makes none): a check of n keys costs a constant
+// number of allocations, not one or more per key (issue #13).
+func (b *Backend) checkSession(id clientv3.LeaseID, leases []backend.Lease, items []int, errs []error, attached [][]byte) []string {
+	// The keys to find, without the prefix: each lease's key, or its
+	// entry's holder key and intents (slot -1: the entry's keys could not
+	// be made, so it is lost).
+	slot := make(map[string]int, len(items))
+	entryKeys := make(map[int][]string)
+	for _, i := range items {
+		l := leases[i]
+		if l.Entry == nil {
+			if _, ok := slot[l.Key]; !ok {
+				slot[l.Key] = len(slot)
+			}
+			continue
+		}
+		hk, intents, err := b.entryKeys(l)
+		if err != nil {
+			entryKeys[i] = nil
+			continue
+		}
+		ks := make([]string, 0, 1+len(intents))
+		for _, k := range append(intents, hk) {
+			k = k[len(b.prefix):]
+			ks = append(ks, k)
+			if _, ok := slot[k]; !ok {
+				slot[k] = len(slot)
+			}
+		}
+		entryKeys[i] = ks
 	}
-	for _, k := range append(intents, hk) {
-		if owned, _ := b.owns(id, k[len(b.prefix):], l.Token); !owned || !attached[k] {
-			return false
+	found := make([]bool, len(slot))
+	var orphans []string
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	owned := b.owned[id]
+	for _, k := range attached {
+		if len(k) < len(b.prefix) || string(k[:len(b.prefix)]) != b.prefix {
+			continue
+		}
+		key := k[len(b.prefix):]
+		if j, ok := slot[string(key)]; ok {
+			found[j] = true
+		}
+		// An entry, intent or registration of backend.Modes is pending
+		// with its key (an intent with its ancestor's).
+		of := key
+		if n := bytes.IndexByte(key, 0); n >= 0 {
+			of = key[:n]
+		}
+		if _, held := owned[string(key)]; held || b.pending[string(of)] > 0 {
+			continue
+		}
+		if bytes.Contains(key, heartbeatInfixBytes) {
+			continue // a heartbeat record riding on the session (hostSession)
+		}
+		if bytes.HasPrefix(key, leaseMarkPartBytes) {
+			continue // the session's lease mark
+		}
+		orphans = append(orphans, string(k))
+	}
+	held := func(key, token string) bool {
+		return owned != nil && owned[key] == token && found[slot[key]]
+	}
+	for _, i := range items {
+		l := leases[i]
+		if l.Entry == nil {
+			if !held(l.Key, l.Token) {
+				b.disownLocked(id, l.Key, l.Token)
+				errs[i] = fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
+			}
+			continue
+		}
+		ks := entryKeys[i]
+		ok := ks != nil
+		for _, k := range ks {
+			ok = ok && held(k, l.Token)
+		}
+		if !ok {
+			for _, k := range ks {
+				b.disownLocked(id, k, l.Token)
+			}
+			errs[i] = fmt.Errorf("etcdbackend: renew %q term %d (%v): %w", l.Key, l.Term, l.Entry.Mode, backend.ErrLeaseLost)
 		}
 	}
-	return true
+	return orphans
 }
 
 // deleteOrphans deletes the etcd keys orphans from session lease id, each
