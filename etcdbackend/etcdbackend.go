@@ -77,7 +77,9 @@
 // nobody will renew or release, and a Release that failed leaves its key
 // there while its caller may give up on it (the elector does, after a
 // failed verification): the Backend deletes such a key in the background,
-// owner-checked by its token, retrying each second until done, until the
+// owner-checked by its token, retrying until done (after pauses of 1 s
+// doubling up to 8 s, each a random point of the upper half of its bound,
+// so that the clean-ups of an outage do not come back as a herd), until the
 // session lease has gone, or until Close. An acquisition whose caller gave
 // up after its transaction was sent may still commit after that clean-up
 // found nothing to delete: RenewBatch, which reads the keys attached to

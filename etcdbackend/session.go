@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -598,14 +599,53 @@ func (b *Backend) putOnLease(ctx context.Context, req backend.AcquireRequest, id
 	}, nil
 }
 
-// cleanUpRetry is the pause between two attempts of cleanUp.
+// cleanUpRetry is the pause before a withdrawal of waiter registrations
+// that failed is tried again (expireRegistrations), and the first pause
+// between two attempts of a background clean-up (see cleanUpDelay).
 const cleanUpRetry = time.Second
+
+// cleanUpMaxRetry is the longest pause between two attempts of a
+// background clean-up (see cleanUpDelay).
+const cleanUpMaxRetry = 8 * time.Second
+
+// cleanUpDelay returns the pause after the n-th failed attempt (n ≥ 1) of a
+// background clean-up (cleanUp, cleanUpEntries): capped exponential backoff
+// with jitter. Its bound d is cleanUpRetry doubled after each failure
+// (1 s, 2 s, 4 s, ...) up to cleanUpMaxRetry, and the pause a random
+// point of the upper half of it, [d/2, d]. During a store outage every
+// Release fails and leaves a clean-up behind: with a fixed pause they
+// would all try again together, each second, as a herd, for as long as it
+// lasts; this spreads them over half their bound and thins them out as the
+// outage goes on. The price is the time a record held by nobody stays
+// once the store is back, at most cleanUpMaxRetry (it ends sooner with
+// its session lease).
+func cleanUpDelay(n int) time.Duration {
+	d := cleanUpMaxRetry
+	if n >= 1 && n < 16 {
+		d = min(cleanUpRetry<<(n-1), cleanUpMaxRetry)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// retryCleanUp calls try until it reports done, pausing cleanUpDelay(n)
+// after its n-th attempt, or until life ends (the Backend is closed).
+func retryCleanUp(life context.Context, try func() (done bool)) {
+	for n := 1; !try(); n++ {
+		t := time.NewTimer(cleanUpDelay(n))
+		select {
+		case <-life.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
 
 // cleanUp deletes, in the background, the record with token that an
 // acquisition whose outcome is unknown may have written on session lease
 // id, or that a Release that failed has left there, retrying until it is
 // done, the session lease is gone (and the record with it) or the Backend
-// is closed. Nothing would end such a record otherwise: the session lives
+// is closed, pausing between attempts as cleanUpDelay says. Nothing would end such a record otherwise: the session lives
 // on as long as other keys on it are renewed.
 func (b *Backend) cleanUp(key string, id clientv3.LeaseID, token, holderID string) {
 	if !b.track() {
@@ -615,7 +655,7 @@ func (b *Backend) cleanUp(key string, id clientv3.LeaseID, token, holderID strin
 		defer b.watches.Done()
 		k := b.leaseKey(key)
 		h := recordHeader(token, holderID)
-		for {
+		retryCleanUp(b.life, func() bool {
 			ctx, cancel := context.WithTimeout(b.life, b.timeout)
 			_, err := b.cli.Txn(ctx).
 				If(
@@ -628,14 +668,10 @@ func (b *Backend) cleanUp(key string, id clientv3.LeaseID, token, holderID strin
 			cancel()
 			if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || b.life.Err() != nil {
 				b.disown(id, key, token)
-				return
+				return true
 			}
-			select {
-			case <-b.life.Done():
-				return
-			case <-time.After(cleanUpRetry):
-			}
-		}
+			return false
+		})
 	}()
 }
 
