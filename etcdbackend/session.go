@@ -400,6 +400,29 @@ func (b *Backend) own(id clientv3.LeaseID, key, token string) {
 	m[key] = token
 }
 
+// acquiredOnSession records, in one step (one lock of b.mu, where each
+// alone took one), the end of an acquisition of key with token on session
+// lease id that succeeded: this Backend holds key on id (own), the
+// acquisition is no longer in flight (setPending), and key was not last
+// seen held (setSeenHeld). Recorded as held before it stops being
+// pending, so RenewBatch's sweep of orphans never finds it neither.
+func (b *Backend) acquiredOnSession(id clientv3.LeaseID, key, token string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m := b.owned[id]
+	if m == nil {
+		m = make(map[string]string)
+		b.owned[id] = m
+	}
+	m[key] = token
+	if n := b.pending[key] - 1; n > 0 {
+		b.pending[key] = n
+	} else {
+		delete(b.pending, key)
+	}
+	delete(b.held, key)
+}
+
 // setPending adds d to the acquisitions of key in flight.
 func (b *Backend) setPending(key string, d int) {
 	b.mu.Lock()
@@ -562,8 +585,7 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 		if !s.marked {
 			b.sessionMarked(secs, s.id)
 		}
-		b.own(s.id, req.Key, token)
-		b.setPending(req.Key, -1)
+		b.acquiredOnSession(s.id, req.Key, token)
 		return lease, nil
 	}
 }
@@ -589,7 +611,6 @@ func (b *Backend) putOnLease(ctx context.Context, req backend.AcquireRequest, id
 	if !resp.Succeeded {
 		return backend.Lease{}, b.heldError(ctx, req.Key, resp, 0)
 	}
-	b.setSeenHeld(req.Key, false)
 	return backend.Lease{
 		Key:      req.Key,
 		HolderID: req.HolderID,
