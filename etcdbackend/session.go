@@ -91,8 +91,21 @@ func (b *Backend) sessionFor(secs int64) *session {
 // is none, if, by the local clock, it has expired since its last
 // keep-alive, or if it is full (sessionFull: it then stays, with its keys,
 // and the new lease takes the acquisitions that follow).
+//
+// The common case, a live session that is not full, takes s.mu and b.mu one
+// after the other, not b.mu with s.mu held: acquisitions of one TTL in
+// parallel then do not queue on s.mu behind one that waits for b.mu. The
+// state returned may change as soon as it is returned, as it may when
+// s.mu is released: an acquisition on a lease that has just gone is
+// retried (acquireOnSession), and the cap is soft (sessionFull).
 func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, error) {
 	s := b.sessionFor(secs)
+	s.mu.Lock()
+	st := sessionState{s.id, s.ttl, s.lastSent, s.marked}
+	s.mu.Unlock()
+	if st.id != 0 && time.Since(st.lastSent) < time.Duration(st.ttl)*time.Second && !b.sessionFull(st.id) {
+		return st, nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	live := s.id != 0 && time.Since(s.lastSent) < time.Duration(s.ttl)*time.Second
@@ -404,8 +417,9 @@ func (b *Backend) own(id clientv3.LeaseID, key, token string) {
 // alone took one), the end of an acquisition of key with token on session
 // lease id that succeeded: this Backend holds key on id (own), the
 // acquisition is no longer in flight (setPending), and key was not last
-// seen held (setSeenHeld). Recorded as held before it stops being
-// pending, so RenewBatch's sweep of orphans never finds it neither.
+// seen held (setSeenHeld). It is recorded as held in the same step as it
+// stops being pending, so RenewBatch's sweep of orphans always finds it
+// one or the other.
 func (b *Backend) acquiredOnSession(id clientv3.LeaseID, key, token string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
