@@ -199,7 +199,8 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 		// seen it deleted since: most likely it is still held, and a
 		// read-only probe answers that without a grant and a revocation
 		// (two raft writes).
-		resp, err := b.txn(ctx, &pb.TxnRequest{Compare: b.freeCheck(req.Key), Failure: b.holderReads(req.Key)})
+		k := b.acquireKeys(req.Key)
+		resp, err := b.txn(ctx, &pb.TxnRequest{Compare: k.freeCheck(), Failure: k.holderReads()})
 		if err != nil {
 			return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q: probe", req.Key), err)
 		}
@@ -228,15 +229,48 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	return lease, err
 }
 
+// acquireKeys are the etcd keys that the transaction of an acquisition of
+// one key compares, writes and reads (freeCheck, holderReads), made in one
+// buffer: one allocation where a string and a copy of each took two
+// (etcd's client does not modify them).
+type acquireKeys struct {
+	rec       []byte // <prefix><key>: the lease record
+	holders   []byte // <prefix><key>\x00h: the first holder entry of backend.Modes
+	waiters   []byte // <prefix><key>\x00j: past the intents, before the waiters
+	hb, hbEnd []byte // <prefix><key>/heartbeat/ and the end of its range
+}
+
+// acquireKeys returns the keys of an acquisition of key.
+func (b *Backend) acquireKeys(key string) acquireKeys {
+	n := len(b.prefix) + len(key)
+	buf := make([]byte, 0, 5*n+4+2*len(heartbeatInfix))
+	buf = append(append(buf, b.prefix...), key...)
+	var k acquireKeys
+	k.rec = buf[:n:n]
+	part := func(suffix string) []byte {
+		start := len(buf)
+		buf = append(append(buf, k.rec...), suffix...)
+		return buf[start:len(buf):len(buf)]
+	}
+	k.holders = part("\x00" + holdersPart)
+	k.waiters = part("\x00j")
+	k.hb = part(heartbeatInfix)
+	// The end of the range of keys beginning with hb, as
+	// clientv3.GetPrefixRangeEnd makes it: hb ends with "/", which is
+	// incremented.
+	k.hbEnd = part(heartbeatInfix)
+	k.hbEnd[len(k.hbEnd)-1]++
+	return k
+}
+
 // freeCheck returns the comparisons that hold while key is free for
 // Acquire: no lease record, and no holder or intent entry of backend.Modes
 // (waiters do not count).
-func (b *Backend) freeCheck(key string) []*pb.Compare {
-	base := b.entryBase(key)
+func (k acquireKeys) freeCheck() []*pb.Compare {
 	return []*pb.Compare{
-		createIs(b.leaseKey(key), "", 0),
+		{Result: pb.Compare_EQUAL, Target: pb.Compare_CREATE, Key: k.rec, TargetUnion: &pb.Compare_CreateRevision{}},
 		// Holders ("h...") and intents ("i...").
-		createIs(base+holdersPart, base+"j", 0),
+		{Result: pb.Compare_EQUAL, Target: pb.Compare_CREATE, Key: k.holders, RangeEnd: k.waiters, TargetUnion: &pb.Compare_CreateRevision{}},
 	}
 }
 
@@ -244,13 +278,18 @@ func (b *Backend) freeCheck(key string) []*pb.Compare {
 // makes: one range holding the key's record, its release marker and its
 // holder and intent entries (<prefix><key> up to the waiters, which sort
 // after "j"; see splitHolderReads), and the key's heartbeats.
-func (b *Backend) holderReads(key string) []*pb.RequestOp {
-	hb := b.heartbeatPrefix(key)
+func (k acquireKeys) holderReads() []*pb.RequestOp {
 	return []*pb.RequestOp{
-		getOp(b.leaseKey(key), b.entryBase(key)+"j"),
-		getOp(hb, clientv3.GetPrefixRangeEnd(hb)),
+		{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: k.rec, RangeEnd: k.waiters}}},
+		{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: k.hb, RangeEnd: k.hbEnd}}},
 	}
 }
+
+// freeCheck returns acquireKeys.freeCheck of key.
+func (b *Backend) freeCheck(key string) []*pb.Compare { return b.acquireKeys(key).freeCheck() }
+
+// holderReads returns acquireKeys.holderReads of key.
+func (b *Backend) holderReads(key string) []*pb.RequestOp { return b.acquireKeys(key).holderReads() }
 
 // splitHolderReads splits the reads of holderReads into the record of key
 // (at most one), its holder and intent entries, and its heartbeats.
@@ -306,31 +345,6 @@ type noDeadline struct{ context.Context }
 // Deadline reports no deadline.
 func (noDeadline) Deadline() (time.Time, bool) { return time.Time{}, false }
 
-// createIs is the comparison "create revision of key = rev", over the range
-// [key, end) when end is not empty (etcd then compares every key in it, and
-// an empty range as a key with revision 0).
-func createIs(key, end string, rev int64) *pb.Compare {
-	c := &pb.Compare{
-		Result:      pb.Compare_EQUAL,
-		Target:      pb.Compare_CREATE,
-		Key:         []byte(key),
-		TargetUnion: &pb.Compare_CreateRevision{CreateRevision: rev},
-	}
-	if end != "" {
-		c.RangeEnd = []byte(end)
-	}
-	return c
-}
-
-// getOp reads key, or the range [key, end) when end is not empty.
-func getOp(key, end string) *pb.RequestOp {
-	r := &pb.RangeRequest{Key: []byte(key)}
-	if end != "" {
-		r.RangeEnd = []byte(end)
-	}
-	return &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: r}}
-}
-
 // putOp puts value under key, attached to etcd lease id.
 func putOp(key, value string, id clientv3.LeaseID) *pb.RequestOp {
 	return &pb.RequestOp{Request: &pb.RequestOp_RequestPut{RequestPut: &pb.PutRequest{
@@ -352,6 +366,14 @@ func deleteOp(key string) *pb.RequestOp {
 // lease that ownerCheck compares as well add nothing, and each comparison
 // costs the server a read of the key.
 func (b *Backend) tokenCheck(l backend.Lease) []*pb.Compare {
+	cmps, _ := b.tokenCheckKey(l)
+	return cmps
+}
+
+// tokenCheckKey returns tokenCheck's comparisons, and the etcd key of l's
+// record that they compare (in their buffer: Release deletes it without a
+// string and a copy of its own).
+func (b *Backend) tokenCheckKey(l backend.Lease) ([]*pb.Compare, []byte) {
 	// One buffer for the key, the header and its upper bound (see
 	// ownerCmps), none of which etcd's client modifies.
 	n := len(b.prefix) + len(l.Key)
@@ -369,7 +391,7 @@ func (b *Backend) tokenCheck(l backend.Lease) []*pb.Compare {
 	return []*pb.Compare{
 		{Result: pb.Compare_GREATER, Target: pb.Compare_VALUE, Key: k, TargetUnion: &pb.Compare_Value{Value: h}},
 		{Result: pb.Compare_LESS, Target: pb.Compare_VALUE, Key: k, TargetUnion: &pb.Compare_Value{Value: upper}},
-	}
+	}, k
 }
 
 // seenHeld reports whether the last acquisition of key by this backend

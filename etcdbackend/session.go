@@ -608,16 +608,17 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 // with token, attached to etcd lease id of TTL ttl, and with it (mark) the
 // lease mark of id (leaseMark). A held key is a *backend.HeldError.
 func (b *Backend) putOnLease(ctx context.Context, req backend.AcquireRequest, id clientv3.LeaseID, ttl time.Duration, token string, value []byte, mark bool) (backend.Lease, error) {
+	k := b.acquireKeys(req.Key)
 	ops := []*pb.RequestOp{{Request: &pb.RequestOp_RequestPut{RequestPut: &pb.PutRequest{
-		Key: []byte(b.leaseKey(req.Key)), Value: value, Lease: int64(id),
+		Key: k.rec, Value: value, Lease: int64(id),
 	}}}}
 	if mark {
 		ops = append(ops, putOp(b.leaseMark(id), "", id))
 	}
 	resp, err := b.txn(ctx, &pb.TxnRequest{
-		Compare: b.freeCheck(req.Key),
+		Compare: k.freeCheck(),
 		Success: ops,
-		Failure: b.holderReads(req.Key),
+		Failure: k.holderReads(),
 	})
 	if err != nil {
 		return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q", req.Key), err)
@@ -715,9 +716,10 @@ func (b *Backend) cleanUp(key string, id clientv3.LeaseID, token, holderID strin
 // deletion from an expiry by the lease mark (see deletionType), so the
 // release writes no marker. The session lease stays.
 func (b *Backend) releaseOnSession(ctx context.Context, l backend.Lease, id clientv3.LeaseID) error {
+	cmps, k := b.tokenCheckKey(l)
 	resp, err := b.txn(ctx, &pb.TxnRequest{
-		Compare: b.tokenCheck(l),
-		Success: []*pb.RequestOp{deleteOp(b.leaseKey(l.Key))},
+		Compare: cmps,
+		Success: []*pb.RequestOp{{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: k}}}},
 	})
 	if err != nil {
 		// The record may still be on the session, and a caller that gives
