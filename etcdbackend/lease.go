@@ -51,8 +51,12 @@ func encodeRecord(token, holderID string, body recordBody) (string, error) {
 // appendRecord appends the value of a lease record to dst. A body with
 // nothing but the acquisition time (a plain acquisition without metadata,
 // the common case) is written by hand, as encoding/json would write it,
-// without its reflection; any other goes through encoding/json.
+// without its reflection; any other goes through encoding/json. A nil dst
+// is allocated once, with room for a record without metadata.
 func appendRecord(dst []byte, token, holderID string, body recordBody) ([]byte, error) {
+	if dst == nil {
+		dst = make([]byte, 0, len(token)+len(holderID)+len(`  ""{"acquired_at":""}`)+len(time.RFC3339Nano)+8)
+	}
 	dst = append(dst, token...)
 	dst = append(dst, ' ')
 	dst = strconv.AppendQuote(dst, holderID)
@@ -94,7 +98,7 @@ func decodeRecord(value []byte) (token, holderID string, body recordBody, err er
 // (Unix nanoseconds, so that SetMetadata can rewrite the record without
 // reading it first) and a random part, each in hex.
 func newToken(id clientv3.LeaseID, acquiredAt time.Time) string {
-	return string(appendToken(nil, id, acquiredAt, 0))
+	return string(appendToken(make([]byte, 0, tokenLen), id, acquiredAt, 0))
 }
 
 // appendToken appends a token to dst: the etcd lease ID and the
@@ -114,6 +118,10 @@ func appendToken(dst []byte, id clientv3.LeaseID, acquiredAt time.Time, mark byt
 	}
 	return hex.AppendEncode(dst, r[:])
 }
+
+// tokenLen is the length of a token made by appendToken with a mark: two
+// parts of 16 hex digits, the mark, 32 hex digits, and two "-".
+const tokenLen = 16 + 1 + 16 + 1 + 1 + 32
 
 // appendHex16 appends v to dst in 16 lower-case hex digits.
 func appendHex16(dst []byte, v uint64) []byte {

@@ -489,7 +489,7 @@ const sessionTokenMark = 's'
 // newSessionToken returns the token of an acquisition on session lease id:
 // like newToken, with the random part marked.
 func newSessionToken(id clientv3.LeaseID, acquiredAt time.Time) string {
-	return string(appendToken(nil, id, acquiredAt, sessionTokenMark))
+	return string(appendToken(make([]byte, 0, tokenLen), id, acquiredAt, sessionTokenMark))
 }
 
 // onSession reports whether token was made by newSessionToken.
