@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -446,6 +447,26 @@ func (b *Backend) setPending(key string, d int) {
 	} else {
 		delete(b.pending, key)
 	}
+}
+
+// checkScratch is what checkSession needs for one check, kept in
+// checkScratchPool between checks, so that a renewal pass clears an index
+// of the session's keys rather than building one (growing a map of 2,048
+// keys takes a dozen allocations).
+type checkScratch struct {
+	slot  map[string]int // the keys to find (without the prefix), each with its index in found
+	found []bool         // found[slot[k]]: k is among the keys attached to the session
+}
+
+// checkScratchPool holds checkScratch values.
+var checkScratchPool = sync.Pool{New: func() any { return &checkScratch{slot: make(map[string]int)} }}
+
+// release clears sc (its map holds the callers' key strings) and puts it
+// back in checkScratchPool.
+func (sc *checkScratch) release() {
+	clear(sc.slot)
+	clear(sc.found)
+	checkScratchPool.Put(sc)
 }
 
 // disown forgets key on session lease id if it is still held with token.
@@ -899,14 +920,18 @@ func (b *Backend) renewSession(ctx context.Context, id clientv3.LeaseID, leases 
 //
 // It is one pass over attached and one over items, under one lock of b.mu,
 // with no string made of a key of attached (a map indexed by a conversion
-// of bytes to a string makes none): a check of n keys costs a constant
-// number of allocations, not one or more per key (issue #13).
+// of bytes to a string makes none), and its index of the keys to find
+// taken from a pool (checkScratch), cleared, not rebuilt: a check of n
+// keys costs a constant number of allocations, not one or more per key
+// (issue #13).
 func (b *Backend) checkSession(id clientv3.LeaseID, leases []backend.Lease, items []int, errs []error, attached [][]byte) []string {
+	sc := checkScratchPool.Get().(*checkScratch)
+	defer sc.release()
 	// The keys to find, without the prefix: each lease's key, or its
-	// entry's holder key and intents (slot -1: the entry's keys could not
-	// be made, so it is lost).
-	slot := make(map[string]int, len(items))
-	entryKeys := make(map[int][]string)
+	// entry's holder key and intents (nil in entryKeys: the entry's keys
+	// could not be made, so it is lost).
+	slot := sc.slot
+	var entryKeys map[int][]string
 	for _, i := range items {
 		l := leases[i]
 		if l.Entry == nil {
@@ -914,6 +939,9 @@ func (b *Backend) checkSession(id clientv3.LeaseID, leases []backend.Lease, item
 				slot[l.Key] = len(slot)
 			}
 			continue
+		}
+		if entryKeys == nil {
+			entryKeys = make(map[int][]string)
 		}
 		hk, intents, err := b.entryKeys(l)
 		if err != nil {
@@ -930,7 +958,8 @@ func (b *Backend) checkSession(id clientv3.LeaseID, leases []backend.Lease, item
 		}
 		entryKeys[i] = ks
 	}
-	found := make([]bool, len(slot))
+	sc.found = slices.Grow(sc.found[:0], len(slot))[:len(slot)]
+	found := sc.found
 	var orphans []string
 	b.mu.Lock()
 	defer b.mu.Unlock()
