@@ -960,6 +960,7 @@ func (b *Backend) checkSession(id clientv3.LeaseID, leases []backend.Lease, item
 	}
 	sc.found = slices.Grow(sc.found[:0], len(slot))[:len(slot)]
 	found := sc.found
+	clear(found) // release cleared it too: this does not rely on that
 	var orphans []string
 	b.mu.Lock()
 	defer b.mu.Unlock()
