@@ -77,7 +77,9 @@
 // nobody will renew or release, and a Release that failed leaves its key
 // there while its caller may give up on it (the elector does, after a
 // failed verification): the Backend deletes such a key in the background,
-// owner-checked by its token, retrying each second until done, until the
+// owner-checked by its token, retrying until done (after pauses of 1 s
+// doubling up to 8 s, each a random point of the upper half of its bound,
+// so that the clean-ups of an outage do not come back as a herd), until the
 // session lease has gone, or until Close. An acquisition whose caller gave
 // up after its transaction was sent may still commit after that clean-up
 // found nothing to delete: RenewBatch, which reads the keys attached to
@@ -757,6 +759,14 @@ func ttlSeconds(ttl time.Duration) (int64, error) {
 const (
 	heartbeatSuffix = "/heartbeat"
 	heartbeatInfix  = heartbeatSuffix + "/"
+)
+
+// heartbeatInfixBytes and leaseMarkPartBytes are heartbeatInfix and
+// leaseMarkPart, for the look-ups of RenewBatch, which test the keys of a
+// session as they come, in bytes, without a string of each.
+var (
+	heartbeatInfixBytes = []byte(heartbeatInfix)
+	leaseMarkPartBytes  = []byte(leaseMarkPart)
 )
 
 // leaseKey is the etcd key of key's lease record.

@@ -640,26 +640,30 @@ func (b *Backend) cleanUpEntries(req backend.ModeRequest, id clientv3.LeaseID, t
 	}
 	go func() {
 		defer b.watches.Done()
-		for len(ops) > 0 {
-			// At most MaxLimit entries, each a transaction of at most
-			// 1+41 operations (the ancestors' bound): within
-			// --max-txn-ops along the deepest path.
-			n := min(len(ops), MaxLimit)
-			ctx, cancel := context.WithTimeout(b.life, b.timeout)
-			_, err := b.cli.Txn(ctx).Then(ops[:n]...).Commit()
-			cancel()
-			switch {
-			case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
-				ops = ops[n:]
-				continue
-			case b.life.Err() != nil:
-				return
+		closed := false
+		retryCleanUp(b.life, func() bool {
+			for len(ops) > 0 {
+				// At most MaxLimit entries, each a transaction of at most
+				// 1+41 operations (the ancestors' bound): within
+				// --max-txn-ops along the deepest path.
+				n := min(len(ops), MaxLimit)
+				ctx, cancel := context.WithTimeout(b.life, b.timeout)
+				_, err := b.cli.Txn(ctx).Then(ops[:n]...).Commit()
+				cancel()
+				switch {
+				case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
+					ops = ops[n:]
+					continue
+				case b.life.Err() != nil:
+					closed = true
+					return true
+				}
+				return false
 			}
-			select {
-			case <-b.life.Done():
-				return
-			case <-time.After(cleanUpRetry):
-			}
+			return true
+		})
+		if closed || len(ops) > 0 {
+			return // the Backend was closed
 		}
 		for _, token := range tokens {
 			b.disownEntry(id, backend.Lease{Key: req.Key, HolderID: req.HolderID, Token: token,

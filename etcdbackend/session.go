@@ -1,11 +1,13 @@
 package etcdbackend
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -90,8 +92,21 @@ func (b *Backend) sessionFor(secs int64) *session {
 // is none, if, by the local clock, it has expired since its last
 // keep-alive, or if it is full (sessionFull: it then stays, with its keys,
 // and the new lease takes the acquisitions that follow).
+//
+// The common case, a live session that is not full, takes s.mu and b.mu one
+// after the other, not b.mu with s.mu held: acquisitions of one TTL in
+// parallel then do not queue on s.mu behind one that waits for b.mu. The
+// state returned may change as soon as it is returned, as it may when
+// s.mu is released: an acquisition on a lease that has just gone is
+// retried (acquireOnSession), and the cap is soft (sessionFull).
 func (b *Backend) sessionLease(ctx context.Context, secs int64) (sessionState, error) {
 	s := b.sessionFor(secs)
+	s.mu.Lock()
+	st := sessionState{s.id, s.ttl, s.lastSent, s.marked}
+	s.mu.Unlock()
+	if st.id != 0 && time.Since(st.lastSent) < time.Duration(st.ttl)*time.Second && !b.sessionFull(st.id) {
+		return st, nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	live := s.id != 0 && time.Since(s.lastSent) < time.Duration(s.ttl)*time.Second
@@ -399,6 +414,30 @@ func (b *Backend) own(id clientv3.LeaseID, key, token string) {
 	m[key] = token
 }
 
+// acquiredOnSession records, in one step (one lock of b.mu, where each
+// alone took one), the end of an acquisition of key with token on session
+// lease id that succeeded: this Backend holds key on id (own), the
+// acquisition is no longer in flight (setPending), and key was not last
+// seen held (setSeenHeld). It is recorded as held in the same step as it
+// stops being pending, so RenewBatch's sweep of orphans always finds it
+// one or the other.
+func (b *Backend) acquiredOnSession(id clientv3.LeaseID, key, token string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m := b.owned[id]
+	if m == nil {
+		m = make(map[string]string)
+		b.owned[id] = m
+	}
+	m[key] = token
+	if n := b.pending[key] - 1; n > 0 {
+		b.pending[key] = n
+	} else {
+		delete(b.pending, key)
+	}
+	delete(b.held, key)
+}
+
 // setPending adds d to the acquisitions of key in flight.
 func (b *Backend) setPending(key string, d int) {
 	b.mu.Lock()
@@ -410,38 +449,35 @@ func (b *Backend) setPending(key string, d int) {
 	}
 }
 
-// orphans returns the keys among attached (etcd keys on session lease id)
-// that this Backend neither holds on it nor is acquiring.
-func (b *Backend) orphans(id clientv3.LeaseID, attached [][]byte) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []string
-	for _, k := range attached {
-		key, ok := strings.CutPrefix(string(k), b.prefix)
-		if !ok {
-			continue
-		}
-		// An entry, intent or registration of backend.Modes is pending
-		// with its key (an intent with its ancestor's).
-		of, _, _ := strings.Cut(key, "\x00")
-		if _, held := b.owned[id][key]; held || b.pending[of] > 0 {
-			continue
-		}
-		if strings.Contains(key, heartbeatInfix) {
-			continue // a heartbeat record riding on the session (hostSession)
-		}
-		if strings.HasPrefix(key, leaseMarkPart) {
-			continue // the session's lease mark
-		}
-		out = append(out, string(k))
-	}
-	return out
+// checkScratch is what checkSession needs for one check, kept in
+// checkScratchPool between checks, so that a renewal pass clears an index
+// of the session's keys rather than building one (growing a map of 2,048
+// keys takes a dozen allocations).
+type checkScratch struct {
+	slot  map[string]int // the keys to find (without the prefix), each with its index in found
+	found []bool         // found[slot[k]]: k is among the keys attached to the session
+}
+
+// checkScratchPool holds checkScratch values.
+var checkScratchPool = sync.Pool{New: func() any { return &checkScratch{slot: make(map[string]int)} }}
+
+// release clears sc (its map holds the callers' key strings) and puts it
+// back in checkScratchPool.
+func (sc *checkScratch) release() {
+	clear(sc.slot)
+	clear(sc.found)
+	checkScratchPool.Put(sc)
 }
 
 // disown forgets key on session lease id if it is still held with token.
 func (b *Backend) disown(id clientv3.LeaseID, key, token string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.disownLocked(id, key, token)
+}
+
+// disownLocked is disown with b.mu held.
+func (b *Backend) disownLocked(id clientv3.LeaseID, key, token string) {
 	m := b.owned[id]
 	if m[key] == token {
 		delete(m, key)
@@ -474,7 +510,7 @@ const sessionTokenMark = 's'
 // newSessionToken returns the token of an acquisition on session lease id:
 // like newToken, with the random part marked.
 func newSessionToken(id clientv3.LeaseID, acquiredAt time.Time) string {
-	return string(appendToken(nil, id, acquiredAt, sessionTokenMark))
+	return string(appendToken(make([]byte, 0, tokenLen), id, acquiredAt, sessionTokenMark))
 }
 
 // onSession reports whether token was made by newSessionToken.
@@ -584,8 +620,7 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 		if !s.marked {
 			b.sessionMarked(secs, s.id)
 		}
-		b.own(s.id, req.Key, token)
-		b.setPending(req.Key, -1)
+		b.acquiredOnSession(s.id, req.Key, token)
 		return lease, nil
 	}
 }
@@ -594,16 +629,17 @@ func (b *Backend) acquireOnSession(ctx context.Context, req backend.AcquireReque
 // with token, attached to etcd lease id of TTL ttl, and with it (mark) the
 // lease mark of id (leaseMark). A held key is a *backend.HeldError.
 func (b *Backend) putOnLease(ctx context.Context, req backend.AcquireRequest, id clientv3.LeaseID, ttl time.Duration, token string, value []byte, mark bool) (backend.Lease, error) {
+	k := b.acquireKeys(req.Key)
 	ops := []*pb.RequestOp{{Request: &pb.RequestOp_RequestPut{RequestPut: &pb.PutRequest{
-		Key: []byte(b.leaseKey(req.Key)), Value: value, Lease: int64(id),
+		Key: k.rec, Value: value, Lease: int64(id),
 	}}}}
 	if mark {
 		ops = append(ops, putOp(b.leaseMark(id), "", id))
 	}
 	resp, err := b.txn(ctx, &pb.TxnRequest{
-		Compare: b.freeCheck(req.Key),
+		Compare: k.freeCheck(),
 		Success: ops,
-		Failure: b.holderReads(req.Key),
+		Failure: k.holderReads(),
 	})
 	if err != nil {
 		return backend.Lease{}, fail(ctx, fmt.Sprintf("acquire %q", req.Key), err)
@@ -611,7 +647,6 @@ func (b *Backend) putOnLease(ctx context.Context, req backend.AcquireRequest, id
 	if !resp.Succeeded {
 		return backend.Lease{}, b.heldError(ctx, req.Key, resp, 0)
 	}
-	b.setSeenHeld(req.Key, false)
 	return backend.Lease{
 		Key:      req.Key,
 		HolderID: req.HolderID,
@@ -621,14 +656,53 @@ func (b *Backend) putOnLease(ctx context.Context, req backend.AcquireRequest, id
 	}, nil
 }
 
-// cleanUpRetry is the pause between two attempts of cleanUp.
+// cleanUpRetry is the pause before a withdrawal of waiter registrations
+// that failed is tried again (expireRegistrations), and the first pause
+// between two attempts of a background clean-up (see cleanUpDelay).
 const cleanUpRetry = time.Second
+
+// cleanUpMaxRetry is the longest pause between two attempts of a
+// background clean-up (see cleanUpDelay).
+const cleanUpMaxRetry = 8 * time.Second
+
+// cleanUpDelay returns the pause after the n-th failed attempt (n ≥ 1) of a
+// background clean-up (cleanUp, cleanUpEntries): capped exponential backoff
+// with jitter. Its bound d is cleanUpRetry doubled after each failure
+// (1 s, 2 s, 4 s, ...) up to cleanUpMaxRetry, and the pause a random
+// point of the upper half of it, [d/2, d]. During a store outage every
+// Release fails and leaves a clean-up behind: with a fixed pause they
+// would all try again together, each second, as a herd, for as long as it
+// lasts; this spreads them over half their bound and thins them out as the
+// outage goes on. The price is the time a record held by nobody stays
+// once the store is back, at most cleanUpMaxRetry (it ends sooner with
+// its session lease).
+func cleanUpDelay(n int) time.Duration {
+	d := cleanUpMaxRetry
+	if n >= 1 && n < 16 {
+		d = min(cleanUpRetry<<(n-1), cleanUpMaxRetry)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// retryCleanUp calls try until it reports done, pausing cleanUpDelay(n)
+// after its n-th attempt, or until life ends (the Backend is closed).
+func retryCleanUp(life context.Context, try func() (done bool)) {
+	for n := 1; !try(); n++ {
+		t := time.NewTimer(cleanUpDelay(n))
+		select {
+		case <-life.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
 
 // cleanUp deletes, in the background, the record with token that an
 // acquisition whose outcome is unknown may have written on session lease
 // id, or that a Release that failed has left there, retrying until it is
 // done, the session lease is gone (and the record with it) or the Backend
-// is closed. Nothing would end such a record otherwise: the session lives
+// is closed, pausing between attempts as cleanUpDelay says. Nothing would end such a record otherwise: the session lives
 // on as long as other keys on it are renewed.
 func (b *Backend) cleanUp(key string, id clientv3.LeaseID, token, holderID string) {
 	if !b.track() {
@@ -638,7 +712,7 @@ func (b *Backend) cleanUp(key string, id clientv3.LeaseID, token, holderID strin
 		defer b.watches.Done()
 		k := b.leaseKey(key)
 		h := recordHeader(token, holderID)
-		for {
+		retryCleanUp(b.life, func() bool {
 			ctx, cancel := context.WithTimeout(b.life, b.timeout)
 			_, err := b.cli.Txn(ctx).
 				If(
@@ -651,14 +725,10 @@ func (b *Backend) cleanUp(key string, id clientv3.LeaseID, token, holderID strin
 			cancel()
 			if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || b.life.Err() != nil {
 				b.disown(id, key, token)
-				return
+				return true
 			}
-			select {
-			case <-b.life.Done():
-				return
-			case <-time.After(cleanUpRetry):
-			}
-		}
+			return false
+		})
 	}()
 }
 
@@ -667,9 +737,10 @@ func (b *Backend) cleanUp(key string, id clientv3.LeaseID, token, holderID strin
 // deletion from an expiry by the lease mark (see deletionType), so the
 // release writes no marker. The session lease stays.
 func (b *Backend) releaseOnSession(ctx context.Context, l backend.Lease, id clientv3.LeaseID) error {
+	cmps, k := b.tokenCheckKey(l)
 	resp, err := b.txn(ctx, &pb.TxnRequest{
-		Compare: b.tokenCheck(l),
-		Success: []*pb.RequestOp{deleteOp(b.leaseKey(l.Key))},
+		Compare: cmps,
+		Success: []*pb.RequestOp{{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: k}}}},
 	})
 	if err != nil {
 		// The record may still be on the session, and a caller that gives
@@ -776,12 +847,18 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 			single = append(single, i)
 			continue
 		}
-		if _, known := b.owns(id, "", ""); !known {
-			single = append(single, i)
-			continue
-		}
 		bySession[id] = append(bySession[id], i)
 	}
+	// A session lease this Backend does not know goes to Renew: tested
+	// under one lock for the batch, not one per lease.
+	b.mu.Lock()
+	for id, items := range bySession {
+		if _, known := b.owned[id]; !known {
+			single = append(single, items...)
+			delete(bySession, id)
+		}
+	}
+	b.mu.Unlock()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, maxParallelLookups)
 	for _, i := range single {
@@ -809,62 +886,135 @@ func (b *Backend) renewSession(ctx context.Context, id clientv3.LeaseID, leases 
 	wg.Go(func() { ttl, ttlErr = b.cli.TimeToLive(ctx, id, clientv3.WithAttachedKeys()) })
 	kaErr := b.keepSession(ctx, id)
 	wg.Wait()
-	var attached map[string]bool
-	if kaErr == nil && ttlErr == nil {
-		attached = make(map[string]bool, len(ttl.Keys))
-		for _, k := range ttl.Keys {
-			attached[string(k)] = true
-		}
-	}
-	var orphans []string
-	if attached != nil {
-		// Looked up after the reply: an acquisition committed before the
-		// look-up is recorded in owned by now, or still pending.
-		orphans = b.orphans(id, ttl.Keys)
-		b.hostLookedUp(id, ttl.Keys)
-	}
-	for _, i := range items {
-		l := leases[i]
-		switch {
-		case errors.Is(kaErr, backend.ErrLeaseLost):
-			errs[i] = fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, kaErr)
-		case kaErr != nil:
-			errs[i] = fail(ctx, fmt.Sprintf("renew %q: keep-alive", l.Key), kaErr)
-		case ttlErr != nil:
-			errs[i] = fail(ctx, fmt.Sprintf("renew %q: look up session keys", l.Key), ttlErr)
-		case l.Entry != nil:
-			if !b.entryAttached(id, l, attached) {
-				b.disownEntry(id, l)
-				errs[i] = fmt.Errorf("etcdbackend: renew %q term %d (%v): %w", l.Key, l.Term, l.Entry.Mode, backend.ErrLeaseLost)
-			}
-		default:
-			owned, _ := b.owns(id, l.Key, l.Token)
-			if !owned || !attached[b.leaseKey(l.Key)] {
-				b.disown(id, l.Key, l.Token)
-				errs[i] = fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
+	if kaErr != nil || ttlErr != nil {
+		for _, i := range items {
+			l := leases[i]
+			switch {
+			case errors.Is(kaErr, backend.ErrLeaseLost):
+				errs[i] = fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, kaErr)
+			case kaErr != nil:
+				errs[i] = fail(ctx, fmt.Sprintf("renew %q: keep-alive", l.Key), kaErr)
+			default:
+				errs[i] = fail(ctx, fmt.Sprintf("renew %q: look up session keys", l.Key), ttlErr)
 			}
 		}
+		return
 	}
+	// Checked after the reply: an acquisition committed before the
+	// look-up is recorded in owned by now, or still pending.
+	orphans := b.checkSession(id, leases, items, errs, ttl.Keys)
+	b.hostLookedUp(id, ttl.Keys)
 	if len(orphans) > 0 {
 		b.deleteOrphans(ctx, id, orphans, ttl.Revision)
 	}
 }
 
-// entryAttached reports whether entry l is held on session lease id: its
-// holder key and every intent of it attached to the session (attached,
-// from the look-up), each acquired by this Backend with l's token and
-// neither released nor found lost since.
-func (b *Backend) entryAttached(id clientv3.LeaseID, l backend.Lease, attached map[string]bool) bool {
-	hk, intents, err := b.entryKeys(l)
-	if err != nil {
-		return false
+// checkSession is the owner check of RenewBatch for leases[i], i in items,
+// all on session lease id, from attached, the etcd keys that the look-up
+// found attached to it: a lease is renewed when its key (an entry's holder
+// key and each of its intents) is among them and this Backend acquired it
+// with the lease's token and has neither released it nor found it lost
+// since; otherwise errs[i] says it is lost, and it is forgotten. It returns
+// the orphans among attached: the keys that this Backend neither holds on
+// id nor is acquiring.
+//
+// It is one pass over attached and one over items, under one lock of b.mu,
+// with no string made of a key of attached (a map indexed by a conversion
+// of bytes to a string makes none), and its index of the keys to find
+// taken from a pool (checkScratch), cleared, not rebuilt: a check of n
+// keys costs a constant number of allocations, not one or more per key
+// (issue #13).
+func (b *Backend) checkSession(id clientv3.LeaseID, leases []backend.Lease, items []int, errs []error, attached [][]byte) []string {
+	sc := checkScratchPool.Get().(*checkScratch)
+	defer sc.release()
+	// The keys to find, without the prefix: each lease's key, or its
+	// entry's holder key and intents (nil in entryKeys: the entry's keys
+	// could not be made, so it is lost).
+	slot := sc.slot
+	var entryKeys map[int][]string
+	for _, i := range items {
+		l := leases[i]
+		if l.Entry == nil {
+			if _, ok := slot[l.Key]; !ok {
+				slot[l.Key] = len(slot)
+			}
+			continue
+		}
+		if entryKeys == nil {
+			entryKeys = make(map[int][]string)
+		}
+		hk, intents, err := b.entryKeys(l)
+		if err != nil {
+			entryKeys[i] = nil
+			continue
+		}
+		ks := make([]string, 0, 1+len(intents))
+		for _, k := range append(intents, hk) {
+			k = k[len(b.prefix):]
+			ks = append(ks, k)
+			if _, ok := slot[k]; !ok {
+				slot[k] = len(slot)
+			}
+		}
+		entryKeys[i] = ks
 	}
-	for _, k := range append(intents, hk) {
-		if owned, _ := b.owns(id, k[len(b.prefix):], l.Token); !owned || !attached[k] {
-			return false
+	sc.found = slices.Grow(sc.found[:0], len(slot))[:len(slot)]
+	found := sc.found
+	clear(found) // release cleared it too: this does not rely on that
+	var orphans []string
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	owned := b.owned[id]
+	for _, k := range attached {
+		if len(k) < len(b.prefix) || string(k[:len(b.prefix)]) != b.prefix {
+			continue
+		}
+		key := k[len(b.prefix):]
+		if j, ok := slot[string(key)]; ok {
+			found[j] = true
+		}
+		// An entry, intent or registration of backend.Modes is pending
+		// with its key (an intent with its ancestor's).
+		of := key
+		if n := bytes.IndexByte(key, 0); n >= 0 {
+			of = key[:n]
+		}
+		if _, held := owned[string(key)]; held || b.pending[string(of)] > 0 {
+			continue
+		}
+		if bytes.Contains(key, heartbeatInfixBytes) {
+			continue // a heartbeat record riding on the session (hostSession)
+		}
+		if bytes.HasPrefix(key, leaseMarkPartBytes) {
+			continue // the session's lease mark
+		}
+		orphans = append(orphans, string(k))
+	}
+	held := func(key, token string) bool {
+		return owned != nil && owned[key] == token && found[slot[key]]
+	}
+	for _, i := range items {
+		l := leases[i]
+		if l.Entry == nil {
+			if !held(l.Key, l.Token) {
+				b.disownLocked(id, l.Key, l.Token)
+				errs[i] = fmt.Errorf("etcdbackend: renew %q term %d: %w", l.Key, l.Term, backend.ErrLeaseLost)
+			}
+			continue
+		}
+		ks := entryKeys[i]
+		ok := ks != nil
+		for _, k := range ks {
+			ok = ok && held(k, l.Token)
+		}
+		if !ok {
+			for _, k := range ks {
+				b.disownLocked(id, k, l.Token)
+			}
+			errs[i] = fmt.Errorf("etcdbackend: renew %q term %d (%v): %w", l.Key, l.Term, l.Entry.Mode, backend.ErrLeaseLost)
 		}
 	}
-	return true
+	return orphans
 }
 
 // deleteOrphans deletes the etcd keys orphans from session lease id, each

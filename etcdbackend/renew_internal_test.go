@@ -1,0 +1,119 @@
+package etcdbackend
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sovereign-go/sovereign/backend"
+)
+
+// checkBackend returns a Backend with nothing but the state checkSession
+// reads: its prefix, what it holds and what it is acquiring.
+func checkBackend() *Backend {
+	return &Backend{prefix: "p/", owned: make(map[clientv3.LeaseID]map[string]string), pending: make(map[string]int)}
+}
+
+// TestCheckSession: RenewBatch's owner check from a look-up renews a lease
+// whose key is attached and held here with its token, loses (and forgets)
+// one whose key is not attached or is held with another token, and
+// returns as orphans the attached keys held by nobody here, but neither a
+// key being acquired (or an entry of it), a heartbeat record, nor the lease
+// mark.
+func TestCheckSession(t *testing.T) {
+	const id = clientv3.LeaseID(7)
+	b := checkBackend()
+	for _, k := range []string{"held", "gone", "stale"} {
+		b.own(id, k, "t-"+k)
+	}
+	b.setPending("coming", 1)
+	attached := [][]byte{
+		[]byte("p/held"), []byte("p/stale"), []byte("p/orphan"), []byte("p/coming"),
+		[]byte("p/coming\x00hx/w"), []byte("p/e/heartbeat/a"), []byte("p/\x00lease/7"),
+		[]byte("other/held"),
+	}
+	leases := []backend.Lease{
+		{Key: "held", Token: "t-held", Term: 1},
+		{Key: "gone", Token: "t-gone", Term: 2},     // not attached
+		{Key: "stale", Token: "t-old", Term: 3},     // attached, another token
+		{Key: "orphan", Token: "t-orphan", Term: 4}, // attached, not held here
+	}
+	errs := make([]error, len(leases))
+	orphans := b.checkSession(id, leases, []int{0, 1, 2, 3}, errs, attached)
+	if errs[0] != nil {
+		t.Errorf("held: got %v, want nil", errs[0])
+	}
+	for i := 1; i < len(leases); i++ {
+		if !errors.Is(errs[i], backend.ErrLeaseLost) {
+			t.Errorf("%s: got %v, want ErrLeaseLost", leases[i].Key, errs[i])
+		}
+	}
+	if owned, _ := b.owns(id, "gone", "t-gone"); owned {
+		t.Errorf("gone: still recorded as held after it was found lost")
+	}
+	if owned, _ := b.owns(id, "stale", "t-stale"); !owned {
+		t.Errorf("stale: the record of the current token was forgotten by the loss of an older one")
+	}
+	if want := []string{"p/orphan"}; !slices.Equal(orphans, want) {
+		t.Errorf("orphans: got %q, want %q", orphans, want)
+	}
+}
+
+// TestRenewPassAllocations: the owner check of a session and the look-up
+// of the heartbeats riding on it make no allocation per key (issue #13: a
+// string of each key, a map rebuilt per pass). testing.AllocsPerRun counts
+// the whole process's, the embedded etcd server's included, so the test
+// compares a pass over 16,384 keys with one over 1,024: one allocation per
+// key would add 15,360.
+func TestRenewPassAllocations(t *testing.T) {
+	small, large := renewPassAllocs(t, 1024), renewPassAllocs(t, 16384)
+	t.Logf("allocations per pass: %v over 1,024 keys, %v over 16,384", small, large)
+	if large-small > 15360/4 {
+		t.Errorf("a pass over 16,384 keys makes %v allocations more than one over 1,024, want under %d (none per key)", large-small, 15360/4)
+	}
+}
+
+// renewPassAllocs returns the allocations of checkSession and hostLookedUp
+// over a session of n keys held here, each with a heartbeat record riding
+// on the session.
+func renewPassAllocs(t *testing.T, n int) float64 {
+	const id = clientv3.LeaseID(7)
+	b := checkBackend()
+	leases := make([]backend.Lease, n)
+	attached := make([][]byte, 0, 2*n)
+	items := make([]int, n)
+	beats := &hbSession{secs: 10, beats: make(map[string]*hbBeat), hosts: make(map[clientv3.LeaseID]time.Time), on: id}
+	for i := range leases {
+		// Longer than 32 bytes, so that a string of one would not fit in
+		// the stack buffer of a conversion.
+		key := fmt.Sprintf("locks/some/rather/long/name/%06d", i)
+		leases[i] = backend.Lease{Key: key, Token: fmt.Sprintf("token-%d", i), Term: uint64(i + 1)}
+		b.own(id, key, leases[i].Token)
+		items[i] = i
+		attached = append(attached, []byte(b.prefix+key))
+		hb := b.heartbeatKey(key, "instance-with-a-long-name")
+		beats.beats[hb] = &hbBeat{}
+		attached = append(attached, []byte(hb))
+	}
+	b.hbSessions = map[int64]*hbSession{10: beats}
+	errs := make([]error, n)
+	allocs := testing.AllocsPerRun(5, func() {
+		if orphans := b.checkSession(id, leases, items, errs, attached); len(orphans) != 0 {
+			t.Fatalf("orphans: %d, want none", len(orphans))
+		}
+		b.hostLookedUp(id, attached)
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	for k, beat := range beats.beats {
+		if !beat.written {
+			t.Fatalf("heartbeat %q: not marked as on the lease after a look-up that found it", k)
+		}
+	}
+	return allocs
+}
