@@ -26,7 +26,8 @@ var (
 const maxBatchKeys = 256
 
 // renewManyScript renews many leases, each exactly as renewScript does
-// (owner check, PEXPIRE, HSET renewed_at and ttl; keep the two in step),
+// (owner check, PEXPIRE, and HSET of ttl only when it changes; keep the
+// two in step),
 // and refreshes the heartbeat record of a lease's holder when asked to.
 // ARGV holds holder, token, ttl ms and heartbeat ttl ms for each lease in
 // turn; KEYS are, for each lease in turn, its key and, when its heartbeat
@@ -60,7 +61,7 @@ for i = 1, #ARGV / 4 do
     hk, mk = KEYS[k + 1], KEYS[k + 2]
     k = k + 2
   end
-  local f = redis.pcall('HMGET', lk, 'holder', 'token', 'term', 'modes')
+  local f = redis.pcall('HMGET', lk, 'holder', 'token', 'term', 'modes', 'ttl')
   if failed(f) then
     out[i] = {'WRONGTYPE', lk, 'a ' .. ktype(lk)}
   elseif f[4] == '1' and not f[1] then -- entries of backend.Modes, as in check_owner
@@ -68,8 +69,7 @@ for i = 1, #ARGV / 4 do
   elseif f[1] and f[2] and tonumber(f[3] or '') then
     if f[1] == holder and f[2] == token then
       redis.call('PEXPIRE', lk, ttl)
-      now = now or fmt(now_ms())
-      redis.call('HSET', lk, 'renewed_at', now, 'ttl', ttl)
+      if f[5] ~= ttl then redis.call('HSET', lk, 'ttl', ttl) end
       out[i] = 'OK'
       if hk then
         -- The holder's record, when it is there and ours (an error reply,
@@ -86,6 +86,7 @@ for i = 1, #ARGV / 4 do
             covered = true
           end
           if covered then
+            now = now or fmt(now_ms())
             redis.call('HSET', hk, 'at', now, 'ttl', hbttl)
             redis.call('PEXPIRE', hk, hbttl)
             out[i] = 'OKH'

@@ -110,9 +110,18 @@ local function load(k, now, h)
   for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
   if f['holder'] and f['token'] and tonumber(f['term'] or '') then
     local p = redis.call('PTTL', k)
+    -- renewed_at: the field, in a record of an earlier version; otherwise
+    -- derived from the expiry, as in acquireScript's HELD reply.
+    local a = f['acquired_at'] or '0'
+    local r = f['renewed_at']
+    if not r then
+      local an, d = tonumber(a) or 0, tonumber(f['ttl'] or '')
+      r = fmt(an)
+      if d and p >= 0 then r = fmt(math.max(an, math.min(now, now - d + p))) end
+    end
     if p < 0 then p = 1099511627776 end
     local e = {tok = f['token'], id = f['holder'], t = f['term'], m = 'x', l = '0',
-      a = f['acquired_at'] or '0', r = f['renewed_at'] or '0', d = f['ttl'] or '0', e = now + p, md = {}}
+      a = a, r = r, d = f['ttl'] or '0', e = now + p, md = {}}
     for i = 1, #h, 2 do
       if string.sub(h[i], 1, 5) == 'meta:' then
         e.md[#e.md + 1] = string.sub(h[i], 6)

@@ -123,11 +123,14 @@ const luaPrelude = luaBase + luaChunked + luaCheckOwner + luaHeartbeatState
 // and the holder's record.
 //
 // On a free key it makes seven calls: HGETALL (the key is free), GET (the
-// counter), TIME, SET PX (the counter), HSET (every field at once), PEXPIRE
-// and PUBLISH (the watch contract promises an event for every acquisition;
-// without subscribers it costs a dictionary lookup), and defines no helper.
-// On a key held by a plain lease it makes three or four: HGETALL, PTTL, and
-// HMGET (and PTTL) of the holder's heartbeat. A key held by entries of
+// counter), TIME, SET PX (the counter), HSET (every field at once; no
+// renewed_at, which readers derive from the expiry: see Renewals in
+// redisbackend.go), PEXPIRE and PUBLISH (the watch contract promises an
+// event for every acquisition; without subscribers it costs a dictionary
+// lookup), and defines no helper. On a key held by a plain lease it makes
+// four or five: HGETALL, PTTL, TIME (for RenewedAt; not for a record of an
+// earlier version, which has the field renewed_at), and HMGET (and PTTL)
+// of the holder's heartbeat. A key held by entries of
 // backend.Modes (holders, or intents of locks below) returns HELDM with the
 // record of each; the helpers that read entries are defined inside that
 // branch, so the way to success costs what it did.
@@ -150,8 +153,24 @@ if h['err'] or #h > 0 then
   for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
   if f['holder'] and f['token'] and tonumber(f['term'] or '') then
     -- Held: the holder's record (see the top of this file).
+    -- renewed_at: the field, in a record of an earlier version (which wrote
+    -- it at every renewal); otherwise derived from the lease's expiry, set
+    -- by the last acquisition or renewal to its time plus the ttl field:
+    -- now - (ttl - PTTL), within [acquired_at, now] (see Renewals in
+    -- redisbackend.go).
+    local p = redis.call('PTTL', KEYS[1])
+    local r = f['renewed_at']
+    if not r then
+      local a, d = tonumber(f['acquired_at'] or '') or 0, tonumber(f['ttl'] or '')
+      r = a
+      if d and p >= 0 then
+        local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        r = math.max(a, math.min(now, now - d + p))
+      end
+    end
     local out = {'HELD', f['holder'], f['token'], f['term'], f['acquired_at'] or '0',
-      f['renewed_at'] or '0', redis.call('PTTL', KEYS[1]), -1, -1, -1}
+      r, p, -1, -1, -1}
     -- The holder's heartbeat, when it is a record of ours; foreign data
     -- there is not reported here (HMGET's error reply has no [1]).
     local hbk = KEYS[1] .. ':heartbeat:' .. f['holder']
@@ -207,10 +226,10 @@ local now = string.format('%d', sec * 1000 + math.floor(usec / 1000))
 redis.call('SET', KEYS[2], term, 'PX', ARGV[4])
 if #ARGV == 5 then
   redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', ARGV[2], 'term', term,
-    'acquired_at', now, 'renewed_at', now, 'ttl', ARGV[3])
+    'acquired_at', now, 'ttl', ARGV[3])
 else
   local fields = {'holder', ARGV[1], 'token', ARGV[2], 'term', term,
-    'acquired_at', now, 'renewed_at', now, 'ttl', ARGV[3]}
+    'acquired_at', now, 'ttl', ARGV[3]}
   for i = 6, #ARGV, 2 do
     fields[#fields + 1] = 'meta:' .. ARGV[i]
     fields[#fields + 1] = ARGV[i + 1]
@@ -225,20 +244,21 @@ if ARGV[5] ~= '' then redis.call(ARGV[5], KEYS[1] .. ':events', 'acquired:' .. t
 return tn
 `)
 
-// renewScript: KEYS lease; ARGV holder, token, ttl ms. Four calls: HMGET
-// (of holder, token and term), PEXPIRE, TIME, HSET; the owner check's
-// helpers are defined only when the lease is not the caller's (check_owner
-// then reads the lease again, with the marker field modes).
+// renewScript: KEYS lease; ARGV holder, token, ttl ms. Two calls: HMGET
+// (of holder, token, term and ttl) and PEXPIRE, and a third, HSET of the
+// field ttl, only when the renewal changes the lease's TTL: the time of
+// the renewal is not written, readers derive it from the expiry PEXPIRE
+// sets (see Renewals in redisbackend.go). The owner check's helpers are
+// defined only when the lease is not the caller's (check_owner then reads
+// the lease again, with the marker field modes).
 var renewScript = redis.NewScript(`
-local f = redis.pcall('HMGET', KEYS[1], 'holder', 'token', 'term')
+local f = redis.pcall('HMGET', KEYS[1], 'holder', 'token', 'term', 'ttl')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or not tonumber(f[3] or '') then
 ` + luaBase + luaCheckOwner + `
   return check_owner(KEYS[1]) or {'LOST'}
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-local t = redis.call('TIME')
-redis.call('HSET', KEYS[1], 'renewed_at',
-  string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)), 'ttl', ARGV[3])
+if f[4] ~= ARGV[3] then redis.call('HSET', KEYS[1], 'ttl', ARGV[3]) end
 return {'OK'}
 `)
 
