@@ -86,8 +86,10 @@ for i = 1, #ARGV / 4 do
             covered = true
           end
           if covered then
-            now = now or fmt(now_ms())
-            redis.call('HSET', hk, 'at', now, 'ttl', hbttl)
+            if v[2] ~= hbttl then
+              now = now or fmt(now_ms())
+              redis.call('HSET', hk, 'at', now, 'ttl', hbttl)
+            end
             redis.call('PEXPIRE', hk, hbttl)
             out[i] = 'OKH'
           end
@@ -125,8 +127,10 @@ for i = 1, #KEYS / 2 do
   elseif failed(redis.pcall('SADD', mk, id)) then
     out[i] = {'WRONGTYPE', mk, 'a ' .. ktype(mk)}
   else
-    now = now or fmt(now_ms())
-    redis.call('HSET', hk, 'at', now, 'ttl', ttl)
+    if v[2] ~= ttl then
+      now = now or fmt(now_ms())
+      redis.call('HSET', hk, 'at', now, 'ttl', ttl)
+    end
     redis.call('PEXPIRE', hk, ttl)
     if redis.call('PTTL', mk) < tonumber(ttl) then
       redis.call('PEXPIRE', mk, ttl)

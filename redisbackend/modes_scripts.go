@@ -173,7 +173,11 @@ local function rec(key, name, e, now)
   local hbk = name .. ':heartbeat:' .. e.id
   local v = redis.pcall('HMGET', hbk, 'at', 'ttl')
   if not failed(v) and tonumber(v[1] or '') and tonumber(v[2] or '') then
-    out[10], out[11], out[12] = v[1], v[2], redis.call('PTTL', hbk)
+    local p = redis.call('PTTL', hbk)
+    out[10], out[11], out[12] = v[1], v[2], p
+    -- The last heartbeat, derived from the record's expiry (see Heartbeats
+    -- in redisbackend.go).
+    if p >= 0 then out[10] = now - tonumber(v[2]) + p end
   end
   for _, s in ipairs(e.md) do out[#out + 1] = s end
   return out

@@ -34,8 +34,9 @@
 //	                                     Fencing terms). Every Acquire sets its PEXPIRE to
 //	                                     Options.TermRetention (1 minute): it survives
 //	                                     release and expiry for at most that long.
-//	sovereign:{billing}:heartbeat:<id>   hash: fields at (unix ms) and ttl (ms, as granted),
-//	                                     PEXPIRE ttl; the age is ttl - PTTL.
+//	sovereign:{billing}:heartbeat:<id>   hash: fields at (unix ms, when the record was
+//	                                     written with this ttl) and ttl (ms, as granted),
+//	                                     PEXPIRE ttl; the age is ttl - PTTL (see Heartbeats).
 //	sovereign:{billing}:members          set of the IDs that sent heartbeats (an index;
 //	                                     Members prunes IDs whose heartbeat has expired);
 //	                                     PEXPIRE: until its last heartbeat record expires.
@@ -106,6 +107,19 @@
 // from the field. Those versions read the leases of this one with
 // RenewedAt at the Unix epoch (they find no renewed_at), which is
 // informational only: nothing in the elector or the lock package uses it.
+//
+// # Heartbeats
+//
+// Heartbeat records are kept the same way: a heartbeat (Heartbeat,
+// HeartbeatBatch, or a leader's renewal that refreshes its own record)
+// sets the record's expiry and writes its fields (at, ttl) only when it
+// creates the record or changes its TTL. The age of the last heartbeat is
+// ttl - PTTL, and Record.HeartbeatAt and Member.HeartbeatAt are derived as
+// now - age by the server's clock; the field at is read only from a record
+// without an expiry. Versions before this one wrote at at every heartbeat
+// and read it as HeartbeatAt, so they report the time a record of this
+// version was created; their ages (ttl - PTTL, what the elector uses) are
+// right.
 //
 // If a key at one of these paths holds something else (a string where the
 // lease hash belongs, say), the scripts leave it untouched and the call

@@ -153,30 +153,39 @@ if h['err'] or #h > 0 then
   for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
   if f['holder'] and f['token'] and tonumber(f['term'] or '') then
     -- Held: the holder's record (see the top of this file).
-    -- renewed_at: the field, in a record of an earlier version (which wrote
-    -- it at every renewal); otherwise derived from the lease's expiry, set
-    -- by the last acquisition or renewal to its time plus the ttl field:
-    -- now - (ttl - PTTL), within [acquired_at, now] (see Renewals in
-    -- redisbackend.go).
+    -- The times are derived from expiries (see Renewals and Heartbeats in
+    -- redisbackend.go), by the server's clock (TIME) when needed: the
+    -- last renewal at now - (ttl - PTTL) of the lease, within
+    -- [acquired_at, now] (or the field renewed_at, in a record of an
+    -- earlier version, which wrote it at every renewal), and the holder's
+    -- last heartbeat likewise from its record.
     local p = redis.call('PTTL', KEYS[1])
-    local r = f['renewed_at']
-    if not r then
-      local a, d = tonumber(f['acquired_at'] or '') or 0, tonumber(f['ttl'] or '')
-      r = a
-      if d and p >= 0 then
-        local t = redis.call('TIME')
-        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-        r = math.max(a, math.min(now, now - d + p))
-      end
-    end
     local out = {'HELD', f['holder'], f['token'], f['term'], f['acquired_at'] or '0',
-      r, p, -1, -1, -1}
+      f['renewed_at'], p, -1, -1, -1}
+    local now
     -- The holder's heartbeat, when it is a record of ours; foreign data
     -- there is not reported here (HMGET's error reply has no [1]).
     local hbk = KEYS[1] .. ':heartbeat:' .. f['holder']
     local v = redis.pcall('HMGET', hbk, 'at', 'ttl')
     if tonumber(v[1] or '') and tonumber(v[2] or '') then
-      out[8], out[9], out[10] = v[1], v[2], redis.call('PTTL', hbk)
+      local hp = redis.call('PTTL', hbk)
+      out[8], out[9], out[10] = v[1], v[2], hp
+      if hp >= 0 then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        out[8] = now - tonumber(v[2]) + hp
+      end
+    end
+    if not out[6] then
+      local a, d = tonumber(f['acquired_at'] or '') or 0, tonumber(f['ttl'] or '')
+      out[6] = a
+      if d and p >= 0 then
+        if not now then
+          local t = redis.call('TIME')
+          now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        end
+        out[6] = math.max(a, math.min(now, now - d + p))
+      end
     end
     for i = 1, #h, 2 do
       if string.sub(h[i], 1, 5) == 'meta:' then
@@ -301,9 +310,12 @@ return {'OK'}
 `)
 
 // heartbeatScript: KEYS heartbeat key, members; ARGV id, ttl ms. On the
-// way to success it makes seven calls: HMGET (the record is ours or
-// absent), SADD (the members set is a set), TIME, HSET, PEXPIRE, PTTL and
-// PEXPIRE (the set's expiry covers the record).
+// way to success it makes five calls: HMGET (the record is ours or
+// absent), SADD (the members set is a set), PEXPIRE, PTTL and PEXPIRE (the
+// set's expiry covers the record); and TIME and HSET (the fields at and
+// ttl) only when it creates the record or changes its TTL: the time of a
+// heartbeat is derived from the record's expiry (see Heartbeats in
+// redisbackend.go).
 var heartbeatScript = redis.NewScript(luaPrelude + `
 local v = redis.pcall('HMGET', KEYS[1], 'at', 'ttl')
 if failed(v) then return foreign(KEYS[1]) end
@@ -314,7 +326,7 @@ if not (tonumber(v[1] or '') and tonumber(v[2] or '')) then
 end
 -- SADD fails, writing nothing, when the members key holds foreign data.
 if failed(redis.pcall('SADD', KEYS[2], ARGV[1])) then return foreign(KEYS[2]) end
-redis.call('HSET', KEYS[1], 'at', fmt(now_ms()), 'ttl', ARGV[2])
+if v[2] ~= ARGV[2] then redis.call('HSET', KEYS[1], 'at', fmt(now_ms()), 'ttl', ARGV[2]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
@@ -323,13 +335,15 @@ return {'OK'}
 `)
 
 // membersScript: KEYS members, heartbeat base. Returns OK followed by id,
-// at, ttl, pttl per live member; prunes IDs whose heartbeat key is gone and
-// skips (without touching) foreign data at a heartbeat path.
+// at, ttl, pttl per live member, at derived from the record's expiry (now
+// - (ttl - PTTL)); prunes IDs whose heartbeat key is gone and skips
+// (without touching) foreign data at a heartbeat path.
 var membersScript = redis.NewScript(luaPrelude + `
 local ms = set_state(KEYS[1])
 if ms == 'none' then return {'OK'} end
 if ms ~= 'ok' then return {'WRONGTYPE', KEYS[1], ms} end
 local out = {'OK'}
+local now
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local k = KEYS[2] .. id
   local s = hb_state(k)
@@ -337,10 +351,16 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     redis.call('SREM', KEYS[1], id)
   elseif s == 'ok' then
     local v = redis.call('HMGET', k, 'at', 'ttl')
+    local p = redis.call('PTTL', k)
+    local at = v[1]
+    if p >= 0 then
+      now = now or now_ms()
+      at = now - tonumber(v[2]) + p
+    end
     out[#out + 1] = id
-    out[#out + 1] = v[1]
+    out[#out + 1] = at
     out[#out + 1] = v[2]
-    out[#out + 1] = redis.call('PTTL', k)
+    out[#out + 1] = p
   end
 end
 return out
