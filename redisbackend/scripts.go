@@ -146,7 +146,9 @@ const luaPrelude = luaBase + luaChunked + luaCheckOwner + luaHeartbeatState
 // need (the counter and TIME: terms above every earlier one; PUBLISH: the
 // watch contract; PEXPIRE: a hash takes its TTL in a second command), so
 // the free path is at its floor for this key layout.
-var acquireScript = redis.NewScript(`
+var acquireScript = redis.NewScript(acquireSrc)
+
+const acquireSrc = `
 local h = redis.pcall('HGETALL', KEYS[1])
 if h['err'] or #h > 0 then
   local f = {}
@@ -251,7 +253,7 @@ end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 if ARGV[5] ~= '' then redis.call(ARGV[5], KEYS[1] .. ':events', 'acquired:' .. term) end
 return tn
-`)
+`
 
 // renewScript: KEYS lease; ARGV holder, token, ttl ms. Two calls: HMGET
 // (of holder, token, term and ttl) and PEXPIRE, and a third, HSET of the
