@@ -145,9 +145,19 @@ const luaPrelude = luaBase + luaChunked + luaCheckOwner + luaHeartbeatState
 // (validation, formatting) about 0.4. Each call is one the guarantees
 // need (the counter and TIME: terms above every earlier one; PUBLISH: the
 // watch contract; PEXPIRE: a hash takes its TTL in a second command), so
-// the free path is at its floor for this key layout.
+// the free path is at its floor for this key layout. Since then the field
+// renewed_at is no longer written: BenchmarkAcquireVariantsServerCPU (an
+// acquisition alone, 512 pipelined, interleaved with the previous script
+// on one server; load average 5 on 2 cores) gives 9.1-9.3 µs against
+// 9.5-9.6 before. Reading and writing the counter in one SET ... GET
+// (Redis 6.2) would save another 0.5 µs (8.7), but it overwrites foreign
+// data found in the counter before it can tell, and needs Redis 6.2: not
+// done. A HELD reply costs a TIME more than it did (for RenewedAt and
+// HeartbeatAt, no longer stored), about 0.8 µs (BenchmarkScriptServerCPU
+// "acquire held": 9.1-9.7 µs against 8.5-8.6).
 var acquireScript = redis.NewScript(acquireSrc)
 
+// acquireSrc is acquireScript's source (benchmarks make variants of it).
 const acquireSrc = `
 local h = redis.pcall('HGETALL', KEYS[1])
 if h['err'] or #h > 0 then
