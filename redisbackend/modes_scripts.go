@@ -420,7 +420,11 @@ return {'OK', term}
 
 // renewEntryScript: KEYS lease hash, then each ancestor's lease hash; ARGV
 // holder, token, ttl ms. It extends the entry and its intents to now + ttl;
-// an intent that is gone makes the entry LOST (nothing is written).
+// an intent that is gone makes the entry LOST (nothing is written). Unlike
+// a plain lease's renewal, it rewrites the entry, whose expiry is part of
+// its value (the hash's own expiry is the latest of its entries'), so
+// writing renewed_at there (the field r) costs nothing more, and the entry
+// keeps it: RenewedAt is not derived for entries.
 var renewEntryScript = redis.NewScript(luaBase + luaChunked + modesLua + `
 local now = now_ms()
 local e, bad = check_entry(KEYS[1], now)
