@@ -88,12 +88,63 @@ end
 return out
 `)
 
+// hmget4ManyScript, hmget2ManyScript and hgetManyScript are renewals
+// written as small as they go, for measurement only: HMGET of holder,
+// token, term and ttl (renewManyScript's fields) with the owner check and
+// PEXPIRE, and nothing else (no foreign data, no heartbeat); HMGET of
+// holder and token; HGET of the token alone.
+var (
+	hmget2ManyScript = redis.NewScript(`
+local out = {}
+for i = 1, #KEYS do
+  local a = (i - 1) * 4
+  local f = redis.pcall('HMGET', KEYS[i], 'holder', 'token')
+  if f[1] == ARGV[a + 1] and f[2] == ARGV[a + 2] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[a + 3])
+    out[i] = 'OK'
+  else
+    out[i] = 'LOST'
+  end
+end
+return out
+`)
+	hmget4ManyScript = redis.NewScript(`
+local out = {}
+for i = 1, #KEYS do
+  local a = (i - 1) * 4
+  local f = redis.pcall('HMGET', KEYS[i], 'holder', 'token', 'term', 'ttl')
+  if f[1] == ARGV[a + 1] and f[2] == ARGV[a + 2] and tonumber(f[3] or '') then
+    redis.call('PEXPIRE', KEYS[i], ARGV[a + 3])
+    if f[4] ~= ARGV[a + 3] then redis.call('HSET', KEYS[i], 'ttl', ARGV[a + 3]) end
+    out[i] = 'OK'
+  else
+    out[i] = 'LOST'
+  end
+end
+return out
+`)
+	hgetManyScript = redis.NewScript(`
+local out = {}
+for i = 1, #KEYS do
+  local a = (i - 1) * 4
+  if redis.pcall('HGET', KEYS[i], 'token') == ARGV[a + 2] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[a + 3])
+    out[i] = 'OK'
+  else
+    out[i] = 'LOST'
+  end
+end
+return out
+`)
+)
+
 // BenchmarkRenewVariantsServerCPU compares, on one real redis-server and
 // interleaved (the order rotating every round), the server's CPU time per
 // renewal of batch scripts over 1,024 leases (4 scripts of 256, one
 // pipeline): "current" (renewManyScript), "previous" (which wrote
-// renewed_at and ttl: prevRenewManyScript) and "pexpire" (no owner check:
-// the floor), on locks (no heartbeat record) and, with the suffix "hb", on
+// renewed_at and ttl: prevRenewManyScript), "pexpire" (no owner check:
+// the floor) and the smaller owner checks of hmget4ManyScript and its
+// kin, on locks (no heartbeat record) and, with the suffix "hb", on
 // leaders whose renewal refreshes their heartbeat record (the members set
 // covering it, as it mostly does). Each variant renews its own leases, so
 // that the hashes are those it would find (the previous version's have the
@@ -125,6 +176,9 @@ func BenchmarkRenewVariantsServerCPU(b *testing.B) {
 		{name: "current", script: renewManyScript, want: "OK"},
 		{name: "previous", script: prevRenewManyScript, want: "OK"},
 		{name: "pexpire", script: pexpireManyScript, want: "OK"},
+		{name: "hmget2", script: hmget2ManyScript, want: "OK"},
+		{name: "hget", script: hgetManyScript, want: "OK"},
+		{name: "hmget4", script: hmget4ManyScript, want: "OK"},
 		{name: "current-hb", script: renewManyScript, hb: true, want: "OKH"},
 		{name: "previous-hb", script: prevRenewManyScript, hb: true, want: "OKH"},
 	}
