@@ -110,9 +110,18 @@ local function load(k, now, h)
   for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
   if f['holder'] and f['token'] and tonumber(f['term'] or '') then
     local p = redis.call('PTTL', k)
+    -- renewed_at: the field, in a record of an earlier version; otherwise
+    -- derived from the expiry, as in acquireScript's HELD reply.
+    local a = f['acquired_at'] or '0'
+    local r = f['renewed_at']
+    if not r then
+      local an, d = tonumber(a) or 0, tonumber(f['ttl'] or '')
+      r = fmt(an)
+      if d and p >= 0 then r = fmt(math.max(an, math.min(now, now - d + p))) end
+    end
     if p < 0 then p = 1099511627776 end
     local e = {tok = f['token'], id = f['holder'], t = f['term'], m = 'x', l = '0',
-      a = f['acquired_at'] or '0', r = f['renewed_at'] or '0', d = f['ttl'] or '0', e = now + p, md = {}}
+      a = a, r = r, d = f['ttl'] or '0', e = now + p, md = {}}
     for i = 1, #h, 2 do
       if string.sub(h[i], 1, 5) == 'meta:' then
         e.md[#e.md + 1] = string.sub(h[i], 6)
@@ -164,7 +173,11 @@ local function rec(key, name, e, now)
   local hbk = name .. ':heartbeat:' .. e.id
   local v = redis.pcall('HMGET', hbk, 'at', 'ttl')
   if not failed(v) and tonumber(v[1] or '') and tonumber(v[2] or '') then
-    out[10], out[11], out[12] = v[1], v[2], redis.call('PTTL', hbk)
+    local p = redis.call('PTTL', hbk)
+    out[10], out[11], out[12] = v[1], v[2], p
+    -- The last heartbeat, derived from the record's expiry (see Heartbeats
+    -- in redisbackend.go).
+    if p >= 0 then out[10] = now - tonumber(v[2]) + p end
   end
   for _, s in ipairs(e.md) do out[#out + 1] = s end
   return out
@@ -407,7 +420,11 @@ return {'OK', term}
 
 // renewEntryScript: KEYS lease hash, then each ancestor's lease hash; ARGV
 // holder, token, ttl ms. It extends the entry and its intents to now + ttl;
-// an intent that is gone makes the entry LOST (nothing is written).
+// an intent that is gone makes the entry LOST (nothing is written). Unlike
+// a plain lease's renewal, it rewrites the entry, whose expiry is part of
+// its value (the hash's own expiry is the latest of its entries'), so
+// writing renewed_at there (the field r) costs nothing more, and the entry
+// keeps it: RenewedAt is not derived for entries.
 var renewEntryScript = redis.NewScript(luaBase + luaChunked + modesLua + `
 local now = now_ms()
 local e, bad = check_entry(KEYS[1], now)

@@ -25,16 +25,18 @@
 // (lock keys differ: see Lock trees and Cluster below):
 //
 //	sovereign:{billing}                  hash: the lease, with the fields holder, token,
-//	                                     term, acquired_at and renewed_at (unix ms), ttl (ms)
-//	                                     and one field meta:<name> per metadata entry;
-//	                                     PEXPIRE ttl. Absent when nobody holds the key.
+//	                                     term, acquired_at (unix ms), ttl (ms, of the last
+//	                                     acquisition or renewal) and one field meta:<name>
+//	                                     per metadata entry; PEXPIRE ttl. Absent when
+//	                                     nobody holds the key. No renewed_at: see Renewals.
 //	sovereign:{billing}:term             string: the fencing term counter. Holds the last
 //	                                     term handed out, an integer below 2^53-1 (see
 //	                                     Fencing terms). Every Acquire sets its PEXPIRE to
 //	                                     Options.TermRetention (1 minute): it survives
 //	                                     release and expiry for at most that long.
-//	sovereign:{billing}:heartbeat:<id>   hash: fields at (unix ms) and ttl (ms, as granted),
-//	                                     PEXPIRE ttl; the age is ttl - PTTL.
+//	sovereign:{billing}:heartbeat:<id>   hash: fields at (unix ms, when the record was
+//	                                     written with this ttl) and ttl (ms, as granted),
+//	                                     PEXPIRE ttl; the age is ttl - PTTL (see Heartbeats).
 //	sovereign:{billing}:members          set of the IDs that sent heartbeats (an index;
 //	                                     Members prunes IDs whose heartbeat has expired);
 //	                                     PEXPIRE: until its last heartbeat record expires.
@@ -89,6 +91,35 @@
 // Once a key is released and its heartbeats have expired, the keyspace is
 // back to its size before the key was used, at most TermRetention or one
 // heartbeat TTL later, whichever is longer.
+//
+// # Renewals
+//
+// A renewal writes nothing but the lease's expiry (PEXPIRE), and the field
+// ttl only when it changes the lease's TTL: the time of the last renewal
+// is not stored. Record.RenewedAt is derived when the record is read, from
+// the expiry that the last acquisition or renewal set to its own time plus
+// ttl: RenewedAt = now - (ttl - PTTL), by the server's clock (TIME), which
+// gives the time of the last renewal to the millisecond (kept within
+// [AcquiredAt, now]); a lease hash left without an expiry (by a PERSIST
+// by hand) reads with RenewedAt equal to AcquiredAt. Versions before this one
+// wrote a field renewed_at at every acquisition and renewal; a record that
+// has it (a lease held by such a version, during a rolling upgrade) is read
+// from the field. Those versions read the leases of this one with
+// RenewedAt at the Unix epoch (they find no renewed_at), which is
+// informational only: nothing in the elector or the lock package uses it.
+//
+// # Heartbeats
+//
+// Heartbeat records are kept the same way: a heartbeat (Heartbeat,
+// HeartbeatBatch, or a leader's renewal that refreshes its own record)
+// sets the record's expiry and writes its fields (at, ttl) only when it
+// creates the record or changes its TTL. The age of the last heartbeat is
+// ttl - PTTL, and Record.HeartbeatAt and Member.HeartbeatAt are derived as
+// now - age by the server's clock; the field at is read only from a record
+// without an expiry. Versions before this one wrote at at every heartbeat
+// and read it as HeartbeatAt, so they report the time a record of this
+// version was created; their ages (ttl - PTTL, what the elector uses) are
+// right.
 //
 // If a key at one of these paths holds something else (a string where the
 // lease hash belongs, say), the scripts leave it untouched and the call

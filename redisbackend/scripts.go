@@ -123,11 +123,14 @@ const luaPrelude = luaBase + luaChunked + luaCheckOwner + luaHeartbeatState
 // and the holder's record.
 //
 // On a free key it makes seven calls: HGETALL (the key is free), GET (the
-// counter), TIME, SET PX (the counter), HSET (every field at once), PEXPIRE
-// and PUBLISH (the watch contract promises an event for every acquisition;
-// without subscribers it costs a dictionary lookup), and defines no helper.
-// On a key held by a plain lease it makes three or four: HGETALL, PTTL, and
-// HMGET (and PTTL) of the holder's heartbeat. A key held by entries of
+// counter), TIME, SET PX (the counter), HSET (every field at once; no
+// renewed_at, which readers derive from the expiry: see Renewals in
+// redisbackend.go), PEXPIRE and PUBLISH (the watch contract promises an
+// event for every acquisition; without subscribers it costs a dictionary
+// lookup), and defines no helper. On a key held by a plain lease it makes
+// four or five: HGETALL, PTTL, TIME (for RenewedAt; not for a record of an
+// earlier version, which has the field renewed_at), and HMGET (and PTTL)
+// of the holder's heartbeat. A key held by entries of
 // backend.Modes (holders, or intents of locks below) returns HELDM with the
 // record of each; the helpers that read entries are defined inside that
 // branch, so the way to success costs what it did.
@@ -142,22 +145,59 @@ const luaPrelude = luaBase + luaChunked + luaCheckOwner + luaHeartbeatState
 // (validation, formatting) about 0.4. Each call is one the guarantees
 // need (the counter and TIME: terms above every earlier one; PUBLISH: the
 // watch contract; PEXPIRE: a hash takes its TTL in a second command), so
-// the free path is at its floor for this key layout.
-var acquireScript = redis.NewScript(`
+// the free path is at its floor for this key layout. Since then the field
+// renewed_at is no longer written: BenchmarkAcquireVariantsServerCPU (an
+// acquisition alone, 512 pipelined, interleaved with the previous script
+// on one server; load average 5 on 2 cores) gives 9.1-9.3 µs against
+// 9.5-9.6 before. Reading and writing the counter in one SET ... GET
+// (Redis 6.2) would save another 0.5 µs (8.7), but it overwrites foreign
+// data found in the counter before it can tell, and needs Redis 6.2: not
+// done. A HELD reply costs a TIME more than it did (for RenewedAt and
+// HeartbeatAt, no longer stored), about 0.8 µs (BenchmarkScriptServerCPU
+// "acquire held": 9.1-9.7 µs against 8.5-8.6).
+var acquireScript = redis.NewScript(acquireSrc)
+
+// acquireSrc is acquireScript's source (benchmarks make variants of it).
+const acquireSrc = `
 local h = redis.pcall('HGETALL', KEYS[1])
 if h['err'] or #h > 0 then
   local f = {}
   for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
   if f['holder'] and f['token'] and tonumber(f['term'] or '') then
     -- Held: the holder's record (see the top of this file).
+    -- The times are derived from expiries (see Renewals and Heartbeats in
+    -- redisbackend.go), by the server's clock (TIME) when needed: the
+    -- last renewal at now - (ttl - PTTL) of the lease, within
+    -- [acquired_at, now] (or the field renewed_at, in a record of an
+    -- earlier version, which wrote it at every renewal), and the holder's
+    -- last heartbeat likewise from its record.
+    local p = redis.call('PTTL', KEYS[1])
     local out = {'HELD', f['holder'], f['token'], f['term'], f['acquired_at'] or '0',
-      f['renewed_at'] or '0', redis.call('PTTL', KEYS[1]), -1, -1, -1}
+      f['renewed_at'], p, -1, -1, -1}
+    local now
     -- The holder's heartbeat, when it is a record of ours; foreign data
     -- there is not reported here (HMGET's error reply has no [1]).
     local hbk = KEYS[1] .. ':heartbeat:' .. f['holder']
     local v = redis.pcall('HMGET', hbk, 'at', 'ttl')
     if tonumber(v[1] or '') and tonumber(v[2] or '') then
-      out[8], out[9], out[10] = v[1], v[2], redis.call('PTTL', hbk)
+      local hp = redis.call('PTTL', hbk)
+      out[8], out[9], out[10] = v[1], v[2], hp
+      if hp >= 0 then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        out[8] = now - tonumber(v[2]) + hp
+      end
+    end
+    if not out[6] then
+      local a, d = tonumber(f['acquired_at'] or '') or 0, tonumber(f['ttl'] or '')
+      out[6] = a
+      if d and p >= 0 then
+        if not now then
+          local t = redis.call('TIME')
+          now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        end
+        out[6] = math.max(a, math.min(now, now - d + p))
+      end
     end
     for i = 1, #h, 2 do
       if string.sub(h[i], 1, 5) == 'meta:' then
@@ -207,10 +247,10 @@ local now = string.format('%d', sec * 1000 + math.floor(usec / 1000))
 redis.call('SET', KEYS[2], term, 'PX', ARGV[4])
 if #ARGV == 5 then
   redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', ARGV[2], 'term', term,
-    'acquired_at', now, 'renewed_at', now, 'ttl', ARGV[3])
+    'acquired_at', now, 'ttl', ARGV[3])
 else
   local fields = {'holder', ARGV[1], 'token', ARGV[2], 'term', term,
-    'acquired_at', now, 'renewed_at', now, 'ttl', ARGV[3]}
+    'acquired_at', now, 'ttl', ARGV[3]}
   for i = 6, #ARGV, 2 do
     fields[#fields + 1] = 'meta:' .. ARGV[i]
     fields[#fields + 1] = ARGV[i + 1]
@@ -223,22 +263,23 @@ end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 if ARGV[5] ~= '' then redis.call(ARGV[5], KEYS[1] .. ':events', 'acquired:' .. term) end
 return tn
-`)
+`
 
-// renewScript: KEYS lease; ARGV holder, token, ttl ms. Four calls: HMGET
-// (of holder, token and term), PEXPIRE, TIME, HSET; the owner check's
-// helpers are defined only when the lease is not the caller's (check_owner
-// then reads the lease again, with the marker field modes).
+// renewScript: KEYS lease; ARGV holder, token, ttl ms. Two calls: HMGET
+// (of holder, token, term and ttl) and PEXPIRE, and a third, HSET of the
+// field ttl, only when the renewal changes the lease's TTL: the time of
+// the renewal is not written, readers derive it from the expiry PEXPIRE
+// sets (see Renewals in redisbackend.go). The owner check's helpers are
+// defined only when the lease is not the caller's (check_owner then reads
+// the lease again, with the marker field modes).
 var renewScript = redis.NewScript(`
-local f = redis.pcall('HMGET', KEYS[1], 'holder', 'token', 'term')
+local f = redis.pcall('HMGET', KEYS[1], 'holder', 'token', 'term', 'ttl')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or not tonumber(f[3] or '') then
 ` + luaBase + luaCheckOwner + `
   return check_owner(KEYS[1]) or {'LOST'}
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-local t = redis.call('TIME')
-redis.call('HSET', KEYS[1], 'renewed_at',
-  string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)), 'ttl', ARGV[3])
+if f[4] ~= ARGV[3] then redis.call('HSET', KEYS[1], 'ttl', ARGV[3]) end
 return {'OK'}
 `)
 
@@ -281,9 +322,12 @@ return {'OK'}
 `)
 
 // heartbeatScript: KEYS heartbeat key, members; ARGV id, ttl ms. On the
-// way to success it makes seven calls: HMGET (the record is ours or
-// absent), SADD (the members set is a set), TIME, HSET, PEXPIRE, PTTL and
-// PEXPIRE (the set's expiry covers the record).
+// way to success it makes five calls: HMGET (the record is ours or
+// absent), SADD (the members set is a set), PEXPIRE, PTTL and PEXPIRE (the
+// set's expiry covers the record); and TIME and HSET (the fields at and
+// ttl) only when it creates the record or changes its TTL: the time of a
+// heartbeat is derived from the record's expiry (see Heartbeats in
+// redisbackend.go).
 var heartbeatScript = redis.NewScript(luaPrelude + `
 local v = redis.pcall('HMGET', KEYS[1], 'at', 'ttl')
 if failed(v) then return foreign(KEYS[1]) end
@@ -294,7 +338,7 @@ if not (tonumber(v[1] or '') and tonumber(v[2] or '')) then
 end
 -- SADD fails, writing nothing, when the members key holds foreign data.
 if failed(redis.pcall('SADD', KEYS[2], ARGV[1])) then return foreign(KEYS[2]) end
-redis.call('HSET', KEYS[1], 'at', fmt(now_ms()), 'ttl', ARGV[2])
+if v[2] ~= ARGV[2] then redis.call('HSET', KEYS[1], 'at', fmt(now_ms()), 'ttl', ARGV[2]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
@@ -303,13 +347,15 @@ return {'OK'}
 `)
 
 // membersScript: KEYS members, heartbeat base. Returns OK followed by id,
-// at, ttl, pttl per live member; prunes IDs whose heartbeat key is gone and
-// skips (without touching) foreign data at a heartbeat path.
+// at, ttl, pttl per live member, at derived from the record's expiry (now
+// - (ttl - PTTL)); prunes IDs whose heartbeat key is gone and skips
+// (without touching) foreign data at a heartbeat path.
 var membersScript = redis.NewScript(luaPrelude + `
 local ms = set_state(KEYS[1])
 if ms == 'none' then return {'OK'} end
 if ms ~= 'ok' then return {'WRONGTYPE', KEYS[1], ms} end
 local out = {'OK'}
+local now
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local k = KEYS[2] .. id
   local s = hb_state(k)
@@ -317,10 +363,16 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     redis.call('SREM', KEYS[1], id)
   elseif s == 'ok' then
     local v = redis.call('HMGET', k, 'at', 'ttl')
+    local p = redis.call('PTTL', k)
+    local at = v[1]
+    if p >= 0 then
+      now = now or now_ms()
+      at = now - tonumber(v[2]) + p
+    end
     out[#out + 1] = id
-    out[#out + 1] = v[1]
+    out[#out + 1] = at
     out[#out + 1] = v[2]
-    out[#out + 1] = redis.call('PTTL', k)
+    out[#out + 1] = p
   end
 end
 return out
