@@ -63,7 +63,10 @@ func recordsOf(t *testing.T, ctx context.Context, b backend.Backend, key string)
 // either way for the truncation to milliseconds).
 func checkRenewedAt(t *testing.T, ctx context.Context, b backend.Backend, key string, from, to time.Time) {
 	t.Helper()
-	from, to = from.Add(-time.Millisecond), to.Add(time.Millisecond)
+	// The derived time is whole milliseconds of the server's cached command
+	// time, which may trail its TIME by up to a millisecond: the bounds are
+	// the millisecond before from's and the one after to.
+	from, to = from.Truncate(time.Millisecond).Add(-time.Millisecond), to.Add(time.Millisecond)
 	for how, rec := range recordsOf(t, ctx, b, key) {
 		if rec.RenewedAt.Before(from) || rec.RenewedAt.After(to) {
 			t.Errorf("%s: RenewedAt %s, want within [%s, %s], the server's clock around the last renewal",
