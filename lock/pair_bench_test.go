@@ -27,15 +27,7 @@ import (
 //	go test -run '^$' -bench BenchmarkRedisPair -benchtime 20000x ./lock
 func BenchmarkRedisPair(b *testing.B) {
 	srv := testredis.Start(b)
-	newBackend := func(b *testing.B) backend.Backend {
-		c := srv.NewClient(b, &redis.Options{ContextTimeoutEnabled: true, DisableIdentity: true})
-		rb, err := redisbackend.New(c, &redisbackend.Options{Prefix: fmt.Sprintf("bench:%d:", time.Now().UnixNano())})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { rb.Close() })
-		return rb
-	}
+	newBackend := func(b *testing.B) backend.Backend { return benchRedis(b, srv) }
 	for _, g := range []int{1, 16} {
 		b.Run(fmt.Sprintf("locker/g=%d", g), func(b *testing.B) {
 			rb := newBackend(b)
@@ -129,17 +121,21 @@ func runPairs(b *testing.B, g int, pair func(ctx context.Context, key string) er
 func BenchmarkPairDiff(b *testing.B) {
 	b.Run("redis", func(b *testing.B) {
 		srv := testredis.Start(b)
-		newBackend := func(b *testing.B) backend.Backend {
-			c := srv.NewClient(b, &redis.Options{ContextTimeoutEnabled: true, DisableIdentity: true})
-			rb, err := redisbackend.New(c, &redisbackend.Options{Prefix: fmt.Sprintf("bench:%d:", time.Now().UnixNano())})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { rb.Close() })
-			return rb
-		}
+		newBackend := func(b *testing.B) backend.Backend { return benchRedis(b, srv) }
 		for _, g := range []int{1, 16} {
 			b.Run(fmt.Sprintf("g=%d", g), func(b *testing.B) { locktest.PairDiff(b, g, newBackend(b), newBackend(b)) })
 		}
 	})
+}
+
+// benchRedis returns a Redis backend on srv with a client of its own,
+// configured as the bench's, and keys of its own, closed after b.
+func benchRedis(b *testing.B, srv *testredis.Server) backend.Backend {
+	c := srv.NewClient(b, &redis.Options{ContextTimeoutEnabled: true, DisableIdentity: true})
+	rb, err := redisbackend.New(c, &redisbackend.Options{Prefix: fmt.Sprintf("bench:%d:", time.Now().UnixNano())})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { rb.Close() })
+	return rb
 }
