@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -54,15 +53,7 @@ func TestHeartbeatAtDerived(t *testing.T) {
 			time.Sleep(5 * time.Millisecond) // polling a real server's clock
 		}
 	}
-	calls := func(cmd string) int {
-		info := c.Info(ctx, "commandstats").Val()
-		i := strings.Index(info, "cmdstat_"+cmd+":calls=")
-		if i < 0 {
-			return 0
-		}
-		n, _ := strconv.Atoi(strings.SplitN(info[i+len("cmdstat_"+cmd+":calls="):], ",", 2)[0])
-		return n
-	}
+	calls := func(cmd string) int { return CommandCalls(ctx, c, cmd) }
 	check := func(t *testing.T, from, to time.Time) {
 		t.Helper()
 		pass()

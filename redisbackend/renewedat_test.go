@@ -5,7 +5,6 @@ import (
 	"errors"
 	"maps"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/internal/testredis"
+	"github.com/sovereign-go/sovereign/redisbackend"
 )
 
 // serverTime returns the server's clock (TIME).
@@ -147,15 +147,7 @@ func TestRenewWritesOnlyTheExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	const hash = "sovereign:{" + key + "}"
-	calls := func(cmd string) int {
-		info := c.Info(ctx, "commandstats").Val()
-		i := strings.Index(info, "cmdstat_"+cmd+":calls=")
-		if i < 0 {
-			return 0
-		}
-		n, _ := strconv.Atoi(strings.SplitN(info[i+len("cmdstat_"+cmd+":calls="):], ",", 2)[0])
-		return n
-	}
+	calls := func(cmd string) int { return redisbackend.CommandCalls(ctx, c, cmd) }
 	renewals := []struct {
 		name  string
 		ttl   time.Duration
