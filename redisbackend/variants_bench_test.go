@@ -374,3 +374,91 @@ func BenchmarkAcquireVariantsServerCPU(b *testing.B) {
 		b.ReportMetric(v.cpu[len(v.cpu)/2], v.name+"-server-cpu-µs/acquire")
 	}
 }
+
+// pairFloorRelease is bsm/redislock's release: GET, compare, DEL.
+var pairFloorRelease = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end`)
+
+// pairFloorAcquire is the least a script can do to take a lease hash with
+// a TTL: HSET and PEXPIRE, no check that the key is free, no term.
+var pairFloorAcquire = redis.NewScript(`redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', ARGV[2]) redis.call('PEXPIRE', KEYS[1], ARGV[3]) return 1`)
+
+// BenchmarkPairFloor measures the wall time of an acquisition and a
+// release of one free key from one goroutine (the bench's "1 goroutine"
+// lock row) on one real redis-server, in interleaved rounds, for three
+// pairs: "setnx", bsm/redislock's (SET NX PX; a script of GET and DEL);
+// "script", the least a script can do (pairFloorAcquire, then our
+// releaseScript); "backend", this package's Acquire and Release. It
+// reports the median over rounds of each pair's µs, and their ratios:
+// "script" against "setnx" is what running a script for the acquisition
+// costs at all, whatever the script does.
+//
+//	go test -run '^$' -bench BenchmarkPairFloor -benchtime 5x ./redisbackend
+func BenchmarkPairFloor(b *testing.B) {
+	const pairs = 4000 // per pair kind and round
+	ctx := context.Background()
+	srv := testredis.Start(b)
+	c := srv.NewClient(b, &redis.Options{ContextTimeoutEnabled: true, DisableIdentity: true})
+	be, err := New(c, &Options{Prefix: "floor:"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = be.Close() })
+	const holder = "bench"
+	kinds := []struct {
+		name string
+		pair func() error
+	}{
+		{"setnx", func() error {
+			tok := backend.NewToken()
+			ok, err := c.SetNX(ctx, "floor:setnx", tok, 10*time.Second).Result()
+			if err != nil || !ok {
+				return fmt.Errorf("SET NX: %v %v", ok, err)
+			}
+			return pairFloorRelease.Run(ctx, c, []string{"floor:setnx"}, tok).Err()
+		}},
+		{"script", func() error {
+			tok := backend.NewToken()
+			if err := pairFloorAcquire.Run(ctx, c, []string{"floor:script"}, holder, tok, 10000).Err(); err != nil {
+				return err
+			}
+			return releaseScript.Run(ctx, c, []string{"floor:script"}, holder, tok, "").Err()
+		}},
+		{"backend", func() error {
+			l, err := be.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: holder, TTL: 10 * time.Second})
+			if err != nil {
+				return err
+			}
+			return be.Release(ctx, l)
+		}},
+	}
+	us := make([][]float64, len(kinds))
+	for _, k := range kinds { // load the scripts, warm the connection
+		for range 100 {
+			if err := k.pair(); err != nil {
+				b.Fatalf("%s: %v", k.name, err)
+			}
+		}
+	}
+	round := 0
+	for b.Loop() {
+		for j := range kinds {
+			i := (round + j) % len(kinds)
+			start := time.Now()
+			for range pairs {
+				if err := kinds[i].pair(); err != nil {
+					b.Fatalf("%s: %v", kinds[i].name, err)
+				}
+			}
+			us[i] = append(us[i], float64(time.Since(start).Microseconds())/pairs)
+		}
+		round++
+	}
+	med := make([]float64, len(kinds))
+	for i, k := range kinds {
+		slices.Sort(us[i])
+		med[i] = us[i][len(us[i])/2]
+		b.ReportMetric(med[i], k.name+"-µs/pair")
+	}
+	b.ReportMetric(med[0]/med[1], "script÷setnx-pairs/s")
+	b.ReportMetric(med[0]/med[2], "backend÷setnx-pairs/s")
+}
