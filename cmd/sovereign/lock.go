@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
 	"time"
@@ -61,29 +59,12 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 	}
 	defer locker.Close()
 	lo := locker.Options()
-	grace, err := checkGrace(h.grace, lo.TTL, lo.RenewDeadline)
+	hs, err := h.startHolding(ctx, env, b, lockPrefix+key, argv, lo.TTL, lo.RenewDeadline, log)
 	if err != nil {
 		return err
 	}
-	spec := childSpec{argv: argv, shell: h.shell, grace: grace, log: log}
-
-	waitCtx, cancelWait := context.WithCancel(ctx)
-	defer cancelWait()
-	var sup supervisor
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, forwarded...)
-	defer signal.Stop(sigs)
-	go sup.handle(sigs, cancelWait)
-
-	if err := probe(waitCtx, b, lockPrefix+key, env.backend.commandTimeout); err != nil {
-		if code, ok := sup.signalled(); ok {
-			return exitWith(code, nil)
-		}
-		return err
-	}
-	if err := becomeSubreaper(); err != nil {
-		log.Warn("sovereign: cannot become a child subreaper; the command's orphaned children will not be waited for", "err", err)
-	}
+	defer hs.close()
+	waitCtx, sup := hs.ctx, &hs.sup
 
 	ao := &lock.AcquireOptions{Metadata: h.meta(argv), Limit: *limit, Hierarchical: *hier, Fair: *fair}
 	if *shared {
@@ -124,7 +105,7 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 			log.Warn("sovereign: releasing the lock failed; it expires by its TTL", "key", key, "err", err)
 		}
 	}
-	c, err := sup.start(spec, childEnv(map[string]string{
+	c, err := sup.start(hs.spec, childEnv(map[string]string{
 		"SOVEREIGN_KEY":       key,
 		"SOVEREIGN_HOLDER_ID": h.id,
 		"SOVEREIGN_TERM":      strconv.FormatUint(lk.Term(), 10),
@@ -137,7 +118,7 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 		return err
 	}
 	log.Info("sovereign: lock held; command started", "key", key, "term", lk.Term(), "pid", c.pgid)
-	out := supervise(lk.Context(), &sup, c)
+	out := supervise(lk.Context(), sup, c)
 	release()
 	if out.lost {
 		log.Warn("sovereign: lock lost; command stopped", "key", key, "term", lk.Term(), "cause", out.cause, "status", out.status)
