@@ -22,13 +22,9 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 	limit := fs.Int("limit", 0, "with --shared: at most `N` holders at once, a semaphore of N permits (0: no limit); every holder must give the same N")
 	hier := fs.Bool("hierarchical", false, "treat / in KEY as levels: also take intent on each outer key, so that an exclusive lock on an outer key and this one exclude each other")
 	fair := fs.Bool("fair", false, "wait in line: among the waiters of KEY, across processes, the first to wait is served first")
-	pos, argv, err := parseArgs(fs, args, 1)
+	key, argv, err := commandArgs(fs, args)
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 || len(argv) == 0 {
-		fs.Usage()
-		return exitWith(exitUsage, errFlagsReported)
 	}
 	if *waitFor < 0 {
 		return usageError("--wait must not be negative")
@@ -42,7 +38,6 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 	if *limit > 0 && !*shared {
 		return usageError("--limit is for --shared locks only")
 	}
-	key := pos[0]
 	log := h.logger(env)
 
 	b, err := env.open()

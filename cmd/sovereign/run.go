@@ -157,18 +157,13 @@ func cmdRun(ctx context.Context, env *env, args []string) error {
 	h.register(fs)
 	rejoin := fs.Bool("rejoin", false, "after losing leadership, stop the command and campaign again instead of exiting")
 	wait := fs.Duration("wait", 0, "give up (exit 75) if not elected within this long (default: campaign until stopped)")
-	pos, argv, err := parseArgs(fs, args, 1)
+	name, argv, err := commandArgs(fs, args)
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 || len(argv) == 0 {
-		fs.Usage()
-		return exitWith(exitUsage, errFlagsReported)
 	}
 	if *wait < 0 {
 		return usageError("--wait must not be negative")
 	}
-	name := pos[0]
 	log := h.logger(env)
 
 	b, err := env.open()
