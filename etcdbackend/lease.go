@@ -801,6 +801,24 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, er
 		recs = append(recs, rec)
 		ids = append(ids, lease)
 	}
+	out, err := b.completeLive(ctx, op, recs, ids)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b backend.Record) int {
+		if c := strings.Compare(a.Key, b.Key); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Term, b.Term)
+	})
+	return out, nil
+}
+
+// completeLive looks up the etcd lease of each record (ids[i] is the lease
+// of recs[i]) and returns the records completed with what the look-ups
+// found, in the order of recs, leaving out those whose lease has gone since
+// they were read. Any other failure fails the call, reported as op.
+func (b *Backend) completeLive(ctx context.Context, op string, recs []backend.Record, ids []clientv3.LeaseID) ([]backend.Record, error) {
 	ttls := b.lookup(ctx, ids)
 	now := time.Now()
 	out := make([]backend.Record, 0, len(recs))
@@ -814,12 +832,6 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, er
 		}
 		out = append(out, rec)
 	}
-	slices.SortFunc(out, func(a, b backend.Record) int {
-		if c := strings.Compare(a.Key, b.Key); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Term, b.Term)
-	})
 	return out, nil
 }
 

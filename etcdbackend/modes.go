@@ -1172,18 +1172,9 @@ func (b *Backend) liveRecords(ctx context.Context, op, key string, st keyState) 
 		recs = append(recs, rec)
 		ids = append(ids, lease)
 	}
-	ttls := b.lookup(ctx, ids)
-	now := time.Now()
-	out := make([]backend.Record, 0, len(recs))
-	for i, rec := range recs {
-		rec, err := completeRecord(rec, ttls[i], nil, now)
-		if errors.Is(err, errLeaseGone) {
-			continue
-		}
-		if err != nil {
-			return nil, fail(ctx, op, err)
-		}
-		out = append(out, rec)
+	out, err := b.completeLive(ctx, op, recs, ids)
+	if err != nil {
+		return nil, err
 	}
 	slices.SortStableFunc(out, func(x, y backend.Record) int { return cmp.Compare(x.Term, y.Term) })
 	return out, nil

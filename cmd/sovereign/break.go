@@ -20,15 +20,11 @@ func cmdBreak(ctx context.Context, env *env, args []string) error {
 	if *term == 0 {
 		return usageError("--term N is required: the term shown by status, so that only that lease is released, never a newer one")
 	}
-	b, err := env.open()
+	b, key, err := env.openKey(pos[0], *isLock)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	key := backendKey(pos[0], *isLock)
-	if err := b.ValidateKey(key); err != nil {
-		return exitWith(exitUsage, err)
-	}
 	fmt.Fprintf(env.stderr, `
 WARNING: break releases a lease its holder still believes it holds.
 WARNING: this BREAKS MUTUAL EXCLUSION unless the holder is dead: if it is

@@ -165,6 +165,21 @@ func (c *child) killGroup() {
 	}
 }
 
+// reapGroup reaps every exited process of process group pgid that is a
+// child of sovereign, without blocking.
+func reapGroup(pgid int) {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-pgid, &ws, syscall.WNOHANG, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			return
+		}
+	}
+}
+
 // exitCode returns the child's exit status: its own code, or 128+N when
 // signal N ended it.
 func (c *child) exitCode() int {

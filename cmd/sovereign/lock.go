@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
 	"time"
@@ -24,13 +22,9 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 	limit := fs.Int("limit", 0, "with --shared: at most `N` holders at once, a semaphore of N permits (0: no limit); every holder must give the same N")
 	hier := fs.Bool("hierarchical", false, "treat / in KEY as levels: also take intent on each outer key, so that an exclusive lock on an outer key and this one exclude each other")
 	fair := fs.Bool("fair", false, "wait in line: among the waiters of KEY, across processes, the first to wait is served first")
-	pos, argv, err := parseArgs(fs, args, 1)
+	key, argv, err := commandArgs(fs, args)
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 || len(argv) == 0 {
-		fs.Usage()
-		return exitWith(exitUsage, errFlagsReported)
 	}
 	if *waitFor < 0 {
 		return usageError("--wait must not be negative")
@@ -44,7 +38,6 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 	if *limit > 0 && !*shared {
 		return usageError("--limit is for --shared locks only")
 	}
-	key := pos[0]
 	log := h.logger(env)
 
 	b, err := env.open()
@@ -61,29 +54,12 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 	}
 	defer locker.Close()
 	lo := locker.Options()
-	grace, err := checkGrace(h.grace, lo.TTL, lo.RenewDeadline)
+	hs, err := h.startHolding(ctx, env, b, lockPrefix+key, argv, lo.TTL, lo.RenewDeadline, log)
 	if err != nil {
 		return err
 	}
-	spec := childSpec{argv: argv, shell: h.shell, grace: grace, log: log}
-
-	waitCtx, cancelWait := context.WithCancel(ctx)
-	defer cancelWait()
-	var sup supervisor
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, forwarded...)
-	defer signal.Stop(sigs)
-	go sup.handle(sigs, cancelWait)
-
-	if err := probe(waitCtx, b, lockPrefix+key, env.backend.commandTimeout); err != nil {
-		if code, ok := sup.signalled(); ok {
-			return exitWith(code, nil)
-		}
-		return err
-	}
-	if err := becomeSubreaper(); err != nil {
-		log.Warn("sovereign: cannot become a child subreaper; the command's orphaned children will not be waited for", "err", err)
-	}
+	defer hs.close()
+	waitCtx, sup := hs.ctx, &hs.sup
 
 	ao := &lock.AcquireOptions{Metadata: h.meta(argv), Limit: *limit, Hierarchical: *hier, Fair: *fair}
 	if *shared {
@@ -124,7 +100,7 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 			log.Warn("sovereign: releasing the lock failed; it expires by its TTL", "key", key, "err", err)
 		}
 	}
-	c, err := sup.start(spec, childEnv(map[string]string{
+	c, err := sup.start(hs.spec, childEnv(map[string]string{
 		"SOVEREIGN_KEY":       key,
 		"SOVEREIGN_HOLDER_ID": h.id,
 		"SOVEREIGN_TERM":      strconv.FormatUint(lk.Term(), 10),
@@ -137,7 +113,7 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 		return err
 	}
 	log.Info("sovereign: lock held; command started", "key", key, "term", lk.Term(), "pid", c.pgid)
-	out := supervise(lk.Context(), &sup, c)
+	out := supervise(lk.Context(), sup, c)
 	release()
 	if out.lost {
 		log.Warn("sovereign: lock lost; command stopped", "key", key, "term", lk.Term(), "cause", out.cause, "status", out.status)

@@ -306,3 +306,18 @@ func exactArgs(fs *flag.FlagSet, args []string, min, max int) ([]string, error) 
 	}
 	return pos, nil
 }
+
+// commandArgs parses the args of run and lock: one positional NAME, then
+// the command and its arguments (after "--", or after NAME), which must
+// not be empty.
+func commandArgs(fs *flag.FlagSet, args []string) (name string, argv []string, err error) {
+	pos, argv, err := parseArgs(fs, args, 1)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(pos) != 1 || len(argv) == 0 {
+		fs.Usage()
+		return "", nil, exitWith(exitUsage, errFlagsReported)
+	}
+	return pos[0], argv, nil
+}

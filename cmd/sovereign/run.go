@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/backend"
 )
 
 // metadataFlag collects repeated --metadata k=v.
@@ -99,24 +100,70 @@ func checkGrace(grace, ttl, renewDeadline time.Duration) (time.Duration, error) 
 	return grace, nil
 }
 
+// holding is what run and lock set up before they campaign: the spec of
+// the command, the supervisor that runs it, and the signals forwarded to it.
+type holding struct {
+	spec childSpec
+	sup  supervisor
+	// ctx is the campaign's context: it ends on cancel, or when SIGINT or
+	// SIGTERM arrives while no command runs.
+	ctx    context.Context
+	cancel context.CancelFunc
+	sigs   chan os.Signal
+}
+
+// startHolding is the start-up run and lock share. It applies and checks
+// --grace against the lease's ttl and renewDeadline, forwards signals to
+// the supervisor, probes the backend for key (within the command timeout)
+// and makes sovereign a child subreaper where it can. On success the caller
+// must call close when done; on error nothing is left to close, and a
+// terminating signal received meanwhile is the error's exit code.
+func (h *holdFlags) startHolding(ctx context.Context, env *env, b backend.Backend, key string, argv []string, ttl, renewDeadline time.Duration, log *slog.Logger) (*holding, error) {
+	grace, err := checkGrace(h.grace, ttl, renewDeadline)
+	if err != nil {
+		return nil, err
+	}
+	hs := &holding{
+		spec: childSpec{argv: argv, shell: h.shell, grace: grace, log: log},
+		sigs: make(chan os.Signal, 8),
+	}
+	hs.ctx, hs.cancel = context.WithCancel(ctx)
+	signal.Notify(hs.sigs, forwarded...)
+	go hs.sup.handle(hs.sigs, hs.cancel)
+
+	if err := probe(hs.ctx, b, key, env.backend.commandTimeout); err != nil {
+		code, signalled := hs.sup.signalled()
+		hs.close()
+		if signalled {
+			return nil, exitWith(code, nil)
+		}
+		return nil, err
+	}
+	if err := becomeSubreaper(); err != nil {
+		log.Warn("sovereign: cannot become a child subreaper; the command's orphaned children will not be waited for", "err", err)
+	}
+	return hs, nil
+}
+
+// close stops the forwarding of signals and cancels the campaign's context.
+func (hs *holding) close() {
+	signal.Stop(hs.sigs)
+	hs.cancel()
+}
+
 func cmdRun(ctx context.Context, env *env, args []string) error {
 	fs := newFlagSet(env, "run", "run [flags] ELECTION -- CMD [ARGS...]")
 	var h holdFlags
 	h.register(fs)
 	rejoin := fs.Bool("rejoin", false, "after losing leadership, stop the command and campaign again instead of exiting")
 	wait := fs.Duration("wait", 0, "give up (exit 75) if not elected within this long (default: campaign until stopped)")
-	pos, argv, err := parseArgs(fs, args, 1)
+	name, argv, err := commandArgs(fs, args)
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 || len(argv) == 0 {
-		fs.Usage()
-		return exitWith(exitUsage, errFlagsReported)
 	}
 	if *wait < 0 {
 		return usageError("--wait must not be negative")
 	}
-	name := pos[0]
 	log := h.logger(env)
 
 	b, err := env.open()
@@ -140,29 +187,12 @@ func cmdRun(ctx context.Context, env *env, args []string) error {
 		return exitWith(exitUsage, err)
 	}
 	eo := e.Options()
-	grace, err := checkGrace(h.grace, eo.TTL, eo.RenewDeadline)
+	hs, err := h.startHolding(ctx, env, b, name, argv, eo.TTL, eo.RenewDeadline, log)
 	if err != nil {
 		return err
 	}
-	spec := childSpec{argv: argv, shell: h.shell, grace: grace, log: log}
-
-	runCtx, cancelRun := context.WithCancel(ctx)
-	defer cancelRun()
-	var sup supervisor
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, forwarded...)
-	defer signal.Stop(sigs)
-	go sup.handle(sigs, cancelRun)
-
-	if err := probe(runCtx, b, name, env.backend.commandTimeout); err != nil {
-		if code, ok := sup.signalled(); ok {
-			return exitWith(code, nil)
-		}
-		return err
-	}
-	if err := becomeSubreaper(); err != nil {
-		log.Warn("sovereign: cannot become a child subreaper; the command's orphaned children will not be waited for", "err", err)
-	}
+	defer hs.close()
+	runCtx, cancelRun, sup := hs.ctx, hs.cancel, &hs.sup
 
 	var (
 		mu      sync.Mutex // guards result, elected
@@ -208,7 +238,7 @@ func cmdRun(ctx context.Context, env *env, args []string) error {
 			}
 			return nil
 		}
-		c, err := sup.start(spec, childEnv(map[string]string{
+		c, err := sup.start(hs.spec, childEnv(map[string]string{
 			"SOVEREIGN_ELECTION":  name,
 			"SOVEREIGN_HOLDER_ID": h.id,
 			"SOVEREIGN_TERM":      strconv.FormatUint(term, 10),
@@ -222,7 +252,7 @@ func cmdRun(ctx context.Context, env *env, args []string) error {
 			return err
 		}
 		log.Info("sovereign: leading; command started", "election", name, "term", term, "pid", c.pgid)
-		out := supervise(lctx, &sup, c)
+		out := supervise(lctx, sup, c)
 		if !out.lost {
 			log.Info("sovereign: command exited; stepping down", "election", name, "term", term, "status", out.status)
 			setResult(exitWith(out.code, nil))

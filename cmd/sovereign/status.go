@@ -27,6 +27,22 @@ func backendKey(name string, isLock bool) string {
 	return name
 }
 
+// openKey opens the backend and returns it with the backend key of name
+// (see backendKey), which the backend has checked: an invalid key is a
+// usage error. On success the caller closes the backend.
+func (e *env) openKey(name string, isLock bool) (*opened, string, error) {
+	b, err := e.open()
+	if err != nil {
+		return nil, "", err
+	}
+	key := backendKey(name, isLock)
+	if err := b.ValidateKey(key); err != nil {
+		b.Close()
+		return nil, "", exitWith(exitUsage, err)
+	}
+	return b, key, nil
+}
+
 // outputFlag adds -o text|json.
 func outputFlag(fs *flag.FlagSet) *string {
 	return fs.String("o", "text", "output `format`: text or json")
@@ -50,15 +66,11 @@ func readNamed(ctx context.Context, env *env, fs *flag.FlagSet, out *string, isL
 	if err := checkOutput(*out); err != nil {
 		return entry{}, err
 	}
-	b, err := env.open()
+	b, key, err := env.openKey(pos[0], *isLock)
 	if err != nil {
 		return entry{}, err
 	}
 	defer b.Close()
-	key := backendKey(pos[0], *isLock)
-	if err := b.ValidateKey(key); err != nil {
-		return entry{}, exitWith(exitUsage, err)
-	}
 	e, err := readEntry(ctx, b, key, env.backend.commandTimeout)
 	if err != nil {
 		return entry{}, unreachable(err)
@@ -220,15 +232,11 @@ func cmdWatch(ctx context.Context, env *env, args []string) error {
 	if *interval <= 0 {
 		return usageError("--interval must be positive")
 	}
-	b, err := env.open()
+	b, key, err := env.openKey(pos[0], *isLock)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	key := backendKey(pos[0], *isLock)
-	if err := b.ValidateKey(key); err != nil {
-		return exitWith(exitUsage, err)
-	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 

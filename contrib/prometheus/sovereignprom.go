@@ -163,6 +163,9 @@ type Metrics struct {
 	lockWait, lockHold          *prometheus.HistogramVec
 	locksHeld                   *prometheus.GaugeVec
 
+	// vecs are the vectors above, each described and collected with m.
+	vecs []prometheus.Collector
+
 	mu          sync.Mutex                // guards elections, lockClasses
 	elections   map[string]*electionState // by election name
 	lockClasses map[string]bool           // classes whose series exist
@@ -245,6 +248,10 @@ func New(reg prometheus.Registerer, opts *Options) (*Metrics, error) {
 		Name: "sovereign_locks_lost_total",
 		Help: `Locks lost while held, by reason: "deadline", "lease lost" or "max hold".`,
 	}, []string{"class", "reason"})
+	m.vecs = []prometheus.Collector{
+		m.transitions, m.renewFailures, m.eventsDropped,
+		m.lockAcquisitions, m.lockWait, m.lockHold, m.locksHeld, m.locksLost,
+	}
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
 			return nil, fmt.Errorf("sovereignprom: register: %w", err)
@@ -397,14 +404,9 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	if m.masterStatus != nil {
 		ch <- m.masterStatus
 	}
-	m.transitions.Describe(ch)
-	m.renewFailures.Describe(ch)
-	m.eventsDropped.Describe(ch)
-	m.lockAcquisitions.Describe(ch)
-	m.lockWait.Describe(ch)
-	m.lockHold.Describe(ch)
-	m.locksHeld.Describe(ch)
-	m.locksLost.Describe(ch)
+	for _, v := range m.vecs {
+		v.Describe(ch)
+	}
 }
 
 // Collect implements prometheus.Collector. The gauges are computed from the
@@ -433,14 +435,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(m.masterStatus, prometheus.GaugeValue, leading, s.election)
 		}
 	}
-	m.transitions.Collect(ch)
-	m.renewFailures.Collect(ch)
-	m.eventsDropped.Collect(ch)
-	m.lockAcquisitions.Collect(ch)
-	m.lockWait.Collect(ch)
-	m.lockHold.Collect(ch)
-	m.locksHeld.Collect(ch)
-	m.locksLost.Collect(ch)
+	for _, v := range m.vecs {
+		v.Collect(ch)
+	}
 }
 
 // Interface checks.

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/backend"
 	sovereignprom "github.com/sovereign-go/sovereign/contrib/prometheus"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
@@ -115,6 +116,21 @@ func electorOpts(m sovereign.Metrics) *sovereign.Options {
 	}
 }
 
+// startElector starts candidate "a" of election over cl, with
+// electorOpts(m). The caller closes it.
+func startElector(t *testing.T, cl backend.Backend, election string, m sovereign.Metrics) *sovereign.Elector {
+	t.Helper()
+	e, err := sovereign.New(cl, election, "a", electorOpts(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(t.Context()); err != nil {
+		e.Close()
+		t.Fatal(err)
+	}
+	return e
+}
+
 const el = `election="jobs"`
 
 // A leader shows is_leader 1, its term, the seconds left to its renew
@@ -126,14 +142,8 @@ func TestLeader(t *testing.T) {
 		store := memorybackend.NewStore()
 		cl := store.Client()
 		defer cl.Close()
-		e, err := sovereign.New(cl, "jobs", "a", electorOpts(m))
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := startElector(t, cl, "jobs", m)
 		defer e.Close()
-		if err := e.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
 		synctest.Wait()
 		if !e.IsLeader() {
 			t.Fatal("the only candidate does not lead")
@@ -176,14 +186,8 @@ func TestPartitionedLeader(t *testing.T) {
 		store := memorybackend.NewStore()
 		cl := store.Client()
 		defer cl.Close()
-		e, err := sovereign.New(cl, "jobs", "a", electorOpts(m))
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := startElector(t, cl, "jobs", m)
 		defer e.Close()
-		if err := e.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
 		synctest.Wait()
 		wantValue(t, scrape(t, reg), "leader_election_master_status", `name="jobs"`, 1)
 
@@ -383,14 +387,8 @@ func TestSeveralElections(t *testing.T) {
 		for _, name := range []string{"jobs", "billing"} {
 			cl := store.Client()
 			defer cl.Close()
-			e, err := sovereign.New(cl, name, "a", electorOpts(m))
-			if err != nil {
-				t.Fatal(err)
-			}
+			e := startElector(t, cl, name, m)
 			defer e.Close()
-			if err := e.Start(t.Context()); err != nil {
-				t.Fatal(err)
-			}
 			electors = append(electors, e)
 		}
 		synctest.Wait()
