@@ -714,6 +714,40 @@ func TestShortHoldsOnAPinnedSchedulerAllocateNothing(t *testing.T) {
 	}
 }
 
+// An instant allocates per call, not per hold, and sending its chunks with
+// several calls in flight adds next to nothing: an instant of three chunks
+// allocates no more than three instants of one chunk, but for each further
+// call in flight the goroutine that sends it.
+func TestInstantAllocations(t *testing.T) {
+	ctx := context.Background()
+	perInstant := func(n int) float64 {
+		b := &nopBatcher{}
+		// A day's interval: the scheduler's own timer does not fire
+		// while allocations are counted.
+		cfg := keeper.Config{Backend: b, TTL: 100 * time.Hour, RenewDeadline: 70 * time.Hour,
+			RenewInterval: 24 * time.Hour, RequestTimeout: 12 * time.Second}
+		hs := make([]*keeper.Hold, n)
+		for i := range hs {
+			l := backend.Lease{Key: fmt.Sprintf("k%d", i), HolderID: "a", Token: "t", Term: 1, TTL: cfg.TTL}
+			hs[i] = keeper.Start(ctx, cfg, l, time.Now())
+		}
+		keeper.RenewAllNow(hs[0]) // grows the buffers
+		got := testing.AllocsPerRun(20, func() { keeper.RenewAllNow(hs[0]) })
+		for _, h := range hs {
+			if err := h.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return got
+	}
+	one := perInstant(coalesce.MaxBatch)
+	three := perInstant(3 * coalesce.MaxBatch)
+	t.Logf("allocations per instant: %v for one chunk, %v for three", one, three)
+	if want := 3*one + 2*2; three > want {
+		t.Errorf("allocations per instant of three chunks: %v, want at most %v (3 × %v for one chunk, and 2 for each of 2 further calls in flight)", three, want, one)
+	}
+}
+
 // Forget, a cleanup's Unpin, drops a scheduler whose timers belong to a
 // synctest bubble from outside that bubble without touching them (stopping
 // them there would be fatal): it only leaves the registry.
