@@ -1,7 +1,8 @@
 // Package coalesce holds what the schedulers that batch periodic requests
 // share: the grid of instants on which requests of one interval fall due
 // together (Grid), how long a batch gathers the requests of one instant
-// (Gather), and the bound of one batch call (MaxBatch).
+// (Gather), the bound of one batch call (MaxBatch), and how many batch calls
+// of one instant are in flight at once (MaxInFlight).
 //
 // The lease keeper (package internal/keeper) renews every hold of one
 // backend and renew interval from one scheduler on this grid, and the
@@ -20,6 +21,23 @@ const Gather = time.Millisecond
 
 // MaxBatch bounds the requests of one batch call.
 const MaxBatch = 4096
+
+// MaxInFlight bounds the batch calls of one instant in flight at once, when
+// the requests due at that instant fill more than one call (more than
+// MaxBatch of them).
+//
+// Calls sent one after the other add up their latencies: 100,000 leases are
+// 25 calls, and one call that hangs until its timeout delays every call
+// after it, eating the margin between a lease's renewal and its holder's
+// deadline. All at once would put every request of the instant on the store
+// in one burst (and, on a hung store, hold one connection or stream per
+// call). Four in flight is the middle: a call that hangs takes one slot
+// while the other three carry the rest of the instant, 25 calls take 7
+// rounds rather than 25, and at most 4 × MaxBatch requests are in flight,
+// which go-redis's connection pool (10 per CPU) and etcd's one gRPC
+// connection carry without queueing behind one another; beyond that the
+// client's CPU, which encodes and decodes every call, is the bound.
+const MaxInFlight = 4
 
 // Grid returns how long until the next instant on the grid of multiples of
 // interval (counted from the zero time), at most interval from now: holds

@@ -34,3 +34,15 @@ func SchedulerOf(h *Hold) any {
 	}
 	return h.sch
 }
+
+// RenewAllNow makes every hold of h's scheduler due and runs one renewal
+// instant of it in the calling goroutine, as its timer would.
+func RenewAllNow(h *Hold) {
+	s := h.sch
+	s.mu.Lock()
+	for _, m := range s.members {
+		m.m.due = time.Time{}
+	}
+	s.mu.Unlock()
+	s.run()
+}

@@ -24,15 +24,18 @@
 // by one shared scheduler: one timer wakes it at each instant of a grid
 // (multiples of the interval, never later than one interval after the
 // previous renewal), and its one goroutine, which exists only while it runs,
-// sends every hold due with one batch call (in chunks of
-// coalesce.MaxBatch): an instance holding thousands of leases sends one
-// request per interval (per slot, on Redis Cluster) and keeps no timer,
-// context or goroutine per lease. Each lease is still checked on its own:
-// one the store lost steps down alone, and each hold's deadline counts from
-// the send time of the batch call that covered it. The deadlines live in
-// buckets (one per batch call and deadline) watched by the scheduler's one
-// deadline timer, which runs apart from the batch calls: a hold whose batch
-// hangs steps down at its own deadline.
+// sends every hold due with one batch call: an instance holding thousands of
+// leases sends one request per interval (per slot, on Redis Cluster) and
+// keeps no timer, context or goroutine per lease. More holds due at once
+// than one call carries (coalesce.MaxBatch) go in chunks, up to
+// coalesce.MaxInFlight calls in flight at once (from as many goroutines,
+// which exist only while the instant's calls do), so that a slow or hung
+// call does not delay the chunks after it. Each lease is still checked on
+// its own: one the store lost steps down alone, and each hold's deadline
+// counts from the send time of the batch call that covered it. The
+// deadlines live in buckets (one per batch call and deadline) watched by the
+// scheduler's one deadline timer, which runs apart from the batch calls: a
+// hold whose batch hangs steps down at its own deadline.
 //
 // Ending a hold has two steps. Step-down (the deadline passes, the store says
 // the lease is lost, MaxHold passes, or the owner calls Stop or Release)

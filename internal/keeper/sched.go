@@ -22,9 +22,13 @@ import (
 //
 //   - one renewal timer (gridT) wakes it at the next instant of the grid
 //     of the interval, or at the earliest retry of a failed renewal; its
-//     callback (run) is the scheduler's only goroutine, and exists only
-//     while it runs: it sends every hold due with one BatchRenewer call per
-//     chunk of coalesce.MaxBatch, then re-arms the timer;
+//     callback (run) is the scheduler's goroutine, and exists only while it
+//     runs: it sends every hold due with one BatchRenewer call per chunk of
+//     coalesce.MaxBatch, then re-arms the timer. When the holds due fill
+//     more than one chunk, run starts up to coalesce.MaxInFlight-1 more
+//     goroutines for that instant, so that that many calls are in flight at
+//     once (a hung call does not delay the other chunks), and waits for
+//     them: those goroutines exist only while the instant's calls do;
 //   - one deadline timer (dlT) fires at the earliest deadline among the
 //     buckets of holds, and steps down each hold whose own deadline has
 //     passed. It does not wait for run, so a batch that hangs does not keep
@@ -65,8 +69,21 @@ type scheduler struct {
 
 	// Buffers of run, kept from one run to the next (used by the running
 	// run only), so that an instant allocates next to nothing.
-	due     []*Hold
-	down    []*Hold
+	due  []*Hold
+	down []*Hold
+	// rest is what no call of the instant being sent has taken yet (a tail
+	// of due); slots are the buffers of each call in flight at once, slot 0
+	// run's own, slot i that of the i-th goroutine run started.
+	rest  []*Hold
+	slots [coalesce.MaxInFlight]slot
+
+	// senders counts the goroutines run started for the instant being sent.
+	senders sync.WaitGroup
+}
+
+// slot is the buffers of one batch call in flight, reused by the calls
+// that goroutine sends one after another.
+type slot struct {
 	leases  []backend.Lease
 	results []outcome
 }
@@ -310,6 +327,16 @@ type outcome struct {
 // run is the renewal timer's callback: it renews every hold due, in
 // batches, until none is, then re-arms the timer, or drops the scheduler
 // when it has no member left.
+//
+// The holds due at once go in chunks of coalesce.MaxBatch (whole groups
+// per chunk, but where a chunk boundary cuts one, when the backend groups
+// keys), at most coalesce.MaxInFlight calls in flight: run sends chunks
+// itself and, when there are more than one, starts a goroutine for each
+// further call in flight (up to MaxInFlight-1); each of them takes the next
+// chunk not yet sent whenever its call returns, and run waits for them all
+// before it looks for holds due again. Each call has its own send time,
+// deadline context and buffers (a slot). A hold released before its chunk's
+// call starts is not sent.
 func (s *scheduler) run() {
 	s.mu.Lock()
 	if s.running || s.dead {
@@ -355,17 +382,26 @@ func (s *scheduler) run() {
 			// call and group.
 			slices.SortFunc(due, func(a, b *Hold) int { return cmp.Compare(a.m.group, b.m.group) })
 		}
-		for rest := due; len(rest) > 0; {
-			chunk := rest[:min(len(rest), coalesce.MaxBatch)]
-			rest = rest[len(chunk):]
-			s.leases, s.results = s.send(chunk, s.leases, s.results)
+		s.rest = due
+		calls := min((len(due)+coalesce.MaxBatch-1)/coalesce.MaxBatch, coalesce.MaxInFlight)
+		for i := 1; i < calls; i++ {
+			s.senders.Add(1)
+			go s.sendChunks(i)
+		}
+		s.sendChunksLocked(0)
+		if calls > 1 {
+			s.mu.Unlock()
+			s.senders.Wait()
+			s.mu.Lock()
 		}
 	}
 	// Keep the buffers, without pointers into holds that may go.
 	clear(due[:cap(due)])
 	clear(down[:cap(down)])
-	clear(s.leases[:cap(s.leases)])
-	s.due, s.down = due[:0], down[:0]
+	for i := range s.slots {
+		clear(s.slots[i].leases[:cap(s.slots[i].leases)])
+	}
+	s.due, s.down, s.rest = due[:0], down[:0], nil
 	s.running = false
 	if len(s.members) == 0 {
 		if s.pins == 0 {
@@ -382,10 +418,33 @@ func (s *scheduler) run() {
 	s.mu.Unlock()
 }
 
+// sendChunks is a goroutine run starts for an instant whose holds due fill
+// more than one call: it sends chunks with slot i's buffers until none is
+// left.
+func (s *scheduler) sendChunks(i int) {
+	defer s.senders.Done()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sendChunksLocked(i)
+}
+
+// sendChunksLocked sends the chunks of s.rest, one call at a time with slot
+// i's buffers, until no chunk is left. s.mu is held on entry and on return,
+// not during the calls.
+func (s *scheduler) sendChunksLocked(i int) {
+	sl := &s.slots[i]
+	for len(s.rest) > 0 {
+		n := min(len(s.rest), coalesce.MaxBatch)
+		chunk := s.rest[:n:n]
+		s.rest = s.rest[n:]
+		sl.leases, sl.results = s.send(chunk, sl.leases, sl.results)
+	}
+}
+
 // send renews chunk with one batch call and records the results. s.mu is
 // held on entry and on return, not during the call. Holds of chunk that
-// left s while s.mu was not held (a release during an earlier chunk's
-// call) are skipped. leases and results are buffers to reuse.
+// left s while s.mu was not held (a release during another chunk's call)
+// are skipped. leases and results are buffers to reuse.
 func (s *scheduler) send(chunk []*Hold, leases []backend.Lease, results []outcome) ([]backend.Lease, []outcome) {
 	live := chunk[:0]
 	for _, h := range chunk {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/coalesce"
 	"github.com/sovereign-go/sovereign/internal/keeper"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
@@ -338,90 +340,275 @@ func TestBatchedExtendMovesTheDeadline(t *testing.T) {
 	})
 }
 
-// gated renews in batches, recording each batch's keys; the first batch
-// waits for gate to be closed.
-type gated struct {
+// parallel renews in batches, recording each call's keys and send time
+// and how many calls were in flight at once. While gate is closed, calls
+// wait for it to open (or for their context to end); with hangFirst, the
+// first call waits until its context ends. Every wait ends at quit, so
+// that a test failing amid a wait leaves no goroutine blocked in its bubble.
+type parallel struct {
 	*memorybackend.Backend
-	gate    chan struct{}
-	entered chan struct{} // closed when the first batch is waiting
-	mu      sync.Mutex
-	batches [][]string
+	hangFirst bool
+	quit      chan struct{}
+
+	mu          sync.Mutex
+	gate        chan struct{} // nil: calls go through
+	calls       []batchCall
+	inFlight    int
+	maxInFlight int
 }
 
-func (b *gated) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
-	b.mu.Lock()
-	first := len(b.batches) == 0
+// batchCall is one RenewBatch call as parallel saw it.
+type batchCall struct {
+	keys []string
+	sent time.Time
+}
+
+func (b *parallel) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
 	keys := make([]string, len(leases))
 	for i, l := range leases {
 		keys[i] = l.Key
 	}
-	b.batches = append(b.batches, keys)
+	b.mu.Lock()
+	first := len(b.calls) == 0
+	b.calls = append(b.calls, batchCall{keys, time.Now()})
+	b.inFlight++
+	b.maxInFlight = max(b.maxInFlight, b.inFlight)
+	gate := b.gate
 	b.mu.Unlock()
-	if first {
-		close(b.entered)
+	switch {
+	case first && b.hangFirst:
 		select {
-		case <-b.gate:
 		case <-ctx.Done():
+		case <-b.quit:
+		}
+	case gate != nil:
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		case <-b.quit:
 		}
 	}
 	errs := make([]error, len(leases))
 	for i, l := range leases {
 		errs[i] = b.Backend.Renew(ctx, l)
 	}
+	b.mu.Lock()
+	b.inFlight--
+	b.mu.Unlock()
 	return errs
 }
 
-// More holds than one batch call carries go out in several calls, one
-// after the other; a hold released while an earlier call is in flight is
-// not in a later one.
+// newParallel returns a parallel over c, with its gate closed when gated.
+func newParallel(c *memorybackend.Backend, gated, hangFirst bool) *parallel {
+	b := &parallel{Backend: c, hangFirst: hangFirst, quit: make(chan struct{})}
+	if gated {
+		b.gate = make(chan struct{})
+	}
+	return b
+}
+
+// stop ends every wait, now and later, and waits for the calls to return.
+// It must be called in the bubble.
+func (b *parallel) stop() {
+	close(b.quit)
+	synctest.Wait()
+}
+
+// open lets the calls waiting at the gate, and every later one, through.
+func (b *parallel) open() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	close(b.gate)
+	b.gate = nil
+}
+
+// state returns the calls so far, how many are in flight, and the most
+// that were in flight at once.
+func (b *parallel) state() (calls []batchCall, inFlight, maxInFlight int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.calls), b.inFlight, b.maxInFlight
+}
+
+// A chunk whose call hangs until its timeout does not delay the other
+// chunks of the same instant: they are sent at the instant, and the
+// deadlines of their holds move from there, while the hung chunk's holds
+// keep theirs (and are renewed once the call has timed out).
+func TestHungChunkDelaysNoOther(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := newParallel(c, false, true)
+		defer b.stop()
+		cfg := config(b)
+		const n = 2*coalesce.MaxBatch + 500 // three calls per instant
+		t0 := time.Now()                    // on the grid: the first instant is at +200ms
+		hs := startN(t, b, cfg, n, 0)
+		at := t0.Add(cfg.RenewInterval)
+		time.Sleep(250 * time.Millisecond) // the first call hangs until +400ms
+		calls, inFlight, _ := b.state()
+		if len(calls) != 3 || inFlight != 1 {
+			t.Fatalf("calls at +250ms: %d sent, %d in flight; want 3 sent at the instant, the hung one in flight", len(calls), inFlight)
+		}
+		hung := make(map[string]bool, len(calls[0].keys))
+		for _, k := range calls[0].keys {
+			hung[k] = true
+		}
+		for i, call := range calls {
+			if !call.sent.Equal(at) {
+				t.Errorf("call %d of the instant sent at +%v, want +200ms", i, call.sent.Sub(t0))
+			}
+		}
+		wrong := 0
+		for _, h := range hs {
+			st := h.Status()
+			want := at // sent at the instant: its deadline moved
+			if hung[h.Lease().Key] {
+				want = t0 // in flight: still counted from its acquisition
+			}
+			if !h.Held() || !st.LastRenewal.Equal(want) || !st.Deadline.Equal(want.Add(cfg.RenewDeadline)) {
+				if wrong++; wrong <= 3 {
+					t.Errorf("%s (hung call: %v) at +250ms: held %v, last renewal +%v, deadline +%v; want held, +%v, +%v",
+						h.Lease().Key, hung[h.Lease().Key], h.Held(), st.LastRenewal.Sub(t0), st.Deadline.Sub(t0),
+						want.Sub(t0), want.Add(cfg.RenewDeadline).Sub(t0))
+				}
+			}
+		}
+		if wrong > 3 {
+			t.Errorf("... %d holds in all not as wanted", wrong)
+		}
+		time.Sleep(time.Second) // the hung call's holds are retried after its timeout
+		for _, h := range hs {
+			if !h.Held() {
+				t.Fatalf("%s not held 1s after a hung call of %d holds timed out", h.Lease().Key, len(hung))
+			}
+		}
+		for _, h := range hs {
+			release(t, h)
+		}
+	})
+}
+
+// An instant whose holds fill more calls than coalesce.MaxInFlight has that
+// many in flight at once and never more (from as many goroutines, none per
+// hold), sends the other chunks as calls return, and carries every hold
+// due exactly once.
+func TestChunksInFlightBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := newParallel(c, true, false)
+		defer b.stop()
+		cfg := config(b)
+		const chunks = coalesce.MaxInFlight + 2
+		const n = (chunks-1)*coalesce.MaxBatch + 100
+		hs := startN(t, b, cfg, n, 0)
+		synctest.Wait()
+		base := bubbleGoroutines()
+		time.Sleep(250 * time.Millisecond) // the instant at +200ms waits at the gate
+		synctest.Wait()
+		calls, inFlight, _ := b.state()
+		if len(calls) != coalesce.MaxInFlight || inFlight != coalesce.MaxInFlight {
+			t.Errorf("calls while the first ones wait: %d sent, %d in flight; want %d and %d (MaxInFlight)",
+				len(calls), inFlight, coalesce.MaxInFlight, coalesce.MaxInFlight)
+		}
+		if g := bubbleGoroutines(); g != base+coalesce.MaxInFlight {
+			t.Errorf("goroutines while %d calls wait: %d, want %d (the scheduler's, and one per further call in flight)",
+				coalesce.MaxInFlight, g, base+coalesce.MaxInFlight)
+		}
+		b.open()
+		synctest.Wait()
+		calls, _, _ = b.state()
+		if len(calls) != chunks {
+			t.Fatalf("calls of the instant: %d, want %d", len(calls), chunks)
+		}
+		seen := make(map[string]int, n)
+		for _, call := range calls {
+			if len(call.keys) > coalesce.MaxBatch {
+				t.Errorf("a call carried %d leases, more than MaxBatch (%d)", len(call.keys), coalesce.MaxBatch)
+			}
+			for _, k := range call.keys {
+				seen[k]++
+			}
+		}
+		for _, h := range hs {
+			if k := h.Lease().Key; seen[k] != 1 {
+				t.Fatalf("%s in %d calls of the instant, want 1", k, seen[k])
+			}
+		}
+		time.Sleep(time.Second) // five more instants, through
+		synctest.Wait()
+		calls, _, most := b.state()
+		if most != coalesce.MaxInFlight {
+			t.Errorf("calls in flight at once: up to %d, want %d (MaxInFlight)", most, coalesce.MaxInFlight)
+		}
+		if len(calls) != 6*chunks {
+			t.Errorf("calls after six instants: %d, want %d", len(calls), 6*chunks)
+		}
+		if g := bubbleGoroutines(); g != base {
+			t.Errorf("goroutines between instants: %d, want %d (none)", g, base)
+		}
+		for _, h := range hs {
+			if !h.Held() {
+				t.Fatalf("%s not held", h.Lease().Key)
+			}
+		}
+		for _, h := range hs {
+			release(t, h)
+		}
+	})
+}
+
+// More holds than coalesce.MaxInFlight calls carry go out in more calls,
+// each sent when one in flight returns; a hold released before its chunk's
+// call starts is not in it.
 func TestReleaseBeforeItsChunk(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := memorybackend.NewStore()
-		c := store.Client()
+		c := memorybackend.NewStore().Client()
 		defer c.Close()
-		b := &gated{Backend: c, gate: make(chan struct{}), entered: make(chan struct{})}
+		b := newParallel(c, true, false)
+		defer b.stop()
 		cfg := config(b)
-		const n = 5000 // two calls: 4096 and 904
-		hs := make([]*keeper.Hold, n)
-		for i := range hs {
-			hs[i] = acquire(t, b, cfg, fmt.Sprintf("k%d", i))
+		const n = coalesce.MaxInFlight*coalesce.MaxBatch + 904 // one call more than in flight at once
+		hs := startN(t, b, cfg, n, 0)
+		time.Sleep(250 * time.Millisecond) // the instant's first calls wait at the gate
+		calls, _, _ := b.state()
+		if len(calls) != coalesce.MaxInFlight {
+			t.Fatalf("calls while the first ones wait: %d, want %d (MaxInFlight)", len(calls), coalesce.MaxInFlight)
 		}
-		<-b.entered // the first call of the first instant waits at the gate
-		b.mu.Lock()
-		first := append([]string(nil), b.batches[0]...)
-		b.mu.Unlock()
-		inFirst := make(map[string]bool, len(first))
-		for _, k := range first {
-			inFirst[k] = true
+		sent := make(map[string]bool, coalesce.MaxInFlight*coalesce.MaxBatch)
+		for _, call := range calls {
+			for _, k := range call.keys {
+				sent[k] = true
+			}
 		}
-		var later *keeper.Hold // a hold the second call would carry
+		var later *keeper.Hold // a hold the last call would carry
 		for _, h := range hs {
-			if !inFirst[h.Lease().Key] {
+			if !sent[h.Lease().Key] {
 				later = h
 				break
 			}
 		}
-		if len(first) != 4096 || later == nil {
-			t.Fatalf("first call carried %d leases, want 4096 of %d", len(first), n)
+		if len(sent) != coalesce.MaxInFlight*coalesce.MaxBatch || later == nil {
+			t.Fatalf("the calls in flight carry %d leases, want %d of %d", len(sent), coalesce.MaxInFlight*coalesce.MaxBatch, n)
 		}
 		if err := later.Release(context.Background()); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
-		close(b.gate)
-		time.Sleep(100 * time.Millisecond)
-		b.mu.Lock()
-		batches := b.batches
-		b.mu.Unlock()
-		if len(batches) != 2 {
-			t.Fatalf("batch calls at the first instant: %d, want 2", len(batches))
+		b.open()
+		synctest.Wait()
+		calls, _, _ = b.state()
+		if len(calls) != coalesce.MaxInFlight+1 {
+			t.Fatalf("calls at the first instant: %d, want %d", len(calls), coalesce.MaxInFlight+1)
 		}
-		for _, k := range batches[1] {
+		last := calls[len(calls)-1].keys
+		for _, k := range last {
 			if k == later.Lease().Key {
-				t.Errorf("%s renewed by the second call after its Release returned", k)
+				t.Errorf("%s renewed by the last call after its Release returned", k)
 			}
 		}
-		if got := len(batches[1]); got != n-4096-1 {
-			t.Errorf("second call carried %d leases, want %d", got, n-4096-1)
+		if got, want := len(last), n-coalesce.MaxInFlight*coalesce.MaxBatch-1; got != want {
+			t.Errorf("the last call carried %d leases, want %d", got, want)
 		}
 		for _, h := range hs {
 			release(t, h)
@@ -524,6 +711,40 @@ func TestShortHoldsOnAPinnedSchedulerAllocateNothing(t *testing.T) {
 	got := testing.AllocsPerRun(100, pair)
 	if want := 1 + bounded; got > want {
 		t.Errorf("allocations per short hold: %v, want at most %v (the Hold, and %v for Release's context)", got, want, bounded)
+	}
+}
+
+// An instant allocates per call, not per hold, and sending its chunks with
+// several calls in flight adds next to nothing: an instant of three chunks
+// allocates no more than three instants of one chunk, but for each further
+// call in flight the goroutine that sends it.
+func TestInstantAllocations(t *testing.T) {
+	ctx := context.Background()
+	perInstant := func(n int) float64 {
+		b := &nopBatcher{}
+		// A day's interval: the scheduler's own timer does not fire
+		// while allocations are counted.
+		cfg := keeper.Config{Backend: b, TTL: 100 * time.Hour, RenewDeadline: 70 * time.Hour,
+			RenewInterval: 24 * time.Hour, RequestTimeout: 12 * time.Second}
+		hs := make([]*keeper.Hold, n)
+		for i := range hs {
+			l := backend.Lease{Key: fmt.Sprintf("k%d", i), HolderID: "a", Token: "t", Term: 1, TTL: cfg.TTL}
+			hs[i] = keeper.Start(ctx, cfg, l, time.Now())
+		}
+		keeper.RenewAllNow(hs[0]) // grows the buffers
+		got := testing.AllocsPerRun(20, func() { keeper.RenewAllNow(hs[0]) })
+		for _, h := range hs {
+			if err := h.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return got
+	}
+	one := perInstant(coalesce.MaxBatch)
+	three := perInstant(3 * coalesce.MaxBatch)
+	t.Logf("allocations per instant: %v for one chunk, %v for three", one, three)
+	if want := 3*one + 2*2; three > want {
+		t.Errorf("allocations per instant of three chunks: %v, want at most %v (3 × %v for one chunk, and 2 for each of 2 further calls in flight)", three, want, one)
 	}
 }
 
