@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
@@ -27,7 +28,8 @@ type hbKey struct {
 // hbScheduler sends the heartbeats of every elector of a process with the
 // same hbKey. They fall due on one grid of instants (multiples of the
 // interval), and one timer sends those due with one HeartbeatBatch call per
-// instant (per maxHeartbeatBatch records). An elector never wakes for its
+// instant (per maxHeartbeatBatch records; up to coalesce.MaxInFlight of
+// those calls in flight at once). An elector never wakes for its
 // heartbeats, and at rest the scheduler costs no goroutine: the timer's
 // callback runs only while a batch is sent. A failed heartbeat is retried
 // after the elector's backoff rather than at the next instant.
@@ -175,19 +177,33 @@ func (s *hbScheduler) fire() {
 	s.mu.Unlock()
 
 	errs := slices.Grow(s.errs[:0], len(reqs))[:len(reqs)]
-	for i := 0; i < len(reqs); i += maxHeartbeatBatch {
-		j := min(i+maxHeartbeatBatch, len(reqs))
-		ctx, cancel := context.WithTimeout(context.Background(), s.key.timeout)
-		res := s.send(ctx, reqs[i:j])
-		cancel()
-		for k := i; k < j; k++ {
-			if len(res) != j-i {
-				errs[k] = fmt.Errorf("sovereign: the backend answered %d heartbeats of a batch of %d", len(res), j-i)
-				continue
+	// The calls of one instant go out with up to coalesce.MaxInFlight in
+	// flight at once, as the lease keeper's renewals do: each writes only
+	// its own range of errs, so a slow or hung call delays no other.
+	chunks := (len(reqs) + maxHeartbeatBatch - 1) / maxHeartbeatBatch
+	var taken atomic.Int64
+	sendChunks := func() {
+		for c := int(taken.Add(1)) - 1; c < chunks; c = int(taken.Add(1)) - 1 {
+			i := c * maxHeartbeatBatch
+			j := min(i+maxHeartbeatBatch, len(reqs))
+			ctx, cancel := context.WithTimeout(context.Background(), s.key.timeout)
+			res := s.send(ctx, reqs[i:j])
+			cancel()
+			for k := i; k < j; k++ {
+				if len(res) != j-i {
+					errs[k] = fmt.Errorf("sovereign: the backend answered %d heartbeats of a batch of %d", len(res), j-i)
+					continue
+				}
+				errs[k] = res[k-i]
 			}
-			errs[k] = res[k-i]
 		}
 	}
+	var senders sync.WaitGroup
+	for range min(chunks, coalesce.MaxInFlight) - 1 {
+		senders.Go(sendChunks)
+	}
+	sendChunks()
+	senders.Wait()
 
 	s.mu.Lock()
 	now = time.Now()
