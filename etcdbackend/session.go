@@ -406,6 +406,11 @@ func (b *Backend) withdrawalStage(stage string) {
 func (b *Backend) own(id clientv3.LeaseID, key, token string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.ownLocked(id, key, token)
+}
+
+// ownLocked is own with b.mu held.
+func (b *Backend) ownLocked(id clientv3.LeaseID, key, token string) {
 	m := b.owned[id]
 	if m == nil {
 		m = make(map[string]string)
@@ -424,17 +429,8 @@ func (b *Backend) own(id clientv3.LeaseID, key, token string) {
 func (b *Backend) acquiredOnSession(id clientv3.LeaseID, key, token string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	m := b.owned[id]
-	if m == nil {
-		m = make(map[string]string)
-		b.owned[id] = m
-	}
-	m[key] = token
-	if n := b.pending[key] - 1; n > 0 {
-		b.pending[key] = n
-	} else {
-		delete(b.pending, key)
-	}
+	b.ownLocked(id, key, token)
+	b.setPendingLocked(key, -1)
 	delete(b.held, key)
 }
 
@@ -442,6 +438,11 @@ func (b *Backend) acquiredOnSession(id clientv3.LeaseID, key, token string) {
 func (b *Backend) setPending(key string, d int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.setPendingLocked(key, d)
+}
+
+// setPendingLocked is setPending with b.mu held.
+func (b *Backend) setPendingLocked(key string, d int) {
 	if n := b.pending[key] + d; n > 0 {
 		b.pending[key] = n
 	} else {

@@ -462,6 +462,21 @@ func (l *Locker) begin(ctx context.Context) (context.Context, func(), error) {
 	}, nil
 }
 
+// beginRequest is begin for a call that makes one backend request: the
+// context it returns also ends after RequestTimeout, and the function it
+// returns ends both.
+func (l *Locker) beginRequest(ctx context.Context) (context.Context, func(), error) {
+	ctx, end, err := l.begin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.opts.RequestTimeout)
+	return ctx, func() {
+		cancel()
+		end()
+	}, nil
+}
+
 // beginShared registers a single-attempt call in flight that Close ends
 // through its context (one of l.tryBounds').
 func (l *Locker) beginShared() error {
@@ -532,13 +547,11 @@ func (l *Locker) Holders(ctx context.Context, key string) ([]backend.Record, err
 	if err != nil {
 		return nil, err
 	}
-	ctx, end, err := l.begin(ctx)
+	ctx, end, err := l.beginRequest(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer end()
-	ctx, cancel := context.WithTimeout(ctx, l.opts.RequestTimeout)
-	defer cancel()
 	if l.modes != nil {
 		recs, err := l.modes.Holders(ctx, bk)
 		if err != nil {
@@ -564,13 +577,11 @@ func (l *Locker) Holders(ctx context.Context, key string) ([]backend.Record, err
 // holder, so a Shared lock appears once per holder, in term order. Record
 // keys are lock keys, without the backend prefix.
 func (l *Locker) List(ctx context.Context, prefix string) ([]backend.Record, error) {
-	ctx, end, err := l.begin(ctx)
+	ctx, end, err := l.beginRequest(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer end()
-	ctx, cancel := context.WithTimeout(ctx, l.opts.RequestTimeout)
-	defer cancel()
 	recs, err := l.b.List(ctx, Prefix+prefix)
 	if err != nil {
 		return nil, fmt.Errorf("lock: list %q: %w", prefix, err)

@@ -164,10 +164,7 @@ func (b *Backend) sharded() bool {
 // holders (a plain lease counts as one Exclusive holder; intents and
 // waiters are not holders).
 func (b *Backend) Holders(ctx context.Context, key string) ([]backend.Record, error) {
-	if err := b.begin(ctx); err != nil {
-		return nil, err
-	}
-	if err := b.ValidateKey(key); err != nil {
+	if err := b.beginKey(ctx, key); err != nil {
 		return nil, err
 	}
 	recs, err := b.holders(ctx, "holders of", key, true)
@@ -213,10 +210,7 @@ func (b *Backend) holders(ctx context.Context, op, key string, all bool) ([]back
 // it gone at their next retry, which each makes before its own
 // registration's TTL runs out.
 func (b *Backend) CancelWait(ctx context.Context, key, waitID string) error {
-	if err := b.begin(ctx); err != nil {
-		return err
-	}
-	if err := b.ValidateKey(key); err != nil {
+	if err := b.beginKey(ctx, key); err != nil {
 		return err
 	}
 	if waitID == "" {

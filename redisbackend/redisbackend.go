@@ -520,6 +520,14 @@ func (b *Backend) begin(ctx context.Context) error {
 	return ctx.Err()
 }
 
+// beginKey is begin for a call on key: it also checks that key is valid.
+func (b *Backend) beginKey(ctx context.Context, key string) error {
+	if err := b.begin(ctx); err != nil {
+		return err
+	}
+	return b.ValidateKey(key)
+}
+
 // bounded runs fn, returning by ctx's deadline even when the client does not
 // apply it to the socket: then fn keeps running in the background until
 // go-redis gives up, and its result is discarded.
@@ -808,10 +816,7 @@ func (b *Backend) validateLease(l backend.Lease) error {
 // holder of key (the plain lease, or the entry of AcquireMode with the
 // lowest term); intents and waiters are not holders.
 func (b *Backend) Get(ctx context.Context, key string) (backend.Record, error) {
-	if err := b.begin(ctx); err != nil {
-		return backend.Record{}, err
-	}
-	if err := b.ValidateKey(key); err != nil {
+	if err := b.beginKey(ctx, key); err != nil {
 		return backend.Record{}, err
 	}
 	recs, err := b.holders(ctx, "get", key, false)
@@ -850,10 +855,7 @@ func (b *Backend) Heartbeat(ctx context.Context, key, id string, ttl time.Durati
 // Members implements backend.Backend. It also drops from the members index
 // the IDs whose heartbeat has expired.
 func (b *Backend) Members(ctx context.Context, key string) ([]backend.Member, error) {
-	if err := b.begin(ctx); err != nil {
-		return nil, err
-	}
-	if err := b.ValidateKey(key); err != nil {
+	if err := b.beginKey(ctx, key); err != nil {
 		return nil, err
 	}
 	_, _, hb := b.leaseKeys(key)
@@ -884,10 +886,7 @@ func (b *Backend) Members(ctx context.Context, key string) ([]backend.Member, er
 
 // RemoveMember implements backend.Backend.
 func (b *Backend) RemoveMember(ctx context.Context, key, id string) error {
-	if err := b.begin(ctx); err != nil {
-		return err
-	}
-	if err := b.ValidateKey(key); err != nil {
+	if err := b.beginKey(ctx, key); err != nil {
 		return err
 	}
 	if id == "" {
