@@ -634,6 +634,12 @@ func TestClose(t *testing.T) {
 		if _, err := l.TryAcquire(t.Context(), "x", nil); !errors.Is(err, lock.ErrClosed) {
 			t.Errorf("TryAcquire after Close: got %v, want ErrClosed", err)
 		}
+		if _, err := l.Holders(t.Context(), "plain"); !errors.Is(err, lock.ErrClosed) {
+			t.Errorf("Holders after Close: got %v, want ErrClosed", err)
+		}
+		if _, err := l.List(t.Context(), ""); !errors.Is(err, lock.ErrClosed) {
+			t.Errorf("List after Close: got %v, want ErrClosed", err)
+		}
 		if err := l.Close(); err != nil {
 			t.Errorf("second Close: %v", err)
 		}
@@ -936,6 +942,43 @@ func TestSameIDTwin(t *testing.T) {
 		}
 		if err := lk.Release(t.Context()); !errors.Is(err, lock.ErrLockLost) {
 			t.Errorf("Release after data loss: got %v, want ErrLockLost", err)
+		}
+	})
+}
+
+// stalledReads wraps a memory client whose Holders and List answer only
+// when their context ends.
+type stalledReads struct{ *memorybackend.Backend }
+
+func (s stalledReads) Holders(ctx context.Context, key string) ([]backend.Record, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func (s stalledReads) List(ctx context.Context, prefix string) ([]backend.Record, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// Holders and List end at the Locker's RequestTimeout when the store does
+// not answer, even with a context that never ends.
+func TestHoldersListRequestTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := client(t, memorybackend.NewStore())
+		l := newLocker(t, stalledReads{c}, "a", fastOpts())
+		timeout := l.Options().RequestTimeout
+		for name, call := range map[string]func() error{
+			"Holders": func() error { _, err := l.Holders(context.Background(), "k"); return err },
+			"List":    func() error { _, err := l.List(context.Background(), ""); return err },
+		} {
+			start := time.Now()
+			err := call()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s on a store that does not answer: got %v, want context.DeadlineExceeded", name, err)
+			}
+			if took := time.Since(start); took != timeout {
+				t.Errorf("%s returned after %v, want the RequestTimeout %v", name, took, timeout)
+			}
 		}
 	})
 }
