@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sovereign-go/sovereign"
 	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/internal/testetcd"
 	"github.com/sovereign-go/sovereign/internal/testredis"
@@ -102,6 +103,31 @@ func TestParseFlags(t *testing.T) {
 				t.Errorf("parseFlags(%q): got error %v, want ok=%v", tc.args, err, tc.ok)
 			}
 		})
+	}
+}
+
+// The many runs' window defaults to two renewal intervals of their TTL,
+// so that every window holds the same number of renewal instants; a window
+// given is kept.
+func TestManyWindowDefault(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want time.Duration
+	}{
+		{nil, 2 * (sovereign.DefaultTTL / 3)},
+		{[]string{"-many-ttl", "3s"}, 2 * time.Second},
+		{[]string{"-many-window", "4s"}, 4 * time.Second},
+	} {
+		c, err := parseFlags(tc.args)
+		if err != nil {
+			t.Fatalf("parseFlags(%q): %v", tc.args, err)
+		}
+		if c.manyWindow != tc.want {
+			t.Errorf("parseFlags(%q): many window %v, want %v", tc.args, c.manyWindow, tc.want)
+		}
+	}
+	if _, err := parseFlags([]string{"-many-window", "-1s"}); err == nil {
+		t.Error("parseFlags(-many-window -1s): no error")
 	}
 }
 
