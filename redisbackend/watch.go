@@ -85,10 +85,7 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 // drops) on the channel, and whoever closes the channel calls it after
 // closing it.
 func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
-	if err := b.begin(ctx); err != nil {
-		return nil, err
-	}
-	if err := b.ValidateKey(key); err != nil {
+	if err := b.beginKey(ctx, key); err != nil {
 		return nil, err
 	}
 	if b.pubsub == PubSubOff {
