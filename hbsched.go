@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
@@ -180,30 +179,20 @@ func (s *hbScheduler) fire() {
 	// The calls of one instant go out with up to coalesce.MaxInFlight in
 	// flight at once, as the lease keeper's renewals do: each writes only
 	// its own range of errs, so a slow or hung call delays no other.
-	chunks := (len(reqs) + maxHeartbeatBatch - 1) / maxHeartbeatBatch
-	var taken atomic.Int64
-	sendChunks := func() {
-		for c := int(taken.Add(1)) - 1; c < chunks; c = int(taken.Add(1)) - 1 {
-			i := c * maxHeartbeatBatch
-			j := min(i+maxHeartbeatBatch, len(reqs))
-			ctx, cancel := context.WithTimeout(context.Background(), s.key.timeout)
-			res := s.send(ctx, reqs[i:j])
-			cancel()
-			for k := i; k < j; k++ {
-				if len(res) != j-i {
-					errs[k] = fmt.Errorf("sovereign: the backend answered %d heartbeats of a batch of %d", len(res), j-i)
-					continue
-				}
-				errs[k] = res[k-i]
+	coalesce.Chunks((len(reqs)+maxHeartbeatBatch-1)/maxHeartbeatBatch, func(_, c int) {
+		i := c * maxHeartbeatBatch
+		j := min(i+maxHeartbeatBatch, len(reqs))
+		ctx, cancel := context.WithTimeout(context.Background(), s.key.timeout)
+		res := s.send(ctx, reqs[i:j])
+		cancel()
+		for k := i; k < j; k++ {
+			if len(res) != j-i {
+				errs[k] = fmt.Errorf("sovereign: the backend answered %d heartbeats of a batch of %d", len(res), j-i)
+				continue
 			}
+			errs[k] = res[k-i]
 		}
-	}
-	var senders sync.WaitGroup
-	for range min(chunks, coalesce.MaxInFlight) - 1 {
-		senders.Go(sendChunks)
-	}
-	sendChunks()
-	senders.Wait()
+	})
 
 	s.mu.Lock()
 	now = time.Now()

@@ -2,7 +2,7 @@
 // share: the grid of instants on which requests of one interval fall due
 // together (Grid), how long a batch gathers the requests of one instant
 // (Gather), the bound of one batch call (MaxBatch), and how many batch calls
-// of one instant are in flight at once (MaxInFlight).
+// of one instant are in flight at once (MaxInFlight, Chunks).
 //
 // The lease keeper (package internal/keeper) renews every hold of one
 // backend and renew interval from one scheduler on this grid, and the
@@ -12,7 +12,11 @@
 // Cluster) and costs no goroutine at rest.
 package coalesce
 
-import "time"
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
 
 // Gather is how long a batch waits, after its first request, for the
 // requests due at the same instant (whose timers fire a few microseconds
@@ -38,6 +42,34 @@ const MaxBatch = 4096
 // connection carry without queueing behind one another; beyond that the
 // client's CPU, which encodes and decodes every call, is the bound.
 const MaxInFlight = 4
+
+// Chunks calls send(w, c) once for each chunk c in [0, chunks), with up to
+// MaxInFlight calls running at once, and returns when all have returned.
+// The calling goroutine is worker 0; when there is more than one chunk,
+// Chunks starts up to MaxInFlight-1 goroutines (workers 1 and on), which
+// end with the instant's last call. Each worker takes the next chunk not
+// yet taken whenever its call returns, so a slow or hung call delays no
+// other chunk; w lets the caller keep buffers per worker.
+func Chunks(chunks int, send func(w, c int)) {
+	if chunks <= 1 {
+		if chunks == 1 {
+			send(0, 0)
+		}
+		return
+	}
+	var taken atomic.Int64
+	work := func(w int) {
+		for c := int(taken.Add(1)) - 1; c < chunks; c = int(taken.Add(1)) - 1 {
+			send(w, c)
+		}
+	}
+	var workers sync.WaitGroup
+	for w := 1; w < min(chunks, MaxInFlight); w++ {
+		workers.Go(func() { work(w) })
+	}
+	work(0)
+	workers.Wait()
+}
 
 // Grid returns how long until the next instant on the grid of multiples of
 // interval (counted from the zero time), at most interval from now: holds

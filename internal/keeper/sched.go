@@ -71,18 +71,13 @@ type scheduler struct {
 	// run only), so that an instant allocates next to nothing.
 	due  []*Hold
 	down []*Hold
-	// rest is what no call of the instant being sent has taken yet (a tail
-	// of due); slots are the buffers of each call in flight at once, slot 0
-	// run's own, slot i that of the i-th goroutine run started.
-	rest  []*Hold
+	// slots are the buffers of the calls in flight at once, one per worker
+	// of coalesce.Chunks (slot 0 run's own).
 	slots [coalesce.MaxInFlight]slot
-
-	// senders counts the goroutines run started for the instant being sent.
-	senders sync.WaitGroup
 }
 
 // slot is the buffers of one batch call in flight, reused by the calls
-// that goroutine sends one after another.
+// that worker sends one after another.
 type slot struct {
 	leases  []backend.Lease
 	results []outcome
@@ -330,11 +325,11 @@ type outcome struct {
 //
 // The holds due at once go in chunks of coalesce.MaxBatch (whole groups
 // per chunk, but where a chunk boundary cuts one, when the backend groups
-// keys), at most coalesce.MaxInFlight calls in flight: run sends chunks
-// itself and, when there are more than one, starts a goroutine for each
-// further call in flight (up to MaxInFlight-1); each of them takes the next
-// chunk not yet sent whenever its call returns, and run waits for them all
-// before it looks for holds due again. Each call has its own send time,
+// keys), at most coalesce.MaxInFlight calls in flight (coalesce.Chunks:
+// run sends chunks itself and, when there are more than one, starts a
+// goroutine for each further call in flight; each takes the next chunk not
+// yet sent whenever its call returns), and run waits for them all before it
+// looks for holds due again. Each call has its own send time,
 // deadline context and buffers (a slot). A hold released before its chunk's
 // call starts is not sent.
 func (s *scheduler) run() {
@@ -382,18 +377,16 @@ func (s *scheduler) run() {
 			// call and group.
 			slices.SortFunc(due, func(a, b *Hold) int { return cmp.Compare(a.m.group, b.m.group) })
 		}
-		s.rest = due
-		calls := min((len(due)+coalesce.MaxBatch-1)/coalesce.MaxBatch, coalesce.MaxInFlight)
-		for i := 1; i < calls; i++ {
-			s.senders.Add(1)
-			go s.sendChunks(i)
-		}
-		s.sendChunksLocked(0)
-		if calls > 1 {
-			s.mu.Unlock()
-			s.senders.Wait()
+		s.mu.Unlock()
+		coalesce.Chunks((len(due)+coalesce.MaxBatch-1)/coalesce.MaxBatch, func(w, c int) {
+			hi := min((c+1)*coalesce.MaxBatch, len(due))
+			chunk := due[c*coalesce.MaxBatch : hi : hi]
+			sl := &s.slots[w]
 			s.mu.Lock()
-		}
+			sl.leases, sl.results = s.send(chunk, sl.leases, sl.results)
+			s.mu.Unlock()
+		})
+		s.mu.Lock()
 	}
 	// Keep the buffers, without pointers into holds that may go.
 	clear(due[:cap(due)])
@@ -401,7 +394,7 @@ func (s *scheduler) run() {
 	for i := range s.slots {
 		clear(s.slots[i].leases[:cap(s.slots[i].leases)])
 	}
-	s.due, s.down, s.rest = due[:0], down[:0], nil
+	s.due, s.down = due[:0], down[:0]
 	s.running = false
 	if len(s.members) == 0 {
 		if s.pins == 0 {
@@ -416,29 +409,6 @@ func (s *scheduler) run() {
 	}
 	s.armGridLocked(next, now)
 	s.mu.Unlock()
-}
-
-// sendChunks is a goroutine run starts for an instant whose holds due fill
-// more than one call: it sends chunks with slot i's buffers until none is
-// left.
-func (s *scheduler) sendChunks(i int) {
-	defer s.senders.Done()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.sendChunksLocked(i)
-}
-
-// sendChunksLocked sends the chunks of s.rest, one call at a time with slot
-// i's buffers, until no chunk is left. s.mu is held on entry and on return,
-// not during the calls.
-func (s *scheduler) sendChunksLocked(i int) {
-	sl := &s.slots[i]
-	for len(s.rest) > 0 {
-		n := min(len(s.rest), coalesce.MaxBatch)
-		chunk := s.rest[:n:n]
-		s.rest = s.rest[n:]
-		sl.leases, sl.results = s.send(chunk, sl.leases, sl.results)
-	}
 }
 
 // send renews chunk with one batch call and records the results. s.mu is
