@@ -643,3 +643,86 @@ func TestExpiringLeaseDoesNotCauseRetryStorm(t *testing.T) {
 		}
 	})
 }
+
+// confirming is a memory backend whose Acquire reply confirms the lease
+// (backend.AcquireConfirmer), and whose first successful reply is damaged by
+// damage, as a store or client bug would return it.
+type confirming struct {
+	*memorybackend.Backend
+	damage func(*backend.Lease)
+	once   atomic.Bool
+	gets   atomic.Int64
+}
+
+func (c *confirming) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+	l, err := c.Backend.Acquire(ctx, req)
+	if err == nil && !c.once.Swap(true) {
+		c.damage(&l)
+	}
+	return l, err
+}
+
+func (c *confirming) Get(ctx context.Context, key string) (backend.Record, error) {
+	c.gets.Add(1)
+	return c.Backend.Get(ctx, key)
+}
+
+// On a backend whose Acquire reply confirms the lease, the double
+// verification checks that reply, without reading the record back: a reply
+// that is not the lease asked for (another key or holder, no token, no term
+// or no TTL) fails the verification before the elector leads, and it leads
+// only on a later, sound acquisition.
+func TestDoubleVerificationOfAConfirmedReply(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(*backend.Lease)
+	}{
+		{"another key", func(l *backend.Lease) { l.Key = "other" }},
+		{"another holder", func(l *backend.Lease) { l.HolderID = "b" }},
+		{"no token", func(l *backend.Lease) { l.Token = "" }},
+		{"no term", func(l *backend.Lease) { l.Term = 0 }},
+		{"no TTL", func(l *backend.Lease) { l.TTL = 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := memorybackend.New()
+				defer mem.Close()
+				c := &confirming{Backend: mem, damage: tc.damage}
+				e, err := sovereign.New(c, "election", "a", fastOpts())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				rec := &electortest.Recorder{}
+				rec.Attach(e)
+				if err := e.Start(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				failed := 0
+				for _, s := range rec.Events() {
+					switch ev := s.Event.(type) {
+					case sovereign.ElectionFailed:
+						if errors.Is(ev.Err, sovereign.ErrVerificationFailed) {
+							failed++
+						}
+					case sovereign.LeadershipAcquired:
+						if failed == 0 {
+							t.Fatalf("became leader (term %d) on the damaged reply, before a failed verification", ev.Term)
+						}
+					}
+				}
+				if failed != 1 {
+					t.Errorf("verification failures: got %d, want 1", failed)
+				}
+				if !e.IsLeader() {
+					t.Error("not leader after the damaged reply's retry")
+				}
+				if n := c.gets.Load(); n != 0 {
+					t.Errorf("Get called %d times: want the confirmed reply checked, not read back", n)
+				}
+			})
+		})
+	}
+}

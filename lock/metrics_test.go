@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -131,6 +132,46 @@ func TestCheck(t *testing.T) {
 		close(release)
 		if err := <-done; !errors.Is(err, lock.ErrLockLost) {
 			t.Errorf("TryDo: got %v, want ErrLockLost", err)
+		}
+		if err := l.Check(time.Second); err != nil {
+			t.Errorf("Check after the function returned: %v", err)
+		}
+	})
+}
+
+// A function that ignores its context after the caller cancelled Do's ctx
+// (not a loss: the lock is renewed for it as it winds down) makes Check
+// unhealthy once it has run on for more than the tolerance, while the
+// backend answers every renewal.
+func TestCheckFunctionIgnoringCancellation(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		l := newLocker(t, client(t, store), "alice", fastOpts())
+		ctx, cancel := context.WithCancel(context.Background())
+		release := make(chan struct{})
+		started := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- l.Do(ctx, "job", nil, func(context.Context, *lock.Lock) error {
+				close(started)
+				<-release // ignores its context
+				return nil
+			})
+		}()
+		<-started
+		cancel()
+		time.Sleep(900 * time.Millisecond)
+		if err := l.Check(time.Second); err != nil {
+			t.Errorf("Check 900ms after the cancellation (tolerance 1s): got %v, want nil", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		err := l.Check(time.Second)
+		if !errors.Is(err, lock.ErrUnhealthy) || !strings.Contains(err.Error(), "still runs") {
+			t.Errorf("Check 1.1s after the cancellation: got %v, want ErrUnhealthy saying the function still runs", err)
+		}
+		close(release)
+		if err := <-done; err != nil {
+			t.Errorf("Do: got %v, want nil (the lock was kept while the function wound down)", err)
 		}
 		if err := l.Check(time.Second); err != nil {
 			t.Errorf("Check after the function returned: %v", err)
