@@ -726,3 +726,34 @@ func TestDoubleVerificationOfAConfirmedReply(t *testing.T) {
 		})
 	}
 }
+
+// An elector that resigned sits out for ResignSitOut before it campaigns
+// again: alone, it leads again once that has passed, not before.
+func TestResignSitsOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.New()
+		defer mem.Close()
+		o := fastOpts()
+		o.ResignSitOut = 300 * time.Millisecond
+		o.RenewInterval = 330 * time.Millisecond
+		e, err := sovereign.New(mem, "election", "a", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		rec := &electortest.Recorder{}
+		rec.Attach(e)
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		rec.Started(t, "a", 1)
+		resigned := time.Now()
+		if err := e.Resign(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		iv := rec.Started(t, "a", 2)
+		if d := iv.Start.Sub(resigned); d < 300*time.Millisecond || d > 310*time.Millisecond {
+			t.Errorf("led again %v after resigning, want just after ResignSitOut (300ms)", d)
+		}
+	})
+}
