@@ -73,6 +73,8 @@ func TestMain(m *testing.M) {
 //	until-told       report signals, exit only when the test writes "exit N"
 //	ignore-term      ignore SIGTERM (so only SIGKILL ends it) and spawn a
 //	                 grandchild "sleep" in its process group, reporting its pid
+//	spawn-exit       spawn that grandchild, report its pid, and exit 5 at once,
+//	                 leaving it behind
 func helperMain(mode string) int {
 	conn, err := net.Dial("unix", os.Getenv("SOVEREIGN_TEST_SOCK"))
 	if err != nil {
@@ -89,13 +91,16 @@ func helperMain(mode string) int {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
 	fmt.Fprintf(conn, "start pid=%d pgid=%d %s\n", os.Getpid(), syscall.Getpgrp(), strings.Join(env, " "))
-	if mode == "ignore-term" {
+	if mode == "ignore-term" || mode == "spawn-exit" {
 		gc := exec.Command("sleep", "1000")
 		if err := gc.Start(); err != nil {
 			fmt.Fprintln(os.Stderr, "helper:", err)
 			return 2
 		}
 		fmt.Fprintf(conn, "grandchild pid=%d\n", gc.Process.Pid)
+		if mode == "spawn-exit" {
+			return 5
+		}
 	}
 	fmt.Fprintf(conn, "ready\n")
 	if mode == "until-told" {

@@ -25,9 +25,12 @@ import (
 func TestLock(t *testing.T) {
 	_, env, b := redisEnv(t)
 	kids := newChildren(t)
-	holder := start(t, append(env, kids.env("hold")...),
+	holder := start(t, append(env, kids.env("ignore-term")...),
 		"lock", "--ttl", "2s", "--id", "holder-a", "--metadata", "job=backup", "db/backup", "--", os.Args[0])
 	startLine := kids.expect(0, "start")
+	gc := kids.expect(0, "grandchild")
+	gcPid, _ := strconv.Atoi(field(gc.text, "pid"))
+	t.Cleanup(func() { _ = syscall.Kill(gcPid, syscall.SIGKILL) }) // if the test fails
 	kids.expect(0, "ready")
 	rec, held := getRecord(t, b, lockPrefix+"db/backup")
 	if !held {
@@ -99,6 +102,9 @@ func TestLock(t *testing.T) {
 	}
 	if code := holder.wait(); code != exitLost {
 		t.Fatalf("got holder exit %d, want %d", code, exitLost)
+	}
+	if alive(gcPid) {
+		t.Fatalf("the command's grandchild (pid %d) outlives the holder: want its whole process group killed", gcPid)
 	}
 	if code, out, _ := run(t, env, "lock", "--try", "db/backup", "--", "echo", "ran"); code != 0 || out != "ran\n" {
 		t.Fatalf("got exit %d output %q after the break, want 0 and \"ran\"", code, out)

@@ -221,16 +221,20 @@ func TestRunPartition(t *testing.T) {
 	}
 	// The first child's connection ends when it dies.
 	var aDied time.Time
+	gotTerm := false
 	for aDied.IsZero() {
 		l := kids.next("child 0 to die")
 		switch {
 		case l.conn == 0 && l.eof:
 			aDied = l.at
 		case l.conn == 0 && strings.HasPrefix(l.text, "signal terminated"):
-			// It got SIGTERM and ignored it.
+			gotTerm = true // it got SIGTERM and ignored it
 		default:
 			t.Fatalf("got %+v before the first child died, want nothing from a successor", l)
 		}
+	}
+	if !gotTerm {
+		t.Fatal("the first child died without having received SIGTERM: want SIGTERM first, SIGKILL only after the grace")
 	}
 	bStart := kids.expect(1, "start")
 	if !bStart.at.After(aDied) {
@@ -321,6 +325,29 @@ func TestRunReleasesAfterExit(t *testing.T) {
 	kids.tell(0, "exit 3")
 	if code := p.wait(); code != 3 {
 		t.Fatalf("got exit %d, want the command's 3", code)
+	}
+	if _, held := getRecord(t, b, "job"); held {
+		t.Fatal("got job held after sovereign exited, want it released")
+	}
+}
+
+// TestRunKillsLeftovers: a command that exits by itself leaving a process of
+// its group behind (a daemonised helper, say) does not keep running unlocked:
+// sovereign kills what is left of the group before it releases the lease
+// and exits with the command's status.
+func TestRunKillsLeftovers(t *testing.T) {
+	_, env, b := redisEnv(t)
+	kids := newChildren(t)
+	p := start(t, append(env, kids.env("spawn-exit")...), "run", "--ttl", "2s", "job", "--", os.Args[0])
+	kids.expect(0, "start")
+	gc := kids.expect(0, "grandchild")
+	gcPid, _ := strconv.Atoi(field(gc.text, "pid"))
+	t.Cleanup(func() { _ = syscall.Kill(gcPid, syscall.SIGKILL) }) // if the test fails
+	if code := p.wait(); code != 5 {
+		t.Fatalf("got exit %d, want the command's 5", code)
+	}
+	if alive(gcPid) {
+		t.Fatalf("the command's grandchild (pid %d) outlives sovereign: want its process group killed before the release", gcPid)
 	}
 	if _, held := getRecord(t, b, "job"); held {
 		t.Fatal("got job held after sovereign exited, want it released")
