@@ -183,6 +183,14 @@ func TestAnalyzeDataLoss(t *testing.T) {
 			want: "term after data loss",
 		},
 		{
+			name: "a term equal to an earlier one after data loss",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].Lines[2], r.Procs[1].Lines[3], r.Procs[1].Lines[4] = acquire(1, 1040, 1050), lead(1, 1055), write(1, 3, 1060)
+				r.Writes[1] = storeWrite("b", 1, 3, 1075, true)
+			},
+			want: "term after data loss",
+		},
+		{
 			name: "stale write accepted inside the window",
 			modify: func(r *chaos.Run) {
 				r.Writes[2].Accepted = true
@@ -336,6 +344,23 @@ func TestAnalyzeCatches(t *testing.T) {
 				r.Writes = []chaos.Write{storeWrite("a", 3, 1, 50, true), storeWrite("b", 2, 1, 1050, false)}
 			},
 			want: "term order",
+		},
+		{
+			name: "a term equal to the one before",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].Lines[2], r.Procs[1].Lines[3], r.Procs[1].Lines[4] = acquire(1, 1010, 1020), lead(1, 1025), write(1, 3, 1030)
+				r.Writes[2] = storeWrite("b", 1, 3, 1050, true)
+			},
+			want: "term order",
+		},
+		{
+			name: "an overlap shorter than a millisecond",
+			modify: func(r *chaos.Run) {
+				l := acquire(2, 990, 0)
+				l.Done = msT(1000) - int64(500*time.Microsecond)
+				r.Procs[1].Lines[2] = l
+			},
+			want: "overlap",
 		},
 		{
 			name: "two writers of one term",
