@@ -806,3 +806,39 @@ func TestStats(t *testing.T) {
 		}
 	})
 }
+
+// noWatchModes hides the memory client's Watch but not its Modes.
+type noWatchModes struct {
+	backend.Backend
+	backend.Modes
+}
+
+// TestSemaphoreWaitWithoutWatch: a waiter for a full semaphore, on a
+// backend that cannot watch, tries again when the *first* holder's lease
+// would expire (that frees a permit), not when the last one's would.
+func TestSemaphoreWaitWithoutWatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		alice := newLocker(t, client(t, store), "alice", fastOpts())
+		cc := client(t, store)
+		// Carol's own TTL, which bounds her waits between attempts, is
+		// longer than both.
+		carol := newLocker(t, noWatchModes{cc, cc}, "carol", &lock.Options{TTL: time.Minute, Logger: quiet})
+		short := &lock.AcquireOptions{Mode: lock.Shared, Limit: 2, TTL: 2 * time.Second, NoRenew: true}
+		long := &lock.AcquireOptions{Mode: lock.Shared, Limit: 2, TTL: 20 * time.Second, NoRenew: true}
+		for _, o := range []*lock.AcquireOptions{short, long} {
+			if _, err := alice.TryAcquire(t.Context(), "pool", o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t0 := time.Now()
+		lc, err := carol.Acquire(t.Context(), "pool", semaphore(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lc.Release(t.Context())
+		if d := time.Since(t0); d < 2*time.Second || d > 2100*time.Millisecond {
+			t.Errorf("carol acquired a permit after %v, want just after the first holder's 2s TTL (not the other's 20s)", d)
+		}
+	})
+}
