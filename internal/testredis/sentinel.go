@@ -373,6 +373,53 @@ func (s *Sentinel) role(ctx context.Context, addr string) ([]string, error) {
 	return out, nil
 }
 
+// WaitSynced waits until every replica has processed everything the primary
+// had written when WaitSynced was called (its slave_repl_offset has reached
+// the primary's master_repl_offset), so that a Failover then loses nothing.
+// It gives up with an error after 30 s or when ctx ends.
+func (s *Sentinel) WaitSynced(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, sentinelBound)
+	defer cancel()
+	primary, err := s.Primary(ctx)
+	if err != nil {
+		return fmt.Errorf("testredis: WaitSynced: %w", err)
+	}
+	want, err := s.replOffset(ctx, primary, "master_repl_offset")
+	if err != nil {
+		return fmt.Errorf("testredis: WaitSynced: %w", err)
+	}
+	for _, n := range s.nodes {
+		if n.Addr() == primary {
+			continue
+		}
+		for {
+			got, err := s.replOffset(ctx, n.Addr(), "slave_repl_offset")
+			if err == nil && got >= want {
+				break
+			}
+			if werr := sleepCtx(ctx, sentinelPoll); werr != nil {
+				return fmt.Errorf("testredis: WaitSynced: replica %s at offset %d (%v), want %d: %w", n.Addr(), got, err, want, werr)
+			}
+		}
+	}
+	return nil
+}
+
+// replOffset returns the integer field of INFO replication on the node at
+// addr.
+func (s *Sentinel) replOffset(ctx context.Context, addr, field string) (int64, error) {
+	info, err := s.clients[addr].Info(ctx, "replication").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO replication on %s: %w", addr, err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("INFO replication on %s: no %s", addr, field)
+}
+
 // HoldReplication stops the replication stream from the primary to every
 // replica, for a setup started with HoldableReplication: nothing the
 // primary sends after HoldReplication returns reaches a replica, while

@@ -47,9 +47,12 @@ func TestSentinelFailover(t *testing.T) {
 	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatalf("SET through the Sentinel: %v", err)
 	}
-	// WAIT: the replica has the write before the failover.
-	if n, err := c.Wait(ctx, 1, 10*time.Second).Result(); err != nil || n != 1 {
-		t.Fatalf("WAIT 1: got %d, %v; want 1 replica", n, err)
+	// WaitSynced: the replica has the write before the failover.
+	if err := s.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := nodes[1].NewClient(t, nil).Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("GET k on the replica after WaitSynced: got %q, %v; want v", got, err)
 	}
 
 	for i, want := range []string{nodes[1].Addr(), nodes[0].Addr()} {
