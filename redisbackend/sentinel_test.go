@@ -273,6 +273,77 @@ func TestSentinelWatchAcrossFailover(t *testing.T) {
 	}
 }
 
+// sentinelElectors is three candidates campaigning over FailoverClients of
+// one Sentinel setup, with WaitReplicas 1, recorded by rec.
+type sentinelElectors struct {
+	s      *testredis.Sentinel
+	es     []*sovereign.Elector
+	rec    *electortest.Recorder
+	reader *redisbackend.Backend // reads the record through the Sentinel too
+}
+
+// sentinelElectorTTL is the TTL of the elector tests over Sentinel:
+// RenewDeadline 1.4 s, RenewInterval 667 ms, RequestTimeout 400 ms, which
+// leaves room for a WAIT of 300 ms.
+const sentinelElectorTTL = 2 * time.Second
+
+// sentinelElectorName is their election.
+const sentinelElectorName = "sentinel-daemon"
+
+func startSentinelElectors(t *testing.T, s *testredis.Sentinel) *sentinelElectors {
+	t.Helper()
+	opts := &redisbackend.Options{WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond}
+	se := &sentinelElectors{s: s, rec: &electortest.Recorder{}, reader: newBackend(t, failoverClient(t, s), nil)}
+	for _, id := range []string{"s1", "s2", "s3"} {
+		bk := newBackend(t, failoverClient(t, s), opts)
+		e, err := sovereign.New(bk, sentinelElectorName, id, &sovereign.Options{
+			TTL: sentinelElectorTTL, NoStartupJitter: true, Logger: electortest.Logger(),
+		})
+		if err != nil {
+			t.Fatalf("sovereign.New: %v", err)
+		}
+		se.rec.Campaign(t, e)
+		se.es = append(se.es, e)
+	}
+	return se
+}
+
+// waitLeaderOn waits until one candidate leads, the store (through the
+// Sentinel) holds its lease under its term, and so does the node at
+// primary, and returns the leader.
+func (se *sentinelElectors) waitLeaderOn(t *testing.T, ctx context.Context, what, primary string) *sovereign.Elector {
+	t.Helper()
+	direct := se.s.Node(primary).NewClient(t, nil)
+	var leader *sovereign.Elector
+	electortest.Eventually(t, what, func() bool {
+		ls := electortest.Leaders(se.es...)
+		if len(ls) != 1 {
+			return false
+		}
+		leader = ls[0]
+		rec, err := se.reader.Get(ctx, sentinelElectorName)
+		if err != nil || rec.HolderID != leader.ID() || rec.Term != leader.Term() {
+			return false
+		}
+		term, err := direct.HGet(ctx, "sovereign:{"+sentinelElectorName+"}", "term").Uint64()
+		return err == nil && term == leader.Term()
+	})
+	return leader
+}
+
+// closeAndCheck stops every candidate and checks that no two terms
+// overlapped and that terms increased.
+func (se *sentinelElectors) closeAndCheck(t *testing.T) []electortest.Interval {
+	t.Helper()
+	for _, e := range se.es {
+		_ = e.Close()
+	}
+	ivs := se.rec.Intervals()
+	t.Logf("terms: %v", ivs)
+	electortest.CheckNoOverlap(t, ivs)
+	return ivs
+}
+
 // TestSentinelElectorFailover: three candidates over FailoverClients with
 // WaitReplicas 1 and a failover while one leads. At no moment do two lead
 // (terms recorded by the leader functions), and after the failover the
@@ -280,64 +351,64 @@ func TestSentinelWatchAcrossFailover(t *testing.T) {
 func TestSentinelElectorFailover(t *testing.T) {
 	s := testredis.StartSentinel(t, testredis.SentinelConfig{})
 	ctx := ctxBound(t)
-	const ttl = 2 * time.Second // RenewDeadline 1.4 s, RequestTimeout 400 ms
-	opts := &redisbackend.Options{WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond}
-	rec := &electortest.Recorder{}
-	var es []*sovereign.Elector
-	for _, id := range []string{"s1", "s2", "s3"} {
-		bk := newBackend(t, failoverClient(t, s), opts)
-		e, err := sovereign.New(bk, "sentinel-daemon", id, &sovereign.Options{
-			TTL: ttl, NoStartupJitter: true, Logger: electortest.Logger(),
-		})
-		if err != nil {
-			t.Fatalf("sovereign.New: %v", err)
-		}
-		rec.Campaign(t, e)
-		es = append(es, e)
+	se := startSentinelElectors(t, s)
+	old, err := s.Primary(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	reader := newBackend(t, failoverClient(t, s), nil)
-
-	// leaderOnPrimary reports whether one candidate leads and the store
-	// (the primary the client follows) holds its lease under its term.
-	leaderOnPrimary := func() bool {
-		ls := electortest.Leaders(es...)
-		if len(ls) != 1 {
-			return false
-		}
-		rec, err := reader.Get(ctx, "sentinel-daemon")
-		return err == nil && rec.HolderID == ls[0].ID() && rec.Term == ls[0].Term()
-	}
-	electortest.Eventually(t, "a leader before the failover", leaderOnPrimary)
-	before := electortest.Leaders(es...)[0]
+	before := se.waitLeaderOn(t, ctx, "a leader before the failover", old)
 	t.Logf("leader before the failover: %s, term %d", before.ID(), before.Term())
 
 	primary, err := s.Failover(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	direct := s.Node(primary).NewClient(t, nil)
-	electortest.Eventually(t, "a leader whose lease is on the new primary", func() bool {
-		if !leaderOnPrimary() {
-			return false
-		}
-		l := electortest.Leaders(es...)
-		if len(l) != 1 {
-			return false
-		}
-		term, err := direct.HGet(ctx, "sovereign:{sentinel-daemon}", "term").Uint64()
-		return err == nil && term == l[0].Term()
-	})
-	after := electortest.Leaders(es...)
-	if len(after) == 1 {
-		t.Logf("leader after the failover: %s, term %d, %v after it completed", after[0].ID(), after[0].Term(), time.Since(start))
+	done := time.Now()
+	after := se.waitLeaderOn(t, ctx, "a leader whose lease is on the new primary", primary)
+	t.Logf("leader after the failover: %s, term %d, %v after the failover completed", after.ID(), after.Term(), time.Since(done))
+	se.closeAndCheck(t)
+}
+
+// TestSentinelElectorHeldReplication: with WaitReplicas 1, a leader whose
+// renewals stop reaching the replica (its replication stream is held) steps
+// down at its renew deadline, and nobody leads while no write can reach the
+// replica. After the failover to that replica, whose copy of the lease is
+// older, the election has a leader again; never two at once. (Without
+// WaitReplicas the leader would go on leading on the old primary, and the
+// failover would lose its renewals.)
+func TestSentinelElectorHeldReplication(t *testing.T) {
+	s := testredis.StartSentinel(t, testredis.SentinelConfig{HoldableReplication: true})
+	ctx := ctxBound(t)
+	se := startSentinelElectors(t, s)
+	old, err := s.Primary(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, e := range es {
-		_ = e.Close()
+	leader := se.waitLeaderOn(t, ctx, "a leader before the hold", old)
+	term := leader.Term()
+
+	s.HoldReplication(t)
+	held := time.Now()
+	iv := se.rec.Ended(t, leader.ID(), term)
+	t.Logf("leader %s (term %d) stepped down %v after the replication was held", leader.ID(), term, iv.End.Sub(held))
+	if ls := electortest.Leaders(se.es...); len(ls) != 0 {
+		t.Errorf("leaders while the replication is held: got %d, want none", len(ls))
 	}
-	ivs := rec.Intervals()
-	t.Logf("terms: %v", ivs)
-	electortest.CheckNoOverlap(t, ivs)
+
+	failoverStart := time.Now()
+	primary, err := s.Failover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failoverDone := time.Now()
+	after := se.waitLeaderOn(t, ctx, "a leader whose lease is on the new primary", primary)
+	t.Logf("failover took %v; leader after it: %s, term %d, %v after it completed",
+		failoverDone.Sub(failoverStart), after.ID(), after.Term(), time.Since(failoverDone))
+	for _, iv := range se.closeAndCheck(t) {
+		if iv.Start.After(held) && iv.Start.Before(failoverStart) {
+			t.Errorf("term %d of %s began while no write could reach the replica, want no acquisition without a replica", iv.Term, iv.ID)
+		}
+	}
 }
 
 // TestSentinelFailoverLosesUnreplicatedLease: without WaitReplicas, a lease
