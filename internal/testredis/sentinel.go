@@ -20,11 +20,18 @@ import (
 // 10 s, the demoted primary reconfigured 8 s after a failover) would make
 // every failover take about ten seconds; these make it take one or two.
 const (
-	// sentinelPeriod is Sentinel's INFO, PING and hello period (SENTINEL
-	// DEBUG info-period, ping-period, publish-period). An old primary that
-	// still reports itself primary after a failover is made a replica
-	// 4 publish periods later.
+	// sentinelPeriod is Sentinel's PING and hello period (SENTINEL DEBUG
+	// ping-period, publish-period). An old primary that still reports
+	// itself primary after a failover is made a replica 4 publish periods
+	// later, at its next INFO.
 	sentinelPeriod = 100 * time.Millisecond
+	// sentinelInfoPeriod is Sentinel's INFO period (SENTINEL DEBUG
+	// info-period). Not much shorter: Sentinel promotes only a replica
+	// whose last INFO is at most 3 info periods old, while during a
+	// failover it sends replicas an INFO only every second; with 100 ms,
+	// failovers on a loaded machine aborted with
+	// -failover-abort-no-good-slave (Failover starts an aborted one again).
+	sentinelInfoPeriod = 500 * time.Millisecond
 	// sentinelDownAfter is down-after-milliseconds: how long a node must
 	// not answer before Sentinel deems it down.
 	sentinelDownAfter = time.Second
@@ -86,8 +93,8 @@ type Sentinel struct {
 // like Start, when redis-server cannot be found (fails it when
 // SOVEREIGN_REQUIRE_REDIS is set).
 //
-// The Sentinel runs with short periods (an INFO and a PING every 100 ms),
-// so that a failover takes a second or two rather than ten.
+// The Sentinel runs with short periods (an INFO every 500 ms, a PING every
+// 100 ms), so that a failover takes a few seconds rather than ten or more.
 func StartSentinel(t testing.TB, cfg SentinelConfig) *Sentinel {
 	t.Helper()
 	bin := findServerOrSkip(t, "")
@@ -150,7 +157,8 @@ func StartSentinel(t testing.TB, cfg SentinelConfig) *Sentinel {
 	defer cancel()
 	period := strconv.FormatInt(sentinelPeriod.Milliseconds(), 10)
 	debug := redis.NewStatusCmd(ctx, "SENTINEL", "DEBUG",
-		"info-period", period, "ping-period", period, "publish-period", period,
+		"info-period", strconv.FormatInt(sentinelInfoPeriod.Milliseconds(), 10),
+		"ping-period", period, "publish-period", period,
 		"tilt-trigger", strconv.FormatInt(sentinelTiltTrigger.Milliseconds(), 10))
 	if err := s.sc.Process(ctx, debug); err != nil {
 		// Redis before 7.0 has no SENTINEL DEBUG: failovers take longer.
@@ -237,29 +245,55 @@ func (s *Sentinel) Failover(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("testredis: failover: %w", err)
 	}
+	aborts := 0
+	for {
+		if err := s.startFailover(ctx); err != nil {
+			return "", fmt.Errorf("testredis: %w (after %d aborted failovers)\nsentinel log:\n%s", err, aborts, s.sentinel.Log())
+		}
+		for {
+			last := s.failedOver(ctx, old)
+			if last == nil {
+				return s.Primary(ctx)
+			}
+			if s.aborted(ctx, old) {
+				aborts++
+				break // start it again
+			}
+			if err := sleepCtx(ctx, sentinelPoll); err != nil {
+				return "", fmt.Errorf("testredis: failover of %s (primary was %s) not done: %w (%w; %d aborted before)\nsentinel log:\n%s",
+					s.name, old, last, err, aborts, s.sentinel.Log())
+			}
+		}
+	}
+}
+
+// startFailover sends SENTINEL FAILOVER, again while the Sentinel answers
+// NOGOODSLAVE or INPROG.
+func (s *Sentinel) startFailover(ctx context.Context) error {
 	for {
 		err := s.sc.Failover(ctx, s.name).Err()
 		if err == nil {
-			break
+			return nil
 		}
 		if !strings.Contains(err.Error(), "NOGOODSLAVE") && !strings.Contains(err.Error(), "INPROG") {
-			return "", fmt.Errorf("testredis: SENTINEL FAILOVER %s: %w", s.name, err)
+			return fmt.Errorf("SENTINEL FAILOVER %s: %w", s.name, err)
 		}
-		if err := sleepCtx(ctx, sentinelPoll); err != nil {
-			return "", fmt.Errorf("testredis: SENTINEL FAILOVER %s: still %v: %w", s.name, err, ctx.Err())
-		}
-	}
-	var last error
-	for {
-		last = s.failedOver(ctx, old)
-		if last == nil {
-			return s.Primary(ctx)
-		}
-		if err := sleepCtx(ctx, sentinelPoll); err != nil {
-			return "", fmt.Errorf("testredis: failover of %s (primary was %s) not done: %w (%w)\nsentinel log:\n%s",
-				s.name, old, last, err, s.sentinel.Log())
+		if werr := sleepCtx(ctx, sentinelPoll); werr != nil {
+			return fmt.Errorf("SENTINEL FAILOVER %s: still %w: %w", s.name, err, werr)
 		}
 	}
+}
+
+// aborted reports whether the Sentinel has given up the failover away from
+// old: no failover is in progress, and it still names old. (The flags are
+// read first: a failover that completes in between shows the new primary.)
+func (s *Sentinel) aborted(ctx context.Context, old string) bool {
+	m, err := s.sc.Master(ctx, s.name).Result()
+	if err != nil || strings.Contains(m["flags"], "failover") {
+		return false
+	}
+	cur, err := s.Primary(ctx)
+	return err == nil && cur == old
 }
 
 // failedOver returns nil when the failover away from old is done, and
