@@ -217,7 +217,10 @@
 // Fencing terms). Options.WaitReplicas makes Acquire and Renew wait (WAIT)
 // until that many replicas have the write, which narrows the window but, as
 // the Redis documentation says, does not make Redis strongly consistent: a
-// failover can still pick a replica that missed the write. A restart of a
+// failover can still pick a replica that missed the write. Count every
+// replica: after a promotion the old primary keeps the other replicas until
+// Sentinel reconfigures them, so WAIT for fewer can still confirm a write
+// that the failover then loses. A restart of a
 // server without persistence loses every lease and term counter in the same
 // way; terms still increase across it, for the same reason. When two leaders
 // for even a moment are unacceptable and the downstream store cannot check

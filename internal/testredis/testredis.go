@@ -7,6 +7,9 @@
 // starts nothing (REDIS_CLUSTER_ADDR likewise for Config.Cluster); Restart and Kill then skip the test, since an external
 // server cannot be restarted.
 //
+// StartSentinel starts a Sentinel setup (a primary, replicas and a Sentinel)
+// and Sentinel.Failover runs a real failover.
+//
 // When redis-server cannot be found, Start skips the test with a loud reason,
 // unless the environment variable SOVEREIGN_REQUIRE_REDIS is set (CI sets it),
 // in which case the test fails.
@@ -48,6 +51,11 @@ type Config struct {
 	Cluster bool
 	// Args are extra redis-server arguments, e.g. "--notify-keyspace-events", "Kx".
 	Args []string
+
+	// sentinelConf is the path of a Sentinel configuration file: when set,
+	// the process runs as a Sentinel (redis-server <file> --sentinel) and
+	// Persistent, Cluster and Args are ignored. StartSentinel sets it.
+	sentinelConf string
 }
 
 // Server is a running redis-server (or an external one named by REDIS_ADDR).
@@ -83,22 +91,35 @@ func StartConfig(t testing.TB, cfg Config) *Server {
 	} else if addr := os.Getenv("REDIS_ADDR"); addr != "" {
 		return &Server{addr: addr, external: true}
 	}
-	bin, err := findServer()
-	if err != nil {
-		msg := fmt.Sprintf("testredis: SKIPPING real-Redis test %s: redis-server not found (%v); "+
-			"install it (apt-get install -y redis-server) or set REDIS_ADDR", t.Name(), err)
-		if os.Getenv("SOVEREIGN_REQUIRE_REDIS") != "" {
-			t.Fatal(msg + " (SOVEREIGN_REQUIRE_REDIS is set, so this is a failure)")
-		}
-		fmt.Fprintln(os.Stderr, msg)
-		t.Skip(msg)
-	}
+	bin := findServerOrSkip(t, "or set REDIS_ADDR")
 	s, err := start(bin, t.TempDir(), cfg)
 	if err != nil {
 		t.Fatalf("testredis: %v", err)
 	}
 	t.Cleanup(s.Stop)
 	return s
+}
+
+// findServerOrSkip returns the path of redis-server, or skips t loudly when
+// there is none (fails it when SOVEREIGN_REQUIRE_REDIS is set). alternative
+// ends the advice of the message ("or set REDIS_ADDR").
+func findServerOrSkip(t testing.TB, alternative string) string {
+	t.Helper()
+	bin, err := findServer()
+	if err == nil {
+		return bin
+	}
+	msg := fmt.Sprintf("testredis: SKIPPING real-Redis test %s: redis-server not found (%v); "+
+		"install it (apt-get install -y redis-server)", t.Name(), err)
+	if alternative != "" {
+		msg += " " + alternative
+	}
+	if os.Getenv("SOVEREIGN_REQUIRE_REDIS") != "" {
+		t.Fatal(msg + " (SOVEREIGN_REQUIRE_REDIS is set, so this is a failure)")
+	}
+	fmt.Fprintln(os.Stderr, msg)
+	t.Skip(msg)
+	return ""
 }
 
 // Launch starts redis-server binary bin (FindServer finds one) on a free
@@ -184,17 +205,23 @@ func (s *Server) launch() error {
 		"--dir", s.dir,
 		"--daemonize", "no",
 		"--logfile", "",
-		"--databases", "16",
 	}
-	if s.cfg.Persistent {
-		args = append(args, "--save", "", "--appendonly", "yes", "--appendfsync", "always")
-	} else {
-		args = append(args, "--save", "", "--appendonly", "no")
+	switch {
+	case s.cfg.sentinelConf != "":
+		// The file comes first; Sentinel rewrites it (CONFIG REWRITE).
+		args = append([]string{s.cfg.sentinelConf, "--sentinel"}, args...)
+	default:
+		args = append(args, "--databases", "16")
+		if s.cfg.Persistent {
+			args = append(args, "--save", "", "--appendonly", "yes", "--appendfsync", "always")
+		} else {
+			args = append(args, "--save", "", "--appendonly", "no")
+		}
+		if s.cfg.Cluster {
+			args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes-"+port+".conf")
+		}
+		args = append(args, s.cfg.Args...)
 	}
-	if s.cfg.Cluster {
-		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes-"+port+".conf")
-	}
-	args = append(args, s.cfg.Args...)
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout = s.log
 	cmd.Stderr = s.log
