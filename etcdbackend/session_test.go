@@ -378,7 +378,8 @@ func TestDetachedExpires(t *testing.T) {
 func TestSessionLost(t *testing.T) {
 	ctx := testCtx(t)
 	prefix := newPrefix()
-	cli := newClient(t, nil, nil)
+	var n counter
+	cli := newClient(t, nil, n.configure)
 	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
 	var leases []backend.Lease
 	for _, k := range []string{"a", "b", "c"} {
@@ -400,9 +401,15 @@ func TestSessionLost(t *testing.T) {
 	if err := b.Renew(ctx, leases[0]); !errors.Is(err, backend.ErrLeaseLost) {
 		t.Errorf("Renew: got %v, want ErrLeaseLost", err)
 	}
+	n.reset()
 	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "a", HolderID: "a", TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("Acquire after the session was lost: %v", err)
+	}
+	// The loss found by the renewals is remembered: the acquisition grants
+	// a new session at once, without first trying the lost one.
+	if got, want := n.byMethod(), map[string]int64{"LeaseGrant": 1, "Txn": 1}; !maps.Equal(got, want) {
+		t.Errorf("requests of the acquisition after the loss: got %v, want %v", got, want)
 	}
 	if got := sessionOf(t, cli, prefix+"a"); got == id {
 		t.Errorf("the new acquisition is on the lost session %x", id)
