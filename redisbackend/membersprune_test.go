@@ -1,0 +1,38 @@
+package redisbackend_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sovereign-go/sovereign/internal/testredis"
+	"github.com/sovereign-go/sovereign/redisbackend"
+)
+
+// TestMembersPrunesGoneIDs: Members drops from the members index the IDs
+// whose heartbeat record is gone, so that an index kept alive by a live
+// member does not keep every departed ID with it (found by a mutation that
+// every test survived: the SREM of membersScript left out).
+func TestMembersPrunesGoneIDs(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "prune:"})
+	ctx := ctxBound(t)
+	for _, id := range []string{"a", "b"} {
+		if err := b.Heartbeat(ctx, "k", id, time.Minute); err != nil {
+			t.Fatalf("Heartbeat %s: %v", id, err)
+		}
+	}
+	// a's record vanishes (as at its expiry) while b's lives.
+	if err := c.Del(ctx, "prune:{k}:heartbeat:a").Err(); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	ms, err := b.Members(ctx, "k")
+	if err != nil || len(ms) != 1 || ms[0].ID != "b" {
+		t.Fatalf("Members: got %v, %v; want [b], nil", ms, err)
+	}
+	got, err := c.SMembers(ctx, "prune:{k}:members").Result()
+	if err != nil || !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("SMEMBERS of the index after Members: got %v, %v; want [b] (a pruned)", got, err)
+	}
+}
