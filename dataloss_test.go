@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -334,4 +337,100 @@ func TestLossReasonIsTheFirstCause(t *testing.T) {
 			}
 		})
 	}
+}
+
+// callLog wraps a backend, hiding every optional interface (no watch: the
+// elector polls at the holder's expiry), recording the order of Acquire
+// and Get calls, and failing Heartbeat while failHB is set.
+type callLog struct {
+	backend.Backend
+	failHB atomic.Bool
+	mu     sync.Mutex
+	calls  []string
+}
+
+func (c *callLog) note(s string) {
+	c.mu.Lock()
+	c.calls = append(c.calls, s)
+	c.mu.Unlock()
+}
+
+func (c *callLog) since(n int) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.calls[n:])
+}
+
+func (c *callLog) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+	c.note("acquire")
+	return c.Backend.Acquire(ctx, req)
+}
+
+func (c *callLog) Get(ctx context.Context, key string) (backend.Record, error) {
+	c.note("get")
+	return c.Backend.Get(ctx, key)
+}
+
+func (c *callLog) Heartbeat(ctx context.Context, key, id string, ttl time.Duration) error {
+	if c.failHB.Load() {
+		return errors.New("injected heartbeat failure")
+	}
+	return c.Backend.Heartbeat(ctx, key, id, ttl)
+}
+
+// TestHeartbeatFailureStartsTheWait: a follower whose heartbeat failed has
+// lost contact with the store as surely as one whose watch broke (on a
+// real store its next attempt can reach the store right after a restart,
+// before any reset arrives), so its next attempt is a read, not an
+// acquisition.
+func TestHeartbeatFailureStartsTheWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		o := fastOpts()
+		ca, cb := store.Client(), store.Client()
+		defer ca.Close()
+		defer cb.Close()
+		b := &callLog{Backend: cb}
+		ea, err := sovereign.New(ca, "election", "a", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ea.Close()
+		if err := ea.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		eb, err := sovereign.New(b, "election", "b", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer eb.Close()
+		if err := eb.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second) // b polls a's lease
+		synctest.Wait()
+		if !ea.IsLeader() || eb.IsLeader() {
+			t.Fatal("want a leading and b following")
+		}
+		failed := make(chan struct{}, 1)
+		eb.Subscribe(func(ev sovereign.Event) {
+			if f, ok := ev.(sovereign.ElectionFailed); ok && strings.Contains(f.Err.Error(), "injected heartbeat failure") {
+				select {
+				case failed <- struct{}{}:
+				default:
+				}
+			}
+		})
+		b.failHB.Store(true)
+		<-failed
+		n := len(b.since(0))
+		b.failHB.Store(false)
+		time.Sleep(2 * o.TTL)
+		synctest.Wait()
+		calls := b.since(n)
+		if len(calls) == 0 || calls[0] != "get" {
+			t.Errorf("calls after the heartbeat failed: %v, want a read first, not an acquisition", calls)
+		}
+	})
 }

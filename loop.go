@@ -84,6 +84,14 @@ func (e *Elector) campaignStep() (until time.Time, wait bool) {
 			}
 		}
 		if canAttempt && !now.Before(ls.nextAttempt) {
+			e.mu.Lock()
+			lost := e.lostContact
+			e.lostContact = false
+			e.mu.Unlock()
+			if lost && ls.answered {
+				e.suspect(ls)
+				now = time.Now()
+			}
 			if now.Before(ls.suspectUntil) {
 				e.lookAfterReset(ctx, ls)
 				continue
@@ -213,7 +221,8 @@ func (e *Elector) lookAfterReset(ctx context.Context, ls *loopState) {
 }
 
 // callFailed records a failed attempt or read: the first failure after the
-// store answered starts a wait (see suspect).
+// store answered starts a wait (see suspect). Other calls that fail while
+// campaigning (heartbeats) start it before the next attempt.
 func (e *Elector) callFailed(ls *loopState) {
 	ls.failures++
 	if ls.failures == 1 && ls.answered {
