@@ -145,7 +145,8 @@ func (e *Elector) campaignStep() (until time.Time, wait bool) {
 
 // suspect starts (or prolongs) a wait after this elector lost contact with
 // the store it had heard from: its watch was re-established, or
-// established after failing (EventReset), or an attempt or read failed. The store may have restarted in between,
+// established after failing (EventReset), or an attempt, a read or a
+// heartbeat failed while it campaigned. The store may have restarted in between,
 // and a store that restarted may have lost a lease whose holder still
 // leads until its own renew deadline. Only that lease's TTL ends it (the
 // absence of a record is no proof that its holder stopped), and it was
