@@ -83,12 +83,13 @@
 // A store that loses a live lease (Redis restarted without persistence, a
 // Redis failover to a replica that had not received the write, etcd
 // restored from a backup) shows a free key while the old leader still
-// believes it leads. Only that lease's TTL ends it, so a candidate that lost
-// contact with the store it had heard from (its watch was re-established, or
-// a call failed, a heartbeat included) reads the key instead of acquiring it for one TTL: the lease
-// it knew still there, it campaigns as before; another holder, it follows;
-// no holder, it acquires once the TTL is up, when every lease the store
-// could have lost has expired. The old leader renews at once when its watch
+// believes it leads. Only that lease's TTL ends it, so a candidate that
+// lost contact with the store it had heard from (its watch was
+// re-established, or a call failed, a heartbeat included) reads the key
+// instead of acquiring it for one TTL: the lease it knew still there, it
+// campaigns as before; another holder, it follows; no holder, it acquires
+// once the TTL is up, when every lease the store could have lost has
+// expired. The old leader renews at once when its watch
 // breaks, and when its lease is gone acquires again straight away (nobody
 // else can have taken the key meanwhile). A candidate that never heard from
 // the store has no lease to wait for. A store that deletes a live lease
