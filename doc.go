@@ -81,19 +81,24 @@
 // # When the store loses data
 //
 // A store that loses a live lease (Redis restarted without persistence, a
-// Redis failover to a replica that had not received the write, an evicted
-// key, a lease deleted by hand) breaks the first proviso: a follower can
-// acquire the now-free key while the old leader still believes it leads. The
-// elector narrows that window: when its watch breaks and is re-established,
-// or when it sees someone else's acquisition, the leader renews at once and
-// steps down when the store answers that its lease is gone, so the overlap
-// lasts about one round trip to the store (measured in the package's tests
-// and the chaos checker; see the README). Where the store gives no sign (no
-// watch, or a failover that keeps the connection), the window is at most
-// RenewInterval + RequestTimeout. Fencing terms still increase across such
-// a loss on every backend (on Redis they follow the server's clock, see
-// redisbackend), so a downstream store that checks terms rejects the old
-// leader's late writes.
+// Redis failover to a replica that had not received the write, etcd
+// restored from a backup) shows a free key while the old leader still
+// believes it leads. Only that lease's TTL ends it, so a candidate that
+// lost contact with the store it had heard from (its watch was
+// re-established, or a call failed, a heartbeat included) reads the key
+// instead of acquiring it for one TTL: the lease it knew still there, it
+// campaigns as before; another holder, it follows; no holder, it acquires
+// once the TTL is up, when every lease the store could have lost has
+// expired. The old leader renews at once when its watch
+// breaks, and when its lease is gone acquires again straight away (nobody
+// else can have taken the key meanwhile). A candidate that never heard from
+// the store has no lease to wait for. A store that deletes a live lease
+// without any sign (an evicted key, a delete by hand) breaks the first
+// proviso: the old leader learns of it from its next renewal, within
+// RenewInterval + RequestTimeout. Fencing terms increase across a loss on
+// Redis (they follow the server's clock, see redisbackend) and in memory,
+// and on etcd when a restore raises the revision (see etcdbackend), so a
+// downstream store that checks terms rejects the old leader's late writes.
 //
 // What no lease can guarantee is that a process paused between checking its
 // leadership and acting on it does not act late. That is what the fencing

@@ -64,19 +64,22 @@ type Elector struct {
 	// (backend.ExpiryReporter) is established, so a follower need not poll.
 	watching atomic.Bool
 
-	mu      sync.Mutex // guards the fields below
-	state   State
-	term    uint64       // term of the current leadership; 0 when not leading
-	hold    *keeper.Hold // the lease of the current leadership; nil when not leading
-	cur     *leaderTerm  // the current term, from acquisition until its lease is released; nil otherwise
-	leader  Record       // last known leader; HolderID "" when none
-	stale   staleState   // what this elector knows of the leader's heartbeats
-	health  health       // what Check reads
-	started bool
-	closed  bool
-	cancel  context.CancelFunc
-	done    chan struct{} // set in New, never reassigned: closed when every goroutine of the elector has ended
-	closing chan struct{} // closed when Close has finished; nil before Close
+	mu    sync.Mutex // guards the fields below
+	state State
+	// lostContact reports a heartbeat that failed while not leading, not
+	// yet seen by the campaign loop (see suspect).
+	lostContact bool
+	term        uint64       // term of the current leadership; 0 when not leading
+	hold        *keeper.Hold // the lease of the current leadership; nil when not leading
+	cur         *leaderTerm  // the current term, from acquisition until its lease is released; nil otherwise
+	leader      Record       // last known leader; HolderID "" when none
+	stale       staleState   // what this elector knows of the leader's heartbeats
+	health      health       // what Check reads
+	started     bool
+	closed      bool
+	cancel      context.CancelFunc
+	done        chan struct{} // set in New, never reassigned: closed when every goroutine of the elector has ended
+	closing     chan struct{} // closed when Close has finished; nil before Close
 
 	wmu    sync.Mutex      // guards woken, parked and queue: the machine's wake-ups (see run.go)
 	woken  bool            // a wake-up came since the runner last looked
@@ -445,6 +448,13 @@ func (e *Elector) setLeader(r Record) {
 func (e *Elector) failed(msg string, err error) {
 	if msg == "renew" {
 		e.opts.Metrics.RenewFailed(e.name)
+	}
+	if msg == "heartbeat" {
+		e.mu.Lock()
+		if e.state != Leader {
+			e.lostContact = true // see suspect
+		}
+		e.mu.Unlock()
 	}
 	e.log.Warn("sovereign: "+msg, "err", err)
 	e.bus.publish(ElectionFailed{Err: fmt.Errorf("%s: %w", msg, err)})

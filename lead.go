@@ -241,6 +241,11 @@ func (e *Elector) leadEnd() {
 		return
 	}
 	rs.ls.nextAttempt = time.Now()
+	// Calls that failed while leading say nothing about other leases:
+	// the old leader may take the key again at once (see suspect).
+	e.mu.Lock()
+	e.lostContact = false
+	e.mu.Unlock()
 	rs.phase = phaseCampaign
 }
 

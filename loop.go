@@ -32,6 +32,19 @@ type loopState struct {
 	expiring    int       // consecutive attempts that found the lease held with no TTL left
 	sitOutUntil time.Time // no attempt before this (after Resign)
 	lookNow     bool      // read who leads at once (a change seen while stepping down)
+	// suspectUntil is one TTL after this elector last lost contact with
+	// the store (see suspect): until then the store may have restarted
+	// without a lease whose holder still leads, so a free key is not
+	// acquired (see lookAfterReset). Zero once a read found the lease
+	// known before still there.
+	suspectUntil time.Time
+	knownAtReset Record // the holder known when the last reset came
+	waitLogged   bool   // the wait for suspectUntil was logged
+	// answered reports that the store has answered an attempt or a read:
+	// an elector that never heard from it knows of no lease to wait for
+	// (suspect), and one started while the store is down leads as soon as
+	// it is back.
+	answered bool
 }
 
 // stopped runs when the loop ends: the elector is a follower again and its
@@ -71,6 +84,18 @@ func (e *Elector) campaignStep() (until time.Time, wait bool) {
 			}
 		}
 		if canAttempt && !now.Before(ls.nextAttempt) {
+			e.mu.Lock()
+			lost := e.lostContact
+			e.lostContact = false
+			e.mu.Unlock()
+			if lost && ls.answered {
+				e.suspect(ls)
+				now = time.Now()
+			}
+			if now.Before(ls.suspectUntil) {
+				e.lookAfterReset(ctx, ls)
+				continue
+			}
 			if lease, sent, rec, ok := e.attempt(ctx, ls); ok {
 				e.leadBegin(lease, sent, rec)
 				rs.phase = phaseLead
@@ -90,6 +115,9 @@ func (e *Elector) campaignStep() (until time.Time, wait bool) {
 			return next, true
 		}
 		if ev, woke := e.idleInput(in); woke {
+			if ev.Type == backend.EventReset && ls.answered {
+				e.suspect(ls)
+			}
 			gone := ev.Type == backend.EventReleased || ev.Type == backend.EventExpired
 			if gone {
 				e.setLeader(Record{})
@@ -115,6 +143,94 @@ func (e *Elector) campaignStep() (until time.Time, wait bool) {
 	return until, false
 }
 
+// suspect starts (or prolongs) a wait after this elector lost contact with
+// the store it had heard from: its watch was re-established, or
+// established after failing (EventReset), or an attempt, a read or a
+// heartbeat failed while it campaigned. The store may have restarted in between,
+// and a store that restarted may have lost a lease whose holder still
+// leads until its own renew deadline. Only that lease's TTL ends it (the
+// absence of a record is no proof that its holder stopped), and it was
+// renewed at the latest when the store stopped answering, so for one TTL
+// from now a free key is not acquired: Redlock's delayed restart, done by
+// the candidates. A leader whose lease is lost to the restart acquires
+// again at once (nobody else can have held the key since: it did not wait
+// in this state), and a read that finds the lease known before still in
+// the store ends the wait.
+func (e *Elector) suspect(ls *loopState) {
+	until := time.Now().Add(e.opts.TTL + expiryMargin)
+	if until.After(ls.suspectUntil) {
+		ls.suspectUntil = until
+	}
+	e.mu.Lock()
+	if e.leader.Token != "" {
+		ls.knownAtReset = e.leader
+	}
+	e.mu.Unlock()
+	ls.waitLogged = false
+}
+
+// lookAfterReset stands for an attempt while ls.suspectUntil has not
+// passed (see suspect): it reads the key instead of acquiring it. The lease
+// known before the reset, still there: the store kept its data, and
+// campaigning goes on as before. Another holder: followed, with no attempt
+// before the wait ends. No holder: the next attempt is when the wait ends,
+// when every lease the store could have lost has expired.
+func (e *Elector) lookAfterReset(ctx context.Context, ls *loopState) {
+	leave, ok := e.enter(ctx)
+	if !ok {
+		return
+	}
+	defer leave()
+	cctx, cancel := context.WithTimeout(ctx, e.opts.RequestTimeout)
+	rec, err := e.b.Get(cctx, e.name)
+	cancel()
+	known := ls.knownAtReset
+	switch {
+	case err == nil && known.Token != "" && rec.Token == known.Token && rec.Term == known.Term:
+		e.backendOK()
+		ls.failures = 0
+		ls.suspectUntil, ls.knownAtReset = time.Time{}, Record{}
+		ls.nextAttempt = time.Now() // the attempt learns the holder's TTL, as before the reset
+	case err == nil:
+		e.backendOK()
+		ls.failures = 0
+		ls.answered = true
+		e.setLeader(rec)
+		e.observeHolder(rec)
+		e.setState(Follower)
+		ls.nextAttempt = ls.suspectUntil
+	case errors.Is(err, backend.ErrNotHeld):
+		e.backendOK()
+		ls.failures = 0
+		ls.answered = true
+		e.setLeader(Record{})
+		e.setState(Candidate)
+		if !ls.waitLogged {
+			ls.waitLogged = true
+			e.log.Info("sovereign: the key is free after a reset; waiting a TTL before acquiring, in case the store lost a live lease",
+				"until", ls.suspectUntil.Format(time.RFC3339Nano))
+		}
+		ls.nextAttempt = ls.suspectUntil
+	default:
+		if ctx.Err() != nil {
+			return
+		}
+		e.callFailed(ls)
+		e.failed("read after a reset", err)
+		ls.nextAttempt = time.Now().Add(e.backoff(ls.failures))
+	}
+}
+
+// callFailed records a failed attempt or read: the first failure after the
+// store answered starts a wait (see suspect). Other calls that fail while
+// campaigning (heartbeats) start it before the next attempt.
+func (e *Elector) callFailed(ls *loopState) {
+	ls.failures++
+	if ls.failures == 1 && ls.answered {
+		e.suspect(ls)
+	}
+}
+
 // attempt makes one acquisition attempt, with double verification.
 func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, time.Time, Record, bool) {
 	o := &e.opts
@@ -134,6 +250,7 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 	}
 	switch {
 	case err == nil:
+		ls.answered = true
 		e.setState(Candidate)
 		rec, verr := e.verify(ctx, lease, sent)
 		if verr == nil {
@@ -146,6 +263,7 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 		ls.nextAttempt = time.Now().Add(e.backoff(ls.failures))
 	case errors.As(err, &held):
 		ls.failures = 0
+		ls.answered = true
 		rec := held.Holder
 		e.setLeader(rec)
 		e.observeHolder(rec)
@@ -175,7 +293,7 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 		if ctx.Err() != nil {
 			break
 		}
-		ls.failures++
+		e.callFailed(ls)
 		e.failed("acquire", err)
 		ls.nextAttempt = time.Now().Add(e.backoff(ls.failures))
 	}

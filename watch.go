@@ -83,9 +83,9 @@ func (e *Elector) watchReceived(ctx context.Context, ev backend.Event, ok bool) 
 
 // watchEstablished handles the end of an establishment. A new subscription
 // is reported as an event (woke): changes may have been missed while
-// unsubscribed, and after a broken subscription the store may also have
-// restarted and lost data (EventReset). A failure is retried after a
-// backoff.
+// unsubscribed, and after a broken subscription or a failed establishment
+// the store may also have restarted and lost data (EventReset). A failure
+// is retried after a backoff.
 func (e *Elector) watchEstablished(ctx context.Context, r watchResult) (backend.Event, bool) {
 	w := &e.w
 	w.ready = nil
@@ -98,13 +98,14 @@ func (e *Elector) watchEstablished(ctx context.Context, r watchResult) (backend.
 		w.retryAt = time.Now().Add(e.backoff(w.failures))
 		return backend.Event{}, false
 	}
+	failed := w.failures > 0
 	w.failures = 0
 	w.ch, w.notified = r.ch, r.notified
 	if er, ok := e.watcher.(backend.ExpiryReporter); ok && er.ReportsExpiry() {
 		e.watching.Store(true)
 	}
 	typ := backend.EventChanged
-	if w.subscribed {
+	if w.subscribed || failed {
 		typ = backend.EventReset
 	}
 	w.subscribed = true

@@ -232,12 +232,53 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		failures int
 		expiring int
 		ahead    int // Fair: waiters in line before this one, at the last attempt
+		// A plain Exclusive waiter that lost contact with the store (see
+		// suspectWait) reads the key instead of acquiring it until
+		// suspectUntil, unless it finds known, the lease it saw before.
+		suspectUntil time.Time
+		known        backend.Record
+		answered     bool // the store answered an attempt of this waiter
 	)
+	// Only while attempts are plain acquisitions (Exclusive, and no Shared
+	// holder or lock below found yet): modes are left alone.
+	suspect := func() {
+		if register || !answered {
+			return
+		}
+		suspectUntil = time.Now().Add(p.ttl + expiryMargin)
+		if h := q.lastHeld(); h != nil && h.Holder.Token != "" {
+			known = h.Holder
+		}
+	}
 	for {
 		ahead = 0 // unless the attempt below says otherwise
 		sub.ensure()
 		if anc != nil {
 			anc.ensure()
+		}
+		if !register && time.Now().Before(suspectUntil) {
+			wait, err := l.suspectWait(ctx, key, bk, p, q, &known, suspectUntil)
+			switch {
+			case err == nil && wait == 0:
+				suspectUntil = time.Time{}
+			case err == nil:
+				if !l.waitTurn(ctx, sub, anc, w.wake, wait, 0) {
+					return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
+				}
+				if sub.takeReset() {
+					suspect()
+				}
+				continue
+			case ctx.Err() != nil:
+				return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
+			default:
+				failures++
+				lastErr = err
+				if !l.waitTurn(ctx, sub, anc, w.wake, backoff(p.renewInterval, failures), 0) {
+					return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
+				}
+				continue
+			}
 		}
 		id := ""
 		if register {
@@ -256,6 +297,7 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		case errors.As(err, &held):
 			q.setLastHeld(held)
 			failures = 0
+			answered = true
 			if p.fair {
 				ahead = held.Waiting
 			}
@@ -299,6 +341,9 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		default:
 			failures++
 			lastErr = err
+			if failures == 1 {
+				suspect()
+			}
 			l.log.Warn("lock: acquire failed", "key", key, "err", err)
 			wait = backoff(p.renewInterval, failures)
 		}
@@ -310,7 +355,37 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		if !l.waitTurn(ctx, sub, anc, w.wake, wait, ahead) {
 			return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
 		}
+		if sub.takeReset() {
+			suspect()
+		}
 	}
+}
+
+// suspectWait stands for an attempt of a plain Exclusive waiter that lost
+// contact with the store it had heard from (its watch was reset or broke,
+// or an attempt failed), until the time until: the store may have
+// restarted without a lease whose holder still holds it, and only that
+// lease's TTL ends it. So the key is read, not acquired. The lease the
+// waiter saw before (*known), still there: the store kept its data, and
+// wait is 0 (attempt as usual). Another holder: it is remembered, and the
+// waiter waits for it or until. No holder: the waiter waits until until,
+// when every lease the store could have lost has expired (assuming its
+// holder used this waiter's TTL, as holders of one key usually do).
+func (l *Locker) suspectWait(ctx context.Context, key, bk string, p params, q *keyQueue, known *backend.Record, until time.Time) (time.Duration, error) {
+	cctx, cancel := context.WithTimeout(ctx, p.requestTimeout)
+	rec, err := l.b.Get(cctx, bk)
+	cancel()
+	switch {
+	case err == nil && known.Token != "" && rec.Token == known.Token && rec.Term == known.Term:
+		return 0, nil
+	case err == nil:
+		q.setLastHeld(&HeldError{Key: key, Holder: userRecord(rec), Holders: []backend.Record{userRecord(rec)}})
+		return max(time.Until(until), minRetry), nil
+	case errors.Is(err, backend.ErrNotHeld):
+		l.log.Info("lock: the key is free after a reset; waiting a TTL before acquiring, in case the store lost a live lease", "key", key)
+		return max(time.Until(until), minRetry), nil
+	}
+	return 0, fmt.Errorf("lock: acquire %q: read after a reset: %w", key, err)
 }
 
 // waitTurn waits up to d before the next attempt of an acquireHead, as
@@ -621,6 +696,15 @@ type subscription struct {
 	off        bool      // the backend cannot watch
 	resubbed   bool      // set by ensure when a subscription replaced a closed one
 	everClosed bool
+	lostTouch  bool // an EventReset came, or the channel closed, since the last takeReset
+}
+
+// takeReset reports whether the subscription was reset or broken since the
+// last call: the store may have restarted meanwhile.
+func (s *subscription) takeReset() bool {
+	r := s.lostTouch
+	s.lostTouch = false
+	return r
 }
 
 func (l *Locker) subscribe(ctx context.Context, key string, timeout, interval time.Duration) *subscription {
@@ -693,6 +777,8 @@ func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan st
 		switch {
 		case !ok:
 			s.closed()
+		case ev.Type == backend.EventReset:
+			s.lostTouch = true
 		case ev.Type == backend.EventReleased || ev.Type == backend.EventExpired:
 			why = wokeReleased
 		case ev.Type == backend.EventChanged:
@@ -709,6 +795,7 @@ func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan st
 // closed records that the channel was closed: the next ensure subscribes
 // again, at once the first time and after a backoff when it keeps closing.
 func (s *subscription) closed() {
+	s.lostTouch = true
 	s.cancel()
 	s.ch, s.cancel = nil, nil
 	if s.everClosed {

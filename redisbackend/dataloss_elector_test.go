@@ -17,10 +17,11 @@ import (
 // replicas, default ratios (TTL 1 s here), redis-server without persistence
 // (--save "" --appendonly no), restarted four times. Every restart loses the
 // leader's lease. Each must cause exactly one new leadership (no cascade), a
-// leader again within TTL + 1 s of the server being up, never more than two
-// leaders at once, an overlap only in the data-loss window just after the
-// server came back, and strictly increasing terms (the Redis terms follow
-// the server clock across the loss).
+// leader again within TTL + 1 s of the server being up, no two leaders at
+// once (before the followers waited a TTL after losing contact with the
+// store, they overlapped the old leader by 8-72 ms), and strictly
+// increasing terms (the Redis terms follow the server clock across the
+// loss).
 func TestElectorRestartsWithoutPersistence(t *testing.T) {
 	srv := testredis.Start(t) // no persistence
 	rec := &electortest.Recorder{}
@@ -56,12 +57,10 @@ func TestElectorRestartsWithoutPersistence(t *testing.T) {
 	}
 	_, term := waitLeader("first election", 0, 5*time.Second)
 	const restarts = 4
-	var ups []time.Time
 	var backs []time.Duration
 	for range restarts {
 		time.Sleep(1500 * time.Millisecond) // let the leader settle and renew
 		srv.Restart(t)                      // SIGTERM, start again: every key is gone
-		ups = append(ups, time.Now())
 		back, next := waitLeader("after a restart", term, electorTTL+time.Second)
 		term = next
 		backs = append(backs, back)
@@ -97,21 +96,11 @@ func TestElectorRestartsWithoutPersistence(t *testing.T) {
 		for _, b := range ivs[i+1:] {
 			if a.End.IsZero() || b.Start.Before(a.End) {
 				overlap := a.End.Sub(b.Start)
-				near := slices.ContainsFunc(ups, func(u time.Time) bool { return b.Start.Sub(u) >= -time.Second && b.Start.Sub(u) <= dataLossWindow })
-				if !near || overlap > dataLossWindow {
-					t.Errorf("term %d of %s overlapped term %d of %s by %v, not inside the data-loss window (%v after the server is up)",
-						b.Term, b.ID, a.Term, a.ID, overlap, dataLossWindow)
-				}
+				t.Errorf("term %d of %s overlapped term %d of %s by %v, want no overlap: a follower that lost contact with the store takes a free key only a TTL later, and the old leader learns of its loss sooner",
+					b.Term, b.ID, a.Term, a.ID, overlap)
 				maxOverlap = max(maxOverlap, overlap)
 			}
 		}
 	}
 	t.Logf("leader back after each restart: %v; longest data-loss overlap: %v; terms: %v", backs, maxOverlap, ivs)
 }
-
-// dataLossWindow bounds an overlap after a restart that lost the lease: the
-// old leader, retrying its renewal every RenewInterval/4 (50 ms) while the
-// server is down, and woken at once by its re-established watch, learns of
-// the loss within one retry interval (RenewInterval/4) and one call
-// (RequestTimeout, 200 ms) of the server being up; in practice 30-70 ms.
-const dataLossWindow = 250 * time.Millisecond
