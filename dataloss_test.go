@@ -434,3 +434,44 @@ func TestHeartbeatFailureStartsTheWait(t *testing.T) {
 		}
 	})
 }
+
+// TestHeartbeatsFailingForeverDoNotBlock: heartbeats are information. A
+// follower whose heartbeats always fail waits once, a TTL after the first
+// failure, not after each: when the leader goes, it takes over.
+func TestHeartbeatsFailingForeverDoNotBlock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		o := fastOpts()
+		ca, cb := store.Client(), store.Client()
+		defer ca.Close()
+		defer cb.Close()
+		b := &callLog{Backend: cb}
+		b.failHB.Store(true)
+		ea, err := sovereign.New(ca, "election", "a", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ea.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		eb, err := sovereign.New(b, "election", "b", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer eb.Close()
+		if err := eb.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		ea.Close() // releases
+		closed := time.Now()
+		for !eb.IsLeader() {
+			if time.Since(closed) > 3*o.TTL {
+				t.Fatalf("b, whose heartbeats always fail, does not lead %v after the leader left", time.Since(closed))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+}

@@ -66,8 +66,8 @@ type Elector struct {
 
 	mu    sync.Mutex // guards the fields below
 	state State
-	// lostContact reports a heartbeat that failed while not leading, not
-	// yet seen by the campaign loop (see suspect).
+	// lostContact reports a heartbeat that failed while not leading (the
+	// first of a run), not yet seen by the campaign loop (see suspect).
 	lostContact bool
 	term        uint64       // term of the current leadership; 0 when not leading
 	hold        *keeper.Hold // the lease of the current leadership; nil when not leading
@@ -445,16 +445,24 @@ func (e *Elector) setLeader(r Record) {
 	e.bus.publish(LeaderChanged{Leader: r})
 }
 
+// heartbeatFailed reports a heartbeat that failed, the n-th in a row: the
+// first while not leading tells the campaign loop that contact with the
+// store was lost (see suspect). Only the first: a heartbeat that keeps
+// failing (heartbeats are information) must not keep a candidate waiting.
+func (e *Elector) heartbeatFailed(n int, err error) {
+	if n == 1 {
+		e.mu.Lock()
+		if e.state != Leader {
+			e.lostContact = true
+		}
+		e.mu.Unlock()
+	}
+	e.failed("heartbeat", err)
+}
+
 func (e *Elector) failed(msg string, err error) {
 	if msg == "renew" {
 		e.opts.Metrics.RenewFailed(e.name)
-	}
-	if msg == "heartbeat" {
-		e.mu.Lock()
-		if e.state != Leader {
-			e.lostContact = true // see suspect
-		}
-		e.mu.Unlock()
 	}
 	e.log.Warn("sovereign: "+msg, "err", err)
 	e.bus.publish(ElectionFailed{Err: fmt.Errorf("%s: %w", msg, err)})

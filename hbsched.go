@@ -205,7 +205,7 @@ func (s *hbScheduler) fire() {
 		if err := errs[i]; err != nil {
 			m.failures++
 			m.next = now.Add(e.backoff(m.failures))
-			e.failed("heartbeat", err)
+			e.heartbeatFailed(m.failures, err)
 			continue
 		}
 		m.failures = 0

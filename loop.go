@@ -363,7 +363,7 @@ func (e *Elector) heartbeat(ctx context.Context, ls *loopState, deadline time.Ti
 	if err != nil {
 		if ctx.Err() == nil {
 			ls.hbFailures++
-			e.failed("heartbeat", err)
+			e.heartbeatFailed(ls.hbFailures, err)
 		}
 		ls.nextHB = time.Now().Add(e.backoff(ls.hbFailures))
 		return err
