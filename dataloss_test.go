@@ -100,22 +100,29 @@ func TestRestartWithoutPersistenceLeaderCut(t *testing.T) {
 		// hands over at once.
 		time.Sleep(3 * time.Second)
 		synctest.Wait()
-		term := c.es[next].Term()
-		if err := c.es[next].Resign(t.Context()); err != nil {
-			t.Fatalf("Resign: %v", err)
-		}
-		resigned := time.Now()
-		for {
-			time.Sleep(time.Millisecond)
-			if ls := electortest.Leaders(c.es...); len(ls) == 1 && ls[0].Term() > term {
-				break
-			}
-			if time.Since(resigned) > 100*time.Millisecond {
-				t.Fatalf("no hand-over within 100 ms of a resignation after the restart")
-			}
-		}
+		c.resignHandsOver(t, next, "after the restart")
 		electortest.CheckNoOverlap(t, c.rec.Intervals())
 	})
+}
+
+// resignHandsOver has elector i resign and fails t unless another leads,
+// under a higher term, within 100 ms (virtual time).
+func (c *cluster) resignHandsOver(t *testing.T, i int, when string) {
+	t.Helper()
+	term := c.es[i].Term()
+	if err := c.es[i].Resign(t.Context()); err != nil {
+		t.Fatalf("Resign: %v", err)
+	}
+	resigned := time.Now()
+	for {
+		time.Sleep(time.Millisecond)
+		if ls := electortest.Leaders(c.es...); len(ls) == 1 && ls[0].Term() > term {
+			return
+		}
+		if time.Since(resigned) > 100*time.Millisecond {
+			t.Fatalf("no hand-over within 100 ms of a resignation %s", when)
+		}
+	}
 }
 
 // TestResetWithDataKept: the store restarts with its data (every watch
@@ -136,20 +143,7 @@ func TestResetWithDataKept(t *testing.T) {
 		if ls := electortest.Leaders(c.es...); len(ls) != 1 || ls[0] != c.es[li] {
 			t.Fatalf("after a restart that kept the data: leaders %v, want %s alone", ls, c.es[li].ID())
 		}
-		term := c.es[li].Term()
-		if err := c.es[li].Resign(t.Context()); err != nil {
-			t.Fatalf("Resign: %v", err)
-		}
-		resigned := time.Now()
-		for {
-			time.Sleep(time.Millisecond)
-			if ls := electortest.Leaders(c.es...); len(ls) == 1 && ls[0].Term() > term {
-				break
-			}
-			if time.Since(resigned) > 100*time.Millisecond {
-				t.Fatalf("no hand-over within 100 ms of a resignation 50 ms after a restart that kept the data")
-			}
-		}
+		c.resignHandsOver(t, li, "50 ms after a restart that kept the data")
 		electortest.CheckNoOverlap(t, c.rec.Intervals())
 	})
 }
