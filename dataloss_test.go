@@ -372,6 +372,33 @@ func (c *callLog) Heartbeat(ctx context.Context, key, id string, ttl time.Durati
 	return c.Backend.Heartbeat(ctx, key, id, ttl)
 }
 
+// leaderAndPoller starts, in the synctest bubble of t, an elector "a" that
+// leads and then an elector "b" on a callLog (its heartbeats failing from
+// the start when failHB), which follows by polling. Both, and their
+// clients, are closed when the test ends.
+func leaderAndPoller(t *testing.T, o *sovereign.Options, failHB bool) (a, b *sovereign.Elector, log *callLog) {
+	t.Helper()
+	store := memorybackend.NewStore()
+	ca, cb := store.Client(), store.Client()
+	t.Cleanup(func() { ca.Close(); cb.Close() })
+	log = &callLog{Backend: cb}
+	log.failHB.Store(failHB)
+	start := func(be backend.Backend, id string) *sovereign.Elector {
+		e, err := sovereign.New(be, "election", id, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	a = start(ca, "a")
+	time.Sleep(100 * time.Millisecond)
+	return a, start(log, "b"), log
+}
+
 // TestHeartbeatFailureStartsTheWait: a follower whose heartbeat failed has
 // lost contact with the store as surely as one whose watch broke (on a
 // real store its next attempt can reach the store right after a restart,
@@ -379,29 +406,8 @@ func (c *callLog) Heartbeat(ctx context.Context, key, id string, ttl time.Durati
 // acquisition.
 func TestHeartbeatFailureStartsTheWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := memorybackend.NewStore()
 		o := fastOpts()
-		ca, cb := store.Client(), store.Client()
-		defer ca.Close()
-		defer cb.Close()
-		b := &callLog{Backend: cb}
-		ea, err := sovereign.New(ca, "election", "a", o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ea.Close()
-		if err := ea.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-		eb, err := sovereign.New(b, "election", "b", o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer eb.Close()
-		if err := eb.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
+		ea, eb, b := leaderAndPoller(t, o, false)
 		time.Sleep(2 * time.Second) // b polls a's lease
 		synctest.Wait()
 		if !ea.IsLeader() || eb.IsLeader() {
@@ -434,29 +440,8 @@ func TestHeartbeatFailureStartsTheWait(t *testing.T) {
 // failure, not after each: when the leader goes, it takes over.
 func TestHeartbeatsFailingForeverDoNotBlock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := memorybackend.NewStore()
 		o := fastOpts()
-		ca, cb := store.Client(), store.Client()
-		defer ca.Close()
-		defer cb.Close()
-		b := &callLog{Backend: cb}
-		b.failHB.Store(true)
-		ea, err := sovereign.New(ca, "election", "a", o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ea.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-		eb, err := sovereign.New(b, "election", "b", o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer eb.Close()
-		if err := eb.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
+		ea, eb, _ := leaderAndPoller(t, o, true)
 		time.Sleep(3 * time.Second)
 		synctest.Wait()
 		ea.Close() // releases
