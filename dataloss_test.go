@@ -454,3 +454,151 @@ func TestHeartbeatsFailingForeverDoNotBlock(t *testing.T) {
 		}
 	})
 }
+
+// gated is a memory client whose next Acquire, or next watch, once armed,
+// waits until the test lets it go: a call in flight, as a client retrying
+// a command on a new connection keeps one across a restart of the store.
+type gated struct {
+	*memorybackend.Backend // every optional interface, the watch included
+	acquire, watch         gate
+}
+
+// gate holds back one call once armed.
+type gate struct {
+	mu               sync.Mutex
+	entered, proceed chan struct{}
+}
+
+// arm makes the next call close entered when it begins, then wait for
+// proceed to close before it reaches the store.
+func (g *gate) arm() (entered, proceed chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.entered, g.proceed = make(chan struct{}), make(chan struct{})
+	return g.entered, g.proceed
+}
+
+func (g *gate) pass() {
+	g.mu.Lock()
+	entered, proceed := g.entered, g.proceed
+	g.entered, g.proceed = nil, nil
+	g.mu.Unlock()
+	if entered != nil {
+		close(entered)
+		<-proceed
+	}
+}
+
+func (g *gated) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+	g.acquire.pass()
+	return g.Backend.Acquire(ctx, req)
+}
+
+func (g *gated) WatchNotify(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
+	g.watch.pass()
+	return g.Backend.WatchNotify(ctx, key, notify)
+}
+
+// leaderAndGated starts, in the synctest bubble of t, an elector "a" on
+// client ca of store, which leads, and then an elector "b" on a gated
+// client, which follows; both record their terms in rec.
+func leaderAndGated(t *testing.T, o *sovereign.Options) (store *memorybackend.Store, ca *memorybackend.Backend, gb *gated, a, b *sovereign.Elector, rec *electortest.Recorder) {
+	t.Helper()
+	store = memorybackend.NewStore()
+	ca, cb := store.Client(), store.Client()
+	t.Cleanup(func() { ca.Close(); cb.Close() })
+	gb = &gated{Backend: cb}
+	rec = &electortest.Recorder{}
+	start := func(be backend.Backend, id string) *sovereign.Elector {
+		e, err := sovereign.New(be, "election", id, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec.Attach(e)
+		t.Cleanup(func() { e.Close() })
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	a = start(ca, "a")
+	time.Sleep(100 * time.Millisecond)
+	b = start(gb, "b")
+	time.Sleep(time.Second)
+	synctest.Wait()
+	if !a.IsLeader() || b.IsLeader() {
+		t.Fatal("want a leading and b following")
+	}
+	return store, ca, gb, a, b, rec
+}
+
+// leadsAfterATTL fails t unless b leads within TTL + 1 s of restart, and
+// not before a TTL has passed; then, a second later, unless no two terms
+// in rec overlapped.
+func leadsAfterATTL(t *testing.T, b *sovereign.Elector, o *sovereign.Options, restart time.Time, rec *electortest.Recorder) {
+	t.Helper()
+	for !b.IsLeader() {
+		if time.Since(restart) > o.TTL+time.Second {
+			t.Fatal("b does not lead within TTL + 1 s of the restart")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if took := time.Since(restart); took < o.TTL {
+		t.Errorf("b led %v after the restart, want no leadership on the free key before a TTL (%v) has passed", took, o.TTL)
+	}
+	time.Sleep(time.Second)
+	synctest.Wait()
+	electortest.CheckNoOverlap(t, rec.Intervals())
+}
+
+// TestAcquisitionInFlightAcrossRestart: a follower's attempt is in flight
+// while the store restarts without its data, and reaches the store after
+// the restart, which finds the key free. The leader is cut off, so nothing
+// tells it that its lease is gone: it leads until its renew deadline. The
+// follower's watch broke while its call was in flight, so it gives the
+// acquisition up (released, never led on) and waits a TTL like a follower
+// that saw the break before its attempt: no two lead at once, and it leads
+// within TTL + 1 s of the restart.
+func TestAcquisitionInFlightAcrossRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		store, ca, gb, a, b, rec := leaderAndGated(t, o)
+		entered, proceed := gb.acquire.arm()
+		<-entered // b's next look at the key (virtual time passes)
+		if !a.IsLeader() {
+			t.Fatal("a no longer leads")
+		}
+		ca.Partition()
+		restart := time.Now()
+		store.Restart(nil)
+		synctest.Wait()
+		close(proceed) // b's acquisition reaches the empty store
+		leadsAfterATTL(t, b, o, restart, rec)
+	})
+}
+
+// TestAttemptWhileWatchDown: the store restarts without its data, the
+// follower's watch breaks, and its next attempt falls due before the watch
+// is back (no EventReset yet). The broken watch is the sign: that attempt
+// reads the key, and the follower takes it only a TTL after the break,
+// since the leader, cut off, leads until its deadline.
+func TestAttemptWhileWatchDown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		store, ca, gb, a, b, rec := leaderAndGated(t, o)
+		entered, proceed := gb.acquire.arm()
+		<-entered // b's look at the key: the next comes quietRecheck TTLs later
+		close(proceed)
+		time.Sleep(10*o.TTL - 100*time.Millisecond)
+		if !a.IsLeader() {
+			t.Fatal("a no longer leads")
+		}
+		wentered, wproceed := gb.watch.arm()
+		ca.Partition()
+		restart := time.Now()
+		store.Restart(nil)
+		<-wentered // b watches again: held back until b leads
+		leadsAfterATTL(t, b, o, restart, rec)
+		close(wproceed)
+	})
+}

@@ -84,9 +84,11 @@
 // Redis failover to a replica that had not received the write, etcd
 // restored from a backup) shows a free key while the old leader still
 // believes it leads. Only that lease's TTL ends it, so a candidate that
-// lost contact with the store it had heard from (its watch was
-// re-established, or a call failed, a heartbeat included) reads the key
-// instead of acquiring it for one TTL: the lease it knew still there, it
+// lost contact with the store it had heard from (its watch broke, or a
+// call failed, a heartbeat included) reads the key instead of acquiring it
+// for one TTL, and gives up an acquisition during which its watch broke
+// (the call may have reached the store just after a restart): the lease
+// it knew still there, it
 // campaigns as before; another holder, it follows; no holder, it acquires
 // once the TTL is up, when every lease the store could have lost has
 // expired. The old leader renews at once when its watch

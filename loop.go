@@ -240,6 +240,7 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 		return backend.Lease{}, time.Time{}, Record{}, false
 	}
 	defer leave()
+	watched := e.w.ch != nil // a subscription was live when the attempt went out
 	sent := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, o.RequestTimeout)
 	lease, err := e.b.Acquire(cctx, req)
@@ -253,6 +254,10 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 		ls.answered = true
 		e.setState(Candidate)
 		rec, verr := e.verify(ctx, lease, sent)
+		if verr == nil && watched && e.watchBroke() {
+			e.crossedReset(ls, lease)
+			return backend.Lease{}, time.Time{}, Record{}, false
+		}
 		if verr == nil {
 			ls.failures = 0
 			return lease, sent, rec, true
@@ -298,6 +303,25 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 		ls.nextAttempt = time.Now().Add(e.backoff(ls.failures))
 	}
 	return backend.Lease{}, time.Time{}, Record{}, false
+}
+
+// crossedReset gives up an acquisition whose call crossed a break or a
+// reset of the subscription (see watchBroke): the store may have restarted
+// while the call was in flight (a client retries a command on a new
+// connection), and have found the key free only because it lost a lease
+// whose holder still leads. So the lease is released, and the wait of
+// suspect begins, as for a reset seen before an attempt. Nobody else takes
+// the key meanwhile unless it holds it already: the other candidates lost
+// contact too, and the old leader, whose lease is gone, acquires again.
+func (e *Elector) crossedReset(ls *loopState, lease backend.Lease) {
+	e.log.Info("sovereign: the watch broke while the acquisition was in flight; releasing it and waiting a TTL, in case the store lost a live lease",
+		"term", lease.Term)
+	if err := e.release(lease); err != nil {
+		// It expires by its TTL: no instance leads on it.
+		e.log.Warn("sovereign: releasing an acquisition made across a reset", "err", err)
+	}
+	e.suspect(ls)
+	ls.nextAttempt = time.Now() // lookAfterReset: read who holds the key
 }
 
 // refreshLeader reads the record to learn the current leader.

@@ -236,8 +236,12 @@ func (e *Elector) poll() input {
 		default:
 		}
 	}
-	if s := w.stash; s != nil {
-		w.stash = nil
+	if len(w.stash) > 0 {
+		s := w.stash[0]
+		w.stash = w.stash[1:]
+		if len(w.stash) == 0 {
+			w.stash = nil
+		}
 		return input{kind: inWatch, ev: s.ev, ok: s.ok}
 	}
 	if w.ch != nil {
@@ -295,7 +299,7 @@ func (e *Elector) block(until time.Time) (parked bool) {
 	select {
 	case <-e.wakeC:
 	case ev, ok := <-e.w.ch:
-		e.w.stash = &stashed{ev, ok}
+		e.w.stash = append(e.w.stash, stashed{ev, ok})
 	}
 	return false
 }

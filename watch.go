@@ -18,7 +18,7 @@ import (
 type watchState struct {
 	ch         <-chan backend.Event // the established subscription; nil when none
 	notified   bool                 // ch's events wake the machine (WatchNotify)
-	stash      *stashed             // what block received from ch and poll has yet to return
+	stash      []stashed            // what block and watchBroke received from ch and poll has yet to return, oldest first
 	ready      chan watchResult     // the establishment in flight; nil when none
 	retryAt    time.Time            // the next establishment after a failure; zero when none
 	failures   int                  // consecutive failed establishments
@@ -77,8 +77,42 @@ func (e *Elector) watchReceived(ctx context.Context, ev backend.Event, ok bool) 
 	}
 	e.w.ch, e.w.notified = nil, false
 	e.watching.Store(false)
+	if rs := &e.rs; rs.phase == phaseCampaign && rs.ls.answered {
+		// The connection to the store broke: it may be restarting, so
+		// the wait of suspect begins now rather than when the watch is
+		// back (EventReset), and an attempt due meanwhile only reads.
+		e.suspect(&rs.ls)
+	}
 	e.startWatch(ctx)
 	return backend.Event{}, false
+}
+
+// watchBroke reports, without blocking, whether the subscription's channel
+// has closed or holds an EventReset among the events waiting in it: the
+// connection to the store broke since the runner last received from it.
+// What it receives is kept, in order, for poll.
+func (e *Elector) watchBroke() bool {
+	w := &e.w
+	if w.ch == nil {
+		return true
+	}
+	// Bounded, in case events keep coming as fast as they are taken.
+	for range 1024 {
+		if n := len(w.stash); n > 0 && !w.stash[n-1].ok {
+			break // closed
+		}
+		ev, ok, got := receiveNow(w.ch)
+		if !got {
+			break
+		}
+		w.stash = append(w.stash, stashed{ev, ok})
+	}
+	for _, s := range w.stash {
+		if !s.ok || s.ev.Type == backend.EventReset {
+			return true
+		}
+	}
+	return false
 }
 
 // watchEstablished handles the end of an establishment. A new subscription
@@ -119,3 +153,13 @@ func (e *Elector) watchRetry(ctx context.Context) {
 }
 
 func (w *watchState) stopRetry() { w.retryAt = time.Time{} }
+
+// receiveNow receives from ch if that does not block (got).
+func receiveNow(ch <-chan backend.Event) (ev backend.Event, ok, got bool) {
+	select {
+	case ev, ok = <-ch:
+		return ev, ok, true
+	default:
+		return backend.Event{}, false, false
+	}
+}

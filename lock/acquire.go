@@ -48,7 +48,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 			return nil, err
 		}
 		bctx, _ := l.tryBounds.Bound(ctx, p.requestTimeout)
-		lk, err = l.attempt(bctx, key, bk, p, "", true)
+		lk, err = l.attempt(bctx, key, bk, p, "", true, nil)
 		l.ops.Done()
 	} else {
 		ctx, cancel := context.WithTimeout(ctx, p.requestTimeout)
@@ -57,7 +57,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 		if berr != nil {
 			return nil, berr
 		}
-		lk, err = l.attempt(ctx, key, bk, p, "", true)
+		lk, err = l.attempt(ctx, key, bk, p, "", true, nil)
 		l.endTry(id)
 	}
 	if err != nil && l.closeCtx.Err() != nil {
@@ -284,12 +284,25 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		if register {
 			id = waitID
 		}
-		lk, err := l.attempt(ctx, key, bk, p, id, false)
+		var crossed func() bool
+		if !register && sub.ch != nil {
+			crossed = sub.broke
+		}
+		lk, err := l.attempt(ctx, key, bk, p, id, false, crossed)
 		if id != "" {
 			registered = true
 		}
 		if err == nil {
 			return lk, nil
+		}
+		if errors.Is(err, errCrossed) {
+			// The store answered (the watch, then the acquisition) and
+			// may have lost a live lease meanwhile: wait as after a
+			// reset seen before the attempt.
+			answered = true
+			sub.takeReset()
+			suspect()
+			continue
 		}
 		var wait time.Duration
 		var held *HeldError
@@ -507,7 +520,7 @@ func (l *Locker) gaveUp(ctx context.Context, op, key string, last *HeldError, la
 // trip per lock and prove nothing more. Call Lock.Verify before an
 // irreversible step to check the lock is still held.
 // When bounded, ctx already bounds the attempt by RequestTimeout.
-func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID string, bounded bool) (*Lock, error) {
+func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID string, bounded bool, crossed func() bool) (*Lock, error) {
 	req := backend.AcquireRequest{
 		Key: bk, HolderID: l.id, TTL: p.ttl, Metadata: p.metadata,
 		// A lock that stops renewing on its own (NoRenew, MaxHold) must
@@ -541,6 +554,17 @@ func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID s
 		}
 		return nil, fmt.Errorf("lock: acquire %q: %w", key, err)
 	}
+	if crossed != nil && crossed() {
+		l.log.Info("lock: the watch broke while the acquisition was in flight; releasing it and waiting a TTL, in case the store lost a live lease",
+			"key", key, "term", lease.Term)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.requestTimeout)
+		if err := l.b.Release(rctx, lease); err != nil && !errors.Is(err, backend.ErrLeaseLost) {
+			// It expires by its TTL: nobody holds the lock on it.
+			l.log.Warn("lock: releasing an acquisition made across a reset", "key", key, "err", err)
+		}
+		cancel()
+		return nil, errCrossed
+	}
 	lk, err := l.start(key, lease, sent, p)
 	if err != nil {
 		return nil, err
@@ -550,6 +574,13 @@ func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID s
 	}
 	return lk, nil
 }
+
+// errCrossed is attempt's error when crossed reported that the waiter's
+// watch broke while the acquisition was in flight: the store may have
+// restarted in between (a client retries a command on a new connection)
+// and found the key free only because it lost a live lease. The
+// acquisition was released.
+var errCrossed = errors.New("lock: the watch broke while the acquisition was in flight")
 
 // heldError turns the backend's HeldError into the package's, with lock keys.
 func heldError(key string, held *backend.HeldError) *HeldError {
@@ -790,6 +821,29 @@ func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan st
 		}
 	}
 	return why, ctx.Err() == nil
+}
+
+// broke reports, without blocking, whether s's channel has closed or
+// holds an EventReset: the connection to the store broke since the waiter
+// last received from it. It takes the events waiting in the channel; the
+// caller is done waiting (it holds the lock) or re-reads the key.
+func (s *subscription) broke() bool {
+	for range 1024 { // bounded, in case events keep coming as fast as they are taken
+		select {
+		case ev, ok := <-s.ch:
+			if !ok {
+				s.closed()
+				return true
+			}
+			if ev.Type == backend.EventReset {
+				s.lostTouch = true
+				return true
+			}
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // closed records that the channel was closed: the next ensure subscribes
