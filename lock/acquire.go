@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -232,22 +233,26 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		failures int
 		expiring int
 		ahead    int // Fair: waiters in line before this one, at the last attempt
-		// A plain Exclusive waiter that lost contact with the store (see
-		// suspectWait) reads the key instead of acquiring it until
-		// suspectUntil, unless it finds known, the lease it saw before.
+		// A waiter that lost contact with the store (see suspectWait)
+		// reads the keys in its way instead of acquiring until
+		// suspectUntil, unless it finds one of known, the leases it saw
+		// in its way before.
 		suspectUntil time.Time
-		known        backend.Record
+		known        []backend.Record
 		answered     bool // the store answered an attempt of this waiter
 	)
-	// Only while attempts are plain acquisitions (Exclusive, and no Shared
-	// holder or lock below found yet): modes are left alone.
 	suspect := func() {
-		if register || !answered {
+		if !answered {
 			return
 		}
 		suspectUntil = time.Now().Add(p.ttl + expiryMargin)
-		if h := q.lastHeld(); h != nil && h.Holder.Token != "" {
-			known = h.Holder
+		if h := q.lastHeld(); h != nil {
+			switch {
+			case len(h.Holders) > 0:
+				known = h.Holders
+			case h.Holder.Token != "":
+				known = []backend.Record{h.Holder}
+			}
 		}
 	}
 	for {
@@ -256,8 +261,8 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		if anc != nil {
 			anc.ensure()
 		}
-		if !register && time.Now().Before(suspectUntil) {
-			wait, err := l.suspectWait(ctx, key, bk, p, q, &known, suspectUntil)
+		if time.Now().Before(suspectUntil) {
+			wait, err := l.suspectWait(ctx, key, p, register, q, known, suspectUntil)
 			switch {
 			case err == nil && wait == 0:
 				suspectUntil = time.Time{}
@@ -285,7 +290,7 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 			id = waitID
 		}
 		var crossed func() bool
-		if !register && sub.ch != nil {
+		if sub.ch != nil {
 			crossed = sub.broke
 		}
 		lk, err := l.attempt(ctx, key, bk, p, id, false, crossed)
@@ -374,31 +379,67 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 	}
 }
 
-// suspectWait stands for an attempt of a plain Exclusive waiter that lost
-// contact with the store it had heard from (its watch was reset or broke,
-// or an attempt failed), until the time until: the store may have
-// restarted without a lease whose holder still holds it, and only that
-// lease's TTL ends it. So the key is read, not acquired. The lease the
-// waiter saw before (*known), still there: the store kept its data, and
-// wait is 0 (attempt as usual). Another holder: it is remembered, and the
-// waiter waits for it or until. No holder: the waiter waits until until,
-// when every lease the store could have lost has expired (assuming its
-// holder used this waiter's TTL, as holders of one key usually do).
-func (l *Locker) suspectWait(ctx context.Context, key, bk string, p params, q *keyQueue, known *backend.Record, until time.Time) (time.Duration, error) {
-	cctx, cancel := context.WithTimeout(ctx, p.requestTimeout)
-	rec, err := l.b.Get(cctx, bk)
-	cancel()
-	switch {
-	case err == nil && known.Token != "" && rec.Token == known.Token && rec.Term == known.Term:
-		return 0, nil
-	case err == nil:
-		q.setLastHeld(&HeldError{Key: key, Holder: userRecord(rec), Holders: []backend.Record{userRecord(rec)}})
-		return max(time.Until(until), minRetry), nil
-	case errors.Is(err, backend.ErrNotHeld):
-		l.log.Info("lock: the key is free after a reset; waiting a TTL before acquiring, in case the store lost a live lease", "key", key)
-		return max(time.Until(until), minRetry), nil
+// suspectWait stands for an attempt of a waiter that lost contact with
+// the store it had heard from (its watch was reset or broke, or an attempt
+// failed), until the time until: the store may have restarted without a
+// lease whose holder still holds it, and only that lease's TTL ends it. So
+// the keys in the waiter's way are read, not acquired: key, and the keys
+// of known, the leases the waiter saw in its way before (a Shared
+// holder's, an ancestor's, a lock's below). One of known still there: the
+// store kept its data, and wait is 0 (attempt as usual). Other holders of
+// key: they are remembered, and the waiter waits for them or until. No
+// holder: the waiter waits until until, when every lease the store could
+// have lost has expired (assuming its holder used this waiter's TTL, as
+// holders of one key usually do). register says the waiter acquires
+// through backend.Modes, whose Holders reads every holder of a key.
+func (l *Locker) suspectWait(ctx context.Context, key string, p params, register bool, q *keyQueue, known []backend.Record, until time.Time) (time.Duration, error) {
+	keys := []string{key}
+	for _, r := range known {
+		if r.Key != "" && !slices.Contains(keys, r.Key) {
+			keys = append(keys, r.Key)
+		}
 	}
-	return 0, fmt.Errorf("lock: acquire %q: read after a reset: %w", key, err)
+	for _, k := range keys {
+		recs, err := l.holdersOf(ctx, Prefix+k, register, p.requestTimeout)
+		if err != nil {
+			return 0, fmt.Errorf("lock: acquire %q: read after a reset: %w", key, err)
+		}
+		for _, r := range recs {
+			if slices.ContainsFunc(known, func(kr backend.Record) bool {
+				return kr.Token != "" && kr.Token == r.Token && kr.Term == r.Term
+			}) {
+				return 0, nil
+			}
+		}
+		if k == key && len(recs) > 0 {
+			held := &HeldError{Key: key, Holder: userRecord(recs[0]), Holders: make([]backend.Record, len(recs))}
+			for i, r := range recs {
+				held.Holders[i] = userRecord(r)
+			}
+			q.setLastHeld(held)
+		} else if k == key {
+			l.log.Info("lock: the key is free after a reset; waiting a TTL before acquiring, in case the store lost a live lease", "key", key)
+		}
+	}
+	return max(time.Until(until), minRetry), nil
+}
+
+// holdersOf reads the holders of backend key bk: every holder through
+// backend.Modes when modes is set, the one lease of Get otherwise.
+func (l *Locker) holdersOf(ctx context.Context, bk string, modes bool, timeout time.Duration) ([]backend.Record, error) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if modes && l.modes != nil {
+		return l.modes.Holders(cctx, bk)
+	}
+	rec, err := l.b.Get(cctx, bk)
+	switch {
+	case errors.Is(err, backend.ErrNotHeld):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	return []backend.Record{rec}, nil
 }
 
 // waitTurn waits up to d before the next attempt of an acquireHead, as

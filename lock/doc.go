@@ -88,6 +88,16 @@
 // breaks, so a store that restarted and lost the lease is noticed within a
 // round trip rather than at the next renewal.
 //
+// A waiter in Acquire (or Do) that lost contact with the store (its watch
+// broke, or an attempt failed) does not take a free key for one TTL: the
+// store may have restarted and lost a lease whose holder still holds it,
+// until its renew deadline. It reads the keys in its way instead, and
+// attempts again at once when it finds a lease it saw before there (the
+// store kept its data). An acquisition during which its watch broke is
+// released, never returned, and waited out the same way. TryAcquire and
+// TryDo make one attempt and cannot wait. See "When the store loses data"
+// in the README.
+//
 // No lock can stop a paused process from acting late on a decision it took
 // before the pause. Pass Lock.Term, the fencing term, with every write to a
 // downstream store and have the store refuse terms lower than the highest it

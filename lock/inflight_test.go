@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/lock"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
@@ -29,7 +30,7 @@ func (h *heldAcquire) arm() (entered, proceed chan struct{}) {
 	return h.entered, h.proceed
 }
 
-func (h *heldAcquire) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+func (h *heldAcquire) pass() {
 	h.mu.Lock()
 	entered, proceed := h.entered, h.proceed
 	h.entered, h.proceed = nil, nil
@@ -38,7 +39,16 @@ func (h *heldAcquire) Acquire(ctx context.Context, req backend.AcquireRequest) (
 		close(entered)
 		<-proceed
 	}
+}
+
+func (h *heldAcquire) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+	h.pass()
 	return h.Backend.Acquire(ctx, req)
+}
+
+func (h *heldAcquire) AcquireMode(ctx context.Context, req backend.ModeRequest) (backend.Lease, error) {
+	h.pass()
+	return h.Backend.AcquireMode(ctx, req)
 }
 
 // TestAcquisitionInFlightAcrossRestart: a waiter's attempt is in flight
@@ -47,8 +57,23 @@ func (h *heldAcquire) Acquire(ctx context.Context, req backend.AcquireRequest) (
 // tells it that its lock is gone: it holds it until its renew deadline.
 // The waiter's watch broke while its call was in flight, so it gives the
 // acquisition up (released, never returned) and waits a TTL like a waiter
-// that saw the break before its attempt: never two holders at once.
+// that saw the break before its attempt: never two holders at once. So do
+// a Fair waiter and a Shared one, which acquire through backend.Modes.
 func TestAcquisitionInFlightAcrossRestart(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		holdOpts   *lock.AcquireOptions
+		waiterOpts *lock.AcquireOptions
+	}{
+		{"exclusive", nil, nil},
+		{"fair", &lock.AcquireOptions{Fair: true}, &lock.AcquireOptions{Fair: true}},
+		{"shared waiter", nil, &lock.AcquireOptions{Mode: lock.Shared}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { acquisitionInFlightAcrossRestart(t, tc.holdOpts, tc.waiterOpts) })
+	}
+}
+
+func acquisitionInFlightAcrossRestart(t *testing.T, holdOpts, waiterOpts *lock.AcquireOptions) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memorybackend.NewStore()
 		opts := fastOpts()
@@ -56,13 +81,13 @@ func TestAcquisitionInFlightAcrossRestart(t *testing.T) {
 		hb := &heldAcquire{Backend: client(t, store)}
 		l := newLocker(t, ca, "a", opts)
 		waiter := newLocker(t, hb, "b", opts)
-		lk, err := l.TryAcquire(t.Context(), "k", nil)
+		lk, err := l.TryAcquire(t.Context(), "k", holdOpts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		got := make(chan time.Time, 1)
 		go func() {
-			lb, err := waiter.Acquire(t.Context(), "k", nil)
+			lb, err := waiter.Acquire(t.Context(), "k", waiterOpts)
 			if err != nil {
 				t.Errorf("waiter: %v", err)
 				got <- time.Time{}
