@@ -87,7 +87,14 @@ func (h *cutHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 // until its renew deadline. The waiter's watch broke with the connection,
 // so it gives that acquisition up and takes the lock only a TTL after the
 // restart, never alongside the holder (before, it took it at once).
+// A Fair waiter (through backend.Modes) does the same.
 func TestLockAcquisitionInFlightAcrossRestart(t *testing.T) {
+	for name, o := range map[string]*lock.AcquireOptions{"exclusive": nil, "fair": {Fair: true}} {
+		t.Run(name, func(t *testing.T) { lockAcquisitionInFlightAcrossRestart(t, o) })
+	}
+}
+
+func lockAcquisitionInFlightAcrossRestart(t *testing.T, o *lock.AcquireOptions) {
 	srv := testredis.Start(t) // no persistence
 	newLocker := func(id string, h *cutHook) *lock.Locker {
 		rdb := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
@@ -107,7 +114,7 @@ func TestLockAcquisitionInFlightAcrossRestart(t *testing.T) {
 	ha, hb := &cutHook{}, &cutHook{}
 	a, b := newLocker("a", ha), newLocker("b", hb)
 	ctx := context.Background()
-	la, err := a.TryAcquire(ctx, "job", nil)
+	la, err := a.TryAcquire(ctx, "job", o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +124,7 @@ func TestLockAcquisitionInFlightAcrossRestart(t *testing.T) {
 	}
 	got := make(chan result, 1)
 	go func() {
-		lb, err := b.Acquire(ctx, "job", nil)
+		lb, err := b.Acquire(ctx, "job", o)
 		got <- result{time.Now(), err}
 		if err == nil {
 			_ = lb.Release(ctx)
