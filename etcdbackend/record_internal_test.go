@@ -115,19 +115,29 @@ func TestTokenCheck(t *testing.T) {
 // allocations (its buffer, sized for it, and the string), and the record
 // of a plain acquisition one, not one per growth of a buffer that started
 // empty. (testing.AllocsPerRun counts the process's, the embedded etcd
-// server's included: averaged over many runs, those round to nothing.)
+// server's and the goroutines of earlier tests still ending included: the
+// least of five measures is the function's own.)
 func TestTokenAndRecordAllocations(t *testing.T) {
 	at := time.Now()
 	var token string
-	if n := testing.AllocsPerRun(1000, func() { token = newSessionToken(1, at) }); n > 2 {
+	if n := minAllocs(func() { token = newSessionToken(1, at) }); n > 2 {
 		t.Errorf("newSessionToken: %v allocations, want at most 2", n)
 	}
 	if len(token) != tokenLen {
 		t.Errorf("token %q: %d bytes, want tokenLen %d", token, len(token), tokenLen)
 	}
-	if n := testing.AllocsPerRun(1000, func() {
+	if n := minAllocs(func() {
 		_, _ = appendRecord(nil, token, "holder-with-a-name", recordBody{AcquiredAt: at})
 	}); n > 1 {
 		t.Errorf("appendRecord: %v allocations, want 1", n)
 	}
+}
+
+// minAllocs is the least of five testing.AllocsPerRun(1000, f).
+func minAllocs(f func()) float64 {
+	n := testing.AllocsPerRun(1000, f)
+	for range 4 {
+		n = min(n, testing.AllocsPerRun(1000, f))
+	}
+	return n
 }
