@@ -602,3 +602,167 @@ func TestAttemptWhileWatchDown(t *testing.T) {
 		close(wproceed)
 	})
 }
+
+// flaky is a memory client whose heartbeats, acquisitions and reads fail
+// every other time (each kind on its own count) once flaky is set: a store
+// that times out now and then.
+type flaky struct {
+	*memorybackend.Backend // every optional interface, the watch included
+	on                     atomic.Bool
+	hb, acq, get           atomic.Int64
+}
+
+var errFlaky = errors.New("injected intermittent failure")
+
+func (f *flaky) fails(n *atomic.Int64) bool { return f.on.Load() && n.Add(1)%2 == 0 }
+
+func (f *flaky) Heartbeat(ctx context.Context, key, id string, ttl time.Duration) error {
+	if f.fails(&f.hb) {
+		return errFlaky
+	}
+	return f.Backend.Heartbeat(ctx, key, id, ttl)
+}
+
+func (f *flaky) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+	if f.fails(&f.acq) {
+		return backend.Lease{}, errFlaky
+	}
+	return f.Backend.Acquire(ctx, req)
+}
+
+func (f *flaky) Get(ctx context.Context, key string) (backend.Record, error) {
+	if f.fails(&f.get) {
+		return backend.Record{}, errFlaky
+	}
+	return f.Backend.Get(ctx, key)
+}
+
+// TestIntermittentFailuresDoNotBlock: a follower whose calls to the store
+// fail every other time (heartbeats, attempts, reads) waits a TTL after a
+// failure, in case the store restarted, but failures during that wait do
+// not prolong it (its watch would tell of a restart): when the leader goes,
+// it takes over within a few TTLs. Before, each failure started the wait
+// again and the follower never led.
+func TestIntermittentFailuresDoNotBlock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		store := memorybackend.NewStore()
+		ca, cb := store.Client(), store.Client()
+		t.Cleanup(func() { ca.Close(); cb.Close() })
+		fb := &flaky{Backend: cb}
+		start := func(be backend.Backend, id string) *sovereign.Elector {
+			e, err := sovereign.New(be, "election", id, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			return e
+		}
+		a := start(ca, "a")
+		time.Sleep(100 * time.Millisecond)
+		b := start(fb, "b")
+		time.Sleep(time.Second)
+		fb.on.Store(true)
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if !a.IsLeader() || b.IsLeader() {
+			t.Fatal("want a leading and b following")
+		}
+		a.Close() // releases
+		closed := time.Now()
+		for !b.IsLeader() {
+			if time.Since(closed) > 5*o.TTL {
+				t.Fatalf("b, whose calls fail every other time, does not lead %v after the leader left", time.Since(closed))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+}
+
+// TestPollerFailureProlongsTheWait: a follower that cannot watch has only
+// its failed calls to tell it that the store went down. Its wait began
+// with a failed heartbeat, and its read found a new leader, c, so it waits
+// the TTL out. The store then restarts without its data while c is cut
+// off, and the follower's next heartbeat fails: that failure prolongs the
+// wait to a TTL after it, so the follower does not take the key the
+// restart freed while c still leads. (A follower with a watch is told by
+// the watch, and failures do not prolong its wait: see
+// TestIntermittentFailuresDoNotBlock.)
+func TestPollerFailureProlongsTheWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		store := memorybackend.NewStore()
+		ca, cb, cc := store.Client(), store.Client(), store.Client()
+		t.Cleanup(func() { ca.Close(); cb.Close(); cc.Close() })
+		log := &callLog{Backend: cb}
+		rec := &electortest.Recorder{}
+		start := func(be backend.Backend, id string) *sovereign.Elector {
+			e, err := sovereign.New(be, "election", id, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec.Attach(e)
+			t.Cleanup(func() { e.Close() })
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			return e
+		}
+		a := start(ca, "a")
+		time.Sleep(100 * time.Millisecond)
+		b := start(log, "b")
+		c := start(cc, "c")
+		time.Sleep(2 * time.Second) // b polls a's lease
+		synctest.Wait()
+		if !a.IsLeader() || b.IsLeader() || c.IsLeader() {
+			t.Fatal("want a leading, b and c following")
+		}
+		failed := make(chan struct{}, 1)
+		b.Subscribe(func(ev sovereign.Event) {
+			if f, ok := ev.(sovereign.ElectionFailed); ok && strings.Contains(f.Err.Error(), "injected heartbeat failure") {
+				select {
+				case failed <- struct{}{}:
+				default:
+				}
+			}
+		})
+		failOnce := func() {
+			log.failHB.Store(true)
+			<-failed
+			log.failHB.Store(false)
+		}
+		n := len(log.since(0))
+		failOnce() // b's wait begins at its next attempt, with a read
+		if err := a.Resign(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		for !c.IsLeader() {
+			time.Sleep(time.Millisecond)
+		}
+		a.Close() // b is the one to take over from c
+		for !slices.Contains(log.since(n), "get") {
+			time.Sleep(time.Millisecond)
+		}
+		// b read c's lease, which it did not know: it waits the TTL out.
+		time.Sleep(o.TTL / 4)
+		cc.Partition()
+		restart := time.Now()
+		store.Restart(nil)
+		failOnce() // during the wait
+		for time.Since(restart) < o.TTL+time.Second && !b.IsLeader() {
+			time.Sleep(time.Millisecond)
+		}
+		if !b.IsLeader() {
+			t.Fatal("b does not lead within TTL + 1 s of the restart")
+		}
+		if took := time.Since(restart); took < o.TTL {
+			t.Errorf("b led %v after the restart, want no leadership on the free key before a TTL (%v) has passed", took, o.TTL)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		electortest.CheckNoOverlap(t, rec.Intervals())
+	})
+}

@@ -67,8 +67,10 @@ type Elector struct {
 	mu    sync.Mutex // guards the fields below
 	state State
 	// lostContact reports a heartbeat that failed while not leading (the
-	// first of a run), not yet seen by the campaign loop (see suspect).
+	// first of a run), not yet seen by the campaign loop (see suspect);
+	// lostAt is when it failed.
 	lostContact bool
+	lostAt      time.Time
 	term        uint64       // term of the current leadership; 0 when not leading
 	hold        *keeper.Hold // the lease of the current leadership; nil when not leading
 	cur         *leaderTerm  // the current term, from acquisition until its lease is released; nil otherwise
@@ -453,7 +455,7 @@ func (e *Elector) heartbeatFailed(n int, err error) {
 	if n == 1 {
 		e.mu.Lock()
 		if e.state != Leader {
-			e.lostContact = true
+			e.lostContact, e.lostAt = true, time.Now()
 		}
 		e.mu.Unlock()
 	}

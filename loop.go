@@ -85,10 +85,10 @@ func (e *Elector) campaignStep() (until time.Time, wait bool) {
 		}
 		if canAttempt && !now.Before(ls.nextAttempt) {
 			e.mu.Lock()
-			lost := e.lostContact
+			lost, lostAt := e.lostContact, e.lostAt
 			e.lostContact = false
 			e.mu.Unlock()
-			if lost && ls.answered {
+			if lost && ls.answered && e.failureProlongs(ls, lostAt) {
 				e.suspect(ls)
 				now = time.Now()
 			}
@@ -226,9 +226,20 @@ func (e *Elector) lookAfterReset(ctx context.Context, ls *loopState) {
 // campaigning (heartbeats) start it before the next attempt.
 func (e *Elector) callFailed(ls *loopState) {
 	ls.failures++
-	if ls.failures == 1 && ls.answered {
+	if ls.failures == 1 && ls.answered && e.failureProlongs(ls, time.Now()) {
 		e.suspect(ls)
 	}
+}
+
+// failureProlongs reports whether a call that failed at the time at starts
+// a wait (see suspect). Not while a wait runs, unless no watch is
+// established: a store that restarts breaks the watch, which starts a wait
+// of its own (watchReceived, EventReset), so a failure adds nothing, and
+// failures that come and go (a store that times out now and then) must not
+// keep a candidate waiting for ever. Without a watch, failures are the only
+// sign of a restart, and each first one of a run starts or prolongs a wait.
+func (e *Elector) failureProlongs(ls *loopState, at time.Time) bool {
+	return e.w.ch == nil || !at.Before(ls.suspectUntil)
 }
 
 // attempt makes one acquisition attempt, with double verification.
