@@ -1,0 +1,248 @@
+package sovereign_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/electortest"
+	"github.com/sovereign-go/sovereign/memorybackend"
+)
+
+// watchHook wraps a backend and runs onWatch before each Watch call (n
+// counts them from 1): a non-nil error fails the call. It hides every
+// optional interface but backend.Watcher.
+type watchHook struct {
+	backend.Backend
+	mu      sync.Mutex
+	n       int
+	onWatch func(n int) error
+}
+
+func (w *watchHook) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
+	w.mu.Lock()
+	w.n++
+	n, f := w.n, w.onWatch
+	w.mu.Unlock()
+	if f != nil {
+		if err := f(n); err != nil {
+			return nil, err
+		}
+	}
+	return w.Backend.(backend.Watcher).Watch(ctx, key)
+}
+
+// TestFirstWatchAfterFailureIsAReset: a follower's first watch fails (the
+// store is going down), and by the time a later one is established the
+// store has restarted without its data, with the leader cut off from it.
+// The subscription that follows a failed establishment is a reset, like
+// one that follows a broken subscription: the follower, which had heard
+// from the store, waits a TTL before it takes the free key, and never
+// leads beside the cut leader.
+func TestFirstWatchAfterFailureIsAReset(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		store := memorybackend.NewStore()
+		ca, cb := store.Client(), store.Client()
+		defer ca.Close()
+		defer cb.Close()
+		var mu sync.Mutex
+		var restart time.Time // guarded by mu
+		restarted := func() time.Time {
+			mu.Lock()
+			defer mu.Unlock()
+			return restart
+		}
+		wb := &watchHook{Backend: cb, onWatch: func(n int) error {
+			if n == 1 {
+				return errors.New("injected watch failure")
+			}
+			if n == 2 { // the store is back, empty
+				ca.Partition()
+				store.Restart(nil)
+				mu.Lock()
+				restart = time.Now()
+				mu.Unlock()
+			}
+			return nil
+		}}
+		rec := &electortest.Recorder{}
+		var es []*sovereign.Elector
+		for _, x := range []struct {
+			be backend.Backend
+			id string
+		}{{ca, "a"}, {wb, "b"}} {
+			e, err := sovereign.New(x.be, "election", x.id, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			rec.Attach(e)
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			es = append(es, e)
+			time.Sleep(100 * time.Millisecond)
+		}
+		a, b := es[0], es[1]
+		if !a.IsLeader() {
+			t.Fatal("a does not lead")
+		}
+		for !b.IsLeader() {
+			if r := restarted(); !r.IsZero() && time.Since(r) > o.TTL+time.Second {
+				t.Fatalf("b does not lead TTL + 1 s after the restart")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if restarted().IsZero() {
+			t.Fatal("b leads, but its second watch was never established")
+		}
+		if took := time.Since(restarted()); took < o.TTL {
+			t.Errorf("b led %v after the restart, want no acquisition of the free key before a TTL (%v)", took, o.TTL)
+		}
+		a.Close()
+		electortest.CheckNoOverlap(t, rec.Intervals())
+	})
+}
+
+// TestStartedDuringShortOutageLeadsOnceBack: an elector started while the
+// store is down has never heard from it, so it knows of no lease the store
+// could have lost: neither its failed heartbeat nor its failed attempts nor
+// its watch established after failures start the wait, and it leads as
+// soon as the store is back, not a TTL later.
+func TestStartedDuringShortOutageLeadsOnceBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		mem := memorybackend.New()
+		defer mem.Close()
+		mem.Partition()
+		e, err := sovereign.New(mem, "election", "a", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // less than a TTL
+		if e.IsLeader() {
+			t.Fatal("leader while the store is down")
+		}
+		mem.Heal()
+		healed := time.Now()
+		for !e.IsLeader() {
+			// The next attempt comes within a backoff (at most the renew
+			// interval, 200 ms); a wait would last until a TTL after the
+			// first failure (700 ms from now).
+			if d := time.Since(healed); d > 400*time.Millisecond {
+				t.Fatalf("not leading %v after the store came back, want within 400 ms (no wait: it never heard from the store)", d)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+}
+
+// TestOldLeaderNotHeldBackByStepDownFailures: the store restarts without
+// its data; the leader learns at once that its lease is gone and steps
+// down, but its leader function takes a while to return, and a heartbeat
+// fails meanwhile. That call failed while the elector still held the key,
+// so it says nothing about anyone else's lease: once the function has
+// returned, the old leader acquires again at once, not a TTL later.
+func TestOldLeaderNotHeldBackByStepDownFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		store := memorybackend.NewStore()
+		cl := store.Client()
+		defer cl.Close()
+		var hbFailed atomic.Int32
+		failHB := atomic.Bool{}
+		h := &hooked{Backend: cl, onHB: func(context.Context) (error, bool) {
+			if failHB.Load() {
+				hbFailed.Add(1)
+				return errors.New("injected heartbeat failure"), true
+			}
+			return nil, false
+		}}
+		e, err := sovereign.New(h, "election", "a", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		returned := make(chan struct{})
+		var terms atomic.Int32
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		done := make(chan error, 1)
+		go func() {
+			done <- e.Run(ctx, func(lctx context.Context) error {
+				<-lctx.Done()
+				if terms.Add(1) == 1 {
+					time.Sleep(800 * time.Millisecond) // a slow clean-up
+					failHB.Store(false)
+					close(returned)
+				}
+				return nil
+			})
+		}()
+		time.Sleep(1250 * time.Millisecond) // between two heartbeats (every 500 ms)
+		if !e.IsLeader() {
+			t.Fatal("a does not lead")
+		}
+		term := e.Term()
+		failHB.Store(true)
+		store.Restart(nil)
+		<-returned
+		if hbFailed.Load() == 0 {
+			t.Fatal("no heartbeat failed while the leader function returned; the test proves nothing")
+		}
+		back := time.Now()
+		for !e.IsLeader() {
+			if d := time.Since(back); d > 100*time.Millisecond {
+				t.Fatalf("the old leader does not lead again %v after its term ended, want at once (it held the key when its heartbeat failed)", d)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if e.Term() <= term {
+			t.Errorf("term after the restart: got %d, want above %d", e.Term(), term)
+		}
+		cancel()
+		<-done
+	})
+}
+
+// TestLongOutageWaitRunsFromFirstFailure: a polling follower is cut off
+// from the store for three TTLs, its attempts failing all along, and the
+// leader leaves meanwhile. The wait starts at the first failure of the
+// run, not at each: once the store answers again, the follower takes the
+// free key at its next attempt rather than a TTL after its last failure.
+func TestLongOutageWaitRunsFromFirstFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		ea, eb, log := leaderAndPoller(t, o, false)
+		time.Sleep(2 * time.Second) // b polls a's lease
+		if !ea.IsLeader() || eb.IsLeader() {
+			t.Fatal("want a leading and b following")
+		}
+		cb := log.Backend.(*memorybackend.Backend)
+		cb.Partition()
+		time.Sleep(500 * time.Millisecond)
+		ea.Close() // releases
+		time.Sleep(3*o.TTL - 500*time.Millisecond)
+		cb.Heal()
+		healed := time.Now()
+		for !eb.IsLeader() {
+			// b's next attempt comes within a backoff (at most the renew
+			// interval, 200 ms).
+			if d := time.Since(healed); d > 400*time.Millisecond {
+				t.Fatalf("b does not lead %v after the store answers again, want within 400 ms (its wait began at the first failure, 3 TTLs ago)", d)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+}
