@@ -3,6 +3,9 @@ package sovereign_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -243,6 +246,265 @@ func TestLongOutageWaitRunsFromFirstFailure(t *testing.T) {
 				t.Fatalf("b does not lead %v after the store answers again, want within 400 ms (its wait began at the first failure, 3 TTLs ago)", d)
 			}
 			time.Sleep(time.Millisecond)
+		}
+	})
+}
+
+// TestKnownLeaseKeptThroughAFreeRead: after a reset a follower's read says
+// the key is free (a replica that lagged, say), and a second reset follows
+// before the wait ends. The follower then knows of no holder, but the lease
+// it knew before the first reset is still the one to look for: when the
+// read after the second reset finds it, the store kept its data, the wait
+// ends, and a resignation hands over at once.
+func TestKnownLeaseKeptThroughAFreeRead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		store := memorybackend.NewStore()
+		ca, cb := store.Client(), store.Client()
+		defer ca.Close()
+		defer cb.Close()
+		var staleReads atomic.Int32
+		hb := &hooked{Backend: cb, onGet: func(context.Context, string) (backend.Record, error, bool) {
+			if staleReads.Load() > 0 {
+				staleReads.Add(-1)
+				return backend.Record{}, backend.ErrNotHeld, true
+			}
+			return backend.Record{}, nil, false
+		}}
+		rec := &electortest.Recorder{}
+		var es []*sovereign.Elector
+		for _, x := range []struct {
+			be backend.Backend
+			id string
+		}{{ca, "a"}, {hb, "b"}} {
+			e, err := sovereign.New(x.be, "election", x.id, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			rec.Attach(e)
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			es = append(es, e)
+			time.Sleep(100 * time.Millisecond)
+		}
+		a, b := es[0], es[1]
+		time.Sleep(time.Second)
+		if !a.IsLeader() || b.Status().Leader.HolderID != "a" {
+			t.Fatalf("want a leading and b following a; b follows %q", b.Status().Leader.HolderID)
+		}
+		staleReads.Store(1)
+		store.Restart(&memorybackend.RestartOptions{KeepLeases: true})
+		time.Sleep(50 * time.Millisecond)
+		if staleReads.Load() != 0 || b.Status().Leader.HolderID != "" {
+			t.Fatalf("after the first reset: stale reads left %d, b follows %q; want the stale read done and no leader known", staleReads.Load(), b.Status().Leader.HolderID)
+		}
+		store.Restart(&memorybackend.RestartOptions{KeepLeases: true})
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		term := a.Term()
+		if err := a.Resign(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		resigned := time.Now()
+		for !b.IsLeader() {
+			if d := time.Since(resigned); d > 100*time.Millisecond {
+				t.Fatalf("b does not lead %v after a resigned, want at once (the read after the second reset found the lease known before)", d)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if b.Term() <= term {
+			t.Errorf("b's term: got %d, want above %d", b.Term(), term)
+		}
+		electortest.CheckNoOverlap(t, rec.Intervals())
+	})
+}
+
+// countHandler is a slog.Handler that counts the records whose message
+// begins with prefix.
+type countHandler struct {
+	prefix string
+	n      *atomic.Int32
+}
+
+func (h countHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h countHandler) WithGroup(string) slog.Handler            { return h }
+func (h countHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, h.prefix) {
+		h.n.Add(1)
+	}
+	return nil
+}
+
+// TestFreeKeyWaitLoggedOncePerWait: a follower that finds the key free
+// after a reset logs that it waits once per wait: not again when a change
+// of the key makes it read the key again during the same wait, and again
+// when a second reset starts a new wait.
+func TestFreeKeyWaitLoggedOncePerWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		ca, cb, raw := store.Client(), store.Client(), store.Client()
+		defer ca.Close()
+		defer cb.Close()
+		defer raw.Close()
+		var logged atomic.Int32
+		ob := fastOpts()
+		ob.Logger = slog.New(countHandler{prefix: "sovereign: the key is free after a reset", n: &logged})
+		a, err := sovereign.New(ca, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		b, err := sovereign.New(cb, "election", "b", ob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		for _, e := range []*sovereign.Elector{a, b} {
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		time.Sleep(time.Second)
+		if !a.IsLeader() || b.IsLeader() {
+			t.Fatal("want a leading and b following")
+		}
+		ca.Partition()
+		store.Restart(nil)
+		time.Sleep(10 * time.Millisecond)
+		if n := logged.Load(); n != 1 {
+			t.Fatalf("after the first reset: logged the wait %d times, want 1", n)
+		}
+		// During the wait, someone takes the key and lets it go: b reads
+		// the key at each change, and finds it free again.
+		l, err := raw.Acquire(t.Context(), backend.AcquireRequest{Key: "election", HolderID: "raw", TTL: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+		if err := raw.Release(t.Context(), l); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+		if n := logged.Load(); n != 1 {
+			t.Fatalf("after more reads during the same wait: logged the wait %d times, want 1", n)
+		}
+		store.Restart(nil)
+		time.Sleep(10 * time.Millisecond)
+		if n := logged.Load(); n != 2 {
+			t.Fatalf("after a second reset: logged the wait %d times, want 2 (one per wait)", n)
+		}
+	})
+}
+
+// TestFailedReadDuringWaitRestartsIt: a follower waits after a reset (the
+// store restarted without its data, the leader cut off). During the wait a
+// read of the key fails: the follower lost contact with the store again,
+// which may have restarted again and lost a lease taken meanwhile, so the
+// wait starts over from that failure and the follower takes the free key
+// no sooner than a TTL after it.
+func TestFailedReadDuringWaitRestartsIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		store := memorybackend.NewStore()
+		ca, cb, raw := store.Client(), store.Client(), store.Client()
+		defer ca.Close()
+		defer cb.Close()
+		defer raw.Close()
+		var failGet atomic.Bool
+		var getFailed atomic.Int32
+		hb := &hooked{Backend: cb, onGet: func(context.Context, string) (backend.Record, error, bool) {
+			if failGet.Load() {
+				getFailed.Add(1)
+				return backend.Record{}, errors.New("injected read failure"), true
+			}
+			return backend.Record{}, nil, false
+		}}
+		a, err := sovereign.New(ca, "election", "a", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		b, err := sovereign.New(hb, "election", "b", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		for _, e := range []*sovereign.Elector{a, b} {
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		time.Sleep(time.Second)
+		if !a.IsLeader() || b.IsLeader() {
+			t.Fatal("want a leading and b following")
+		}
+		ca.Partition()
+		store.Restart(nil)
+		time.Sleep(400 * time.Millisecond) // b waits, a TTL from the restart
+		// Someone takes the key: b reads it at the change, and the read fails.
+		failGet.Store(true)
+		l, err := raw.Acquire(t.Context(), backend.AcquireRequest{Key: "election", HolderID: "raw", TTL: o.TTL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+		failGet.Store(false)
+		failed := time.Now()
+		if getFailed.Load() == 0 {
+			t.Fatal("b did not read the key at the change; the test proves nothing")
+		}
+		time.Sleep(50 * time.Millisecond)
+		if err := raw.Release(t.Context(), l); err != nil {
+			t.Fatal(err)
+		}
+		for !b.IsLeader() {
+			if d := time.Since(failed); d > o.TTL+time.Second {
+				t.Fatalf("b does not lead %v after its failed read", d)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if d := time.Since(failed); d < o.TTL {
+			t.Errorf("b led %v after its read failed during the wait, want no acquisition of the free key before a TTL (%v)", d, o.TTL)
+		}
+	})
+}
+
+// TestWaitEndsJustAfterTheTTL: a lease renewed as the store went down
+// expires a TTL later, and on a store that counts the expiry instant as
+// still held (Redis: a key lives while now <= its expiry) an attempt at
+// that very instant would find it. So the follower's wait after a reset
+// ends just after a TTL (expiryMargin), not at it, and not much later.
+func TestWaitEndsJustAfterTheTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		c := newCluster(t, 2, o)
+		c.start(t)
+		old := c.leader(t, 2*time.Second)
+		time.Sleep(500 * time.Millisecond)
+		c.clients[old].Partition()
+		restart := time.Now()
+		c.store.Restart(nil)
+		next := c.es[1-old]
+		for !next.IsLeader() {
+			if time.Since(restart) > o.TTL+time.Second {
+				t.Fatal("no new leader within TTL + 1 s of the restart")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		synctest.Wait() // the LeadershipAcquired event is recorded
+		ivs := c.rec.Intervals()
+		i := slices.IndexFunc(ivs, func(iv electortest.Interval) bool { return iv.ID == next.ID() && iv.Start.After(restart) })
+		if i < 0 {
+			t.Fatalf("terms recorded: %+v, want one of %s after the restart", ivs, next.ID())
+		}
+		iv := ivs[i]
+		if took := iv.Start.Sub(restart); took <= o.TTL || took > o.TTL+50*time.Millisecond {
+			t.Errorf("%s acquired %v after the restart, want just after a TTL: in (%v, %v]", next.ID(), took, o.TTL, o.TTL+50*time.Millisecond)
 		}
 	})
 }
