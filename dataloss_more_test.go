@@ -508,3 +508,89 @@ func TestWaitEndsJustAfterTheTTL(t *testing.T) {
 		}
 	})
 }
+
+// acquireHook wraps a backend, hiding every optional interface (no watch:
+// the elector polls), and runs onAcquire before each Acquire: a non-nil
+// error fails the call.
+type acquireHook struct {
+	backend.Backend
+	onAcquire func() error
+}
+
+func (h *acquireHook) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+	if err := h.onAcquire(); err != nil {
+		return backend.Lease{}, err
+	}
+	return h.Backend.Acquire(ctx, req)
+}
+
+// TestFailedAttemptStartsTheWait: a polling follower's attempt fails
+// because the store is restarting; it comes back without its data, with
+// the leader cut off from it. The failed attempt is lost contact, as a
+// broken watch is: the follower reads the key instead of acquiring it
+// until a TTL has passed since the failure, and never leads beside the cut
+// leader.
+func TestFailedAttemptStartsTheWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		store := memorybackend.NewStore()
+		ca, cb := store.Client(), store.Client()
+		defer ca.Close()
+		defer cb.Close()
+		var mu sync.Mutex
+		var attempts int
+		var failed time.Time // guarded by mu
+		hb := &acquireHook{Backend: cb, onAcquire: func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			if attempts++; attempts == 3 { // b's first attempts found a's lease
+				ca.Partition()
+				store.Restart(nil)
+				failed = time.Now()
+				return errors.New("injected: the store is restarting")
+			}
+			return nil
+		}}
+		rec := &electortest.Recorder{}
+		var es []*sovereign.Elector
+		for _, x := range []struct {
+			be backend.Backend
+			id string
+		}{{ca, "a"}, {hb, "b"}} {
+			e, err := sovereign.New(x.be, "election", x.id, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			rec.Attach(e)
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			es = append(es, e)
+			time.Sleep(100 * time.Millisecond)
+		}
+		a, b := es[0], es[1]
+		if !a.IsLeader() {
+			t.Fatal("a does not lead")
+		}
+		failedAt := func() time.Time {
+			mu.Lock()
+			defer mu.Unlock()
+			return failed
+		}
+		for !b.IsLeader() {
+			if f := failedAt(); !f.IsZero() && time.Since(f) > o.TTL+time.Second {
+				t.Fatal("b does not lead TTL + 1 s after its attempt failed")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if failedAt().IsZero() {
+			t.Fatal("b leads, but its attempt never failed; the test proves nothing")
+		}
+		if took := time.Since(failedAt()); took < o.TTL {
+			t.Errorf("b led %v after its attempt failed, want no acquisition of the free key before a TTL (%v)", took, o.TTL)
+		}
+		a.Close()
+		electortest.CheckNoOverlap(t, rec.Intervals())
+	})
+}
