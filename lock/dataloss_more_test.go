@@ -1,0 +1,244 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sovereign-go/sovereign/lock"
+	"github.com/sovereign-go/sovereign/memorybackend"
+)
+
+// acquireAsync starts l.Acquire(ctx, key) in a goroutine; the channel
+// delivers the lock (nil on error), the error and when the call returned.
+func acquireAsync(ctx context.Context, l *lock.Locker, key string) <-chan acquired {
+	ch := make(chan acquired, 1)
+	go func() {
+		lk, err := l.Acquire(ctx, key, nil)
+		ch <- acquired{lk, err, time.Now()}
+	}()
+	return ch
+}
+
+type acquired struct {
+	lk  *lock.Lock
+	err error
+	at  time.Time
+}
+
+// TestStartedDuringShortOutageAcquiresOnceBack: a waiter that started
+// while the store was down never heard from it, so it knows of no lease the
+// store could have lost: its failed attempts start no wait, and it takes
+// the free key as soon as the store is back, not a TTL later.
+func TestStartedDuringShortOutageAcquiresOnceBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		cw := client(t, store)
+		w := newLocker(t, cw, "w", fastOpts())
+		cw.Partition()
+		got := acquireAsync(t.Context(), w, "k")
+		time.Sleep(300 * time.Millisecond) // less than a TTL
+		cw.Heal()
+		healed := time.Now()
+		a := <-got
+		if a.err != nil {
+			t.Fatalf("Acquire: %v", a.err)
+		}
+		defer a.lk.Release(context.Background())
+		// The next attempt comes within a backoff (at most the renew
+		// interval, 200 ms); a wait would last until a TTL after the first
+		// failure (700 ms after the store is back).
+		if d := a.at.Sub(healed); d > 400*time.Millisecond {
+			t.Errorf("acquired %v after the store came back, want within 400 ms (no wait: the waiter never heard from the store)", d)
+		}
+	})
+}
+
+// TestLongOutageWaitRunsFromFirstFailure: a waiter is cut off from the
+// store for three TTLs, its attempts failing all along, and the holder
+// releases meanwhile. The wait starts at the first failure of the run, not
+// at each: once the store answers again, the waiter takes the free key at
+// its next attempt rather than a TTL after its last failure.
+func TestLongOutageWaitRunsFromFirstFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		o := fastOpts()
+		h := newLocker(t, client(t, store), "h", o)
+		cw := client(t, store)
+		w := newLocker(t, cw, "w", o)
+		lk, err := h.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := acquireAsync(t.Context(), w, "k")
+		time.Sleep(500 * time.Millisecond)
+		cw.Partition()
+		time.Sleep(500 * time.Millisecond)
+		if err := lk.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3*o.TTL - 500*time.Millisecond)
+		cw.Heal()
+		healed := time.Now()
+		a := <-got
+		if a.err != nil {
+			t.Fatalf("Acquire: %v", a.err)
+		}
+		defer a.lk.Release(context.Background())
+		if d := a.at.Sub(healed); d > 400*time.Millisecond {
+			t.Errorf("acquired %v after the store answered again, want within 400 ms (the wait began at the first failure, 3 TTLs ago)", d)
+		}
+	})
+}
+
+// TestStoreRestartDataKeptHandsOverAtOnce: the store restarts with its
+// data (the waiter's watch breaks, the holder's lease is kept). The
+// waiter's read finds the lease it saw before: nothing was lost, so it does
+// not wait a TTL, and a release right after the restart hands over at once.
+func TestStoreRestartDataKeptHandsOverAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		o := fastOpts()
+		h := newLocker(t, client(t, store), "h", o)
+		w := newLocker(t, client(t, store), "w", o)
+		lk, err := h.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := acquireAsync(t.Context(), w, "k")
+		time.Sleep(500 * time.Millisecond)
+		store.Restart(&memorybackend.RestartOptions{KeepLeases: true})
+		time.Sleep(50 * time.Millisecond)
+		if !lk.Held() {
+			t.Fatal("the holder lost its lock in a restart that kept the data")
+		}
+		if err := lk.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		released := time.Now()
+		a := <-got
+		if a.err != nil {
+			t.Fatalf("Acquire: %v", a.err)
+		}
+		defer a.lk.Release(context.Background())
+		if d := a.at.Sub(released); d > 10*time.Millisecond {
+			t.Errorf("acquired %v after the release, want at once (the restart kept the data)", d)
+		}
+	})
+}
+
+// TestSecondResetDuringWaitRestartsIt: the store restarts without its data
+// (the holder cut off), and while the waiter waits a TTL another caller
+// takes the free key; then the store restarts again, losing that lease
+// too, with its holder cut off. The second reset starts the wait over: the
+// waiter never holds the lock beside the second holder, and takes it a TTL
+// after the second restart.
+func TestSecondResetDuringWaitRestartsIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		o := fastOpts()
+		ca, cc := client(t, store), client(t, store)
+		h := newLocker(t, ca, "h", o)
+		c := newLocker(t, cc, "c", o)
+		w := newLocker(t, client(t, store), "w", o)
+		lk, err := h.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := acquireAsync(t.Context(), w, "k")
+		time.Sleep(500 * time.Millisecond)
+		ca.Partition()
+		store.Restart(nil)
+		time.Sleep(100 * time.Millisecond)
+		lc, err := c.TryAcquire(t.Context(), "k", nil) // it never heard of h's lease
+		if err != nil {
+			t.Fatal(err)
+		}
+		// After c's renewal at 500 ms its deadline is 1.2 s after the first
+		// restart: past the end of the first wait (1 s).
+		time.Sleep(450 * time.Millisecond)
+		cc.Partition()
+		second := time.Now()
+		store.Restart(nil)
+		a := <-got
+		if a.err != nil {
+			t.Fatalf("Acquire: %v", a.err)
+		}
+		defer a.lk.Release(context.Background())
+		if lc.Held() || lk.Held() {
+			t.Fatalf("the waiter acquired %v after the second restart while a cut holder still held the lock (c %v, h %v)",
+				a.at.Sub(second), lc.Held(), lk.Held())
+		}
+		if d := a.at.Sub(second); d < o.TTL {
+			t.Errorf("acquired %v after the second restart, want no acquisition of the free key before a TTL (%v)", d, o.TTL)
+		}
+	})
+}
+
+// TestWaitEndsJustAfterTheTTL: a lease renewed as the store went down
+// expires a TTL later, and on a store that counts the expiry instant as
+// still held (Redis: a key lives while now <= its expiry) an attempt at
+// that very instant would find it. So the waiter's wait after a reset ends
+// just after a TTL (expiryMargin), not at it, and not much later.
+func TestWaitEndsJustAfterTheTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		o := fastOpts()
+		ca := client(t, store)
+		h := newLocker(t, ca, "h", o)
+		w := newLocker(t, client(t, store), "w", o)
+		if _, err := h.TryAcquire(t.Context(), "k", nil); err != nil {
+			t.Fatal(err)
+		}
+		got := acquireAsync(t.Context(), w, "k")
+		time.Sleep(500 * time.Millisecond)
+		ca.Partition()
+		restart := time.Now()
+		store.Restart(nil)
+		a := <-got
+		if a.err != nil {
+			t.Fatalf("Acquire: %v", a.err)
+		}
+		defer a.lk.Release(context.Background())
+		if d := a.at.Sub(restart); d <= o.TTL || d > o.TTL+50*time.Millisecond {
+			t.Errorf("acquired %v after the restart, want just after a TTL: in (%v, %v]", d, o.TTL, o.TTL+50*time.Millisecond)
+		}
+	})
+}
+
+// TestGiveUpDuringWaitNamesLastHolder: a waiter that gives up while it
+// waits after a reset reports the holder its last read found (one that
+// took the key after the restart), not the one it saw before the restart.
+func TestGiveUpDuringWaitNamesLastHolder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		o := fastOpts()
+		ca := client(t, store)
+		h := newLocker(t, ca, "h", o)
+		c := newLocker(t, client(t, store), "c", o)
+		w := newLocker(t, client(t, store), "w", o)
+		if _, err := h.TryAcquire(t.Context(), "k", nil); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		got := acquireAsync(ctx, w, "k")
+		time.Sleep(500 * time.Millisecond)
+		ca.Partition()
+		store.Restart(nil)
+		time.Sleep(100 * time.Millisecond)
+		if _, err := c.TryAcquire(t.Context(), "k", nil); err != nil {
+			t.Fatal(err)
+		}
+		a := <-got
+		var held *lock.HeldError
+		if !errors.As(a.err, &held) || !errors.Is(a.err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire: got %v, want a HeldError wrapping context.DeadlineExceeded", a.err)
+		}
+		if held.Holder.HolderID != "c" {
+			t.Errorf("the error names holder %q, want %q (the one the last read found)", held.Holder.HolderID, "c")
+		}
+	})
+}
