@@ -594,3 +594,55 @@ func TestFailedAttemptStartsTheWait(t *testing.T) {
 		electortest.CheckNoOverlap(t, rec.Intervals())
 	})
 }
+
+// TestWaitReadsOnce: a polling follower that lost contact (a heartbeat
+// failed) reads the key instead of its next attempt. When the read finds
+// another holder than the one it knew, or the key free, that read is all
+// until the wait ends: its next call is the attempt a TTL later, not
+// another read.
+func TestWaitReadsOnce(t *testing.T) {
+	for _, free := range []bool{false, true} {
+		name := "another holder"
+		if free {
+			name = "free"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				o := fastOpts()
+				ea, eb, b := leaderAndPoller(t, o, false)
+				time.Sleep(2 * time.Second) // b polls a's lease
+				synctest.Wait()
+				if !ea.IsLeader() || eb.IsLeader() {
+					t.Fatal("want a leading and b following")
+				}
+				failed := make(chan struct{}, 1)
+				eb.Subscribe(func(ev sovereign.Event) {
+					if f, ok := ev.(sovereign.ElectionFailed); ok && strings.Contains(f.Err.Error(), "injected heartbeat failure") {
+						select {
+						case failed <- struct{}{}:
+						default:
+						}
+					}
+				})
+				b.failHB.Store(true)
+				<-failed
+				n := len(b.since(0))
+				b.failHB.Store(false)
+				ea.Close() // releases; b, polling, learns it at its next call
+				if !free {
+					// Someone else takes the key (through b's client, unlogged).
+					raw := b.Backend
+					if _, err := raw.Acquire(t.Context(), backend.AcquireRequest{Key: "election", HolderID: "raw", TTL: 10 * o.TTL}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				time.Sleep(3 * o.TTL)
+				synctest.Wait()
+				calls := b.since(n)
+				if len(calls) < 2 || calls[0] != "get" || calls[1] != "acquire" {
+					t.Errorf("calls after the heartbeat failed: %v, want a read, then an attempt when the wait ends", calls)
+				}
+			})
+		})
+	}
+}
