@@ -3,10 +3,12 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/lock"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
@@ -239,6 +241,47 @@ func TestGiveUpDuringWaitNamesLastHolder(t *testing.T) {
 		}
 		if held.Holder.HolderID != "c" {
 			t.Errorf("the error names holder %q, want %q (the one the last read found)", held.Holder.HolderID, "c")
+		}
+	})
+}
+
+// getCounter is a memory client that counts its Get calls.
+type getCounter struct {
+	*memorybackend.Backend
+	gets atomic.Int32
+}
+
+func (g *getCounter) Get(ctx context.Context, key string) (backend.Record, error) {
+	g.gets.Add(1)
+	return g.Backend.Get(ctx, key)
+}
+
+// TestWaitReadsOnce: a waiter whose watch broke in a restart that lost the
+// data (the holder cut off) reads the key once, finds it free, and waits
+// out the TTL without reading it again: one read, then the acquisition.
+func TestWaitReadsOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		o := fastOpts()
+		ca := client(t, store)
+		h := newLocker(t, ca, "h", o)
+		cw := &getCounter{Backend: client(t, store)}
+		w := newLocker(t, cw, "w", o)
+		if _, err := h.TryAcquire(t.Context(), "k", nil); err != nil {
+			t.Fatal(err)
+		}
+		got := acquireAsync(t.Context(), w, "k")
+		time.Sleep(500 * time.Millisecond)
+		before := cw.gets.Load()
+		ca.Partition()
+		store.Restart(nil)
+		a := <-got
+		if a.err != nil {
+			t.Fatalf("Acquire: %v", a.err)
+		}
+		defer a.lk.Release(context.Background())
+		if n := cw.gets.Load() - before; n != 1 {
+			t.Errorf("the waiter read the key %d times during the wait, want 1", n)
 		}
 	})
 }
