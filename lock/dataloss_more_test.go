@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -282,6 +283,71 @@ func TestWaitReadsOnce(t *testing.T) {
 		defer a.lk.Release(context.Background())
 		if n := cw.gets.Load() - before; n != 1 {
 			t.Errorf("the waiter read the key %d times during the wait, want 1", n)
+		}
+	})
+}
+
+// pollingHook wraps a backend, hiding every optional interface (no watch:
+// the waiter polls), and runs onAcquire before each Acquire: a non-nil
+// error fails the call.
+type pollingHook struct {
+	backend.Backend
+	onAcquire func() error
+}
+
+func (h *pollingHook) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+	if err := h.onAcquire(); err != nil {
+		return backend.Lease{}, err
+	}
+	return h.Backend.Acquire(ctx, req)
+}
+
+// TestFailedAttemptStartsTheWait: a polling waiter's attempt fails because
+// the store is restarting; it comes back without its data, with the holder
+// cut off from it. The failed attempt is lost contact, as a broken watch
+// is: the waiter reads the key instead of acquiring it until a TTL has
+// passed since the failure, and never holds the lock beside the cut holder.
+func TestFailedAttemptStartsTheWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		o := fastOpts()
+		ca := client(t, store)
+		h := newLocker(t, ca, "h", o)
+		var mu sync.Mutex
+		var attempts int
+		var failed time.Time // guarded by mu
+		cw := &pollingHook{Backend: client(t, store), onAcquire: func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			if attempts++; attempts == 2 { // the first found h's lease
+				ca.Partition()
+				store.Restart(nil)
+				failed = time.Now()
+				return errors.New("injected: the store is restarting")
+			}
+			return nil
+		}}
+		w := newLocker(t, cw, "w", o)
+		lk, err := h.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := <-acquireAsync(t.Context(), w, "k")
+		if a.err != nil {
+			t.Fatalf("Acquire: %v", a.err)
+		}
+		defer a.lk.Release(context.Background())
+		mu.Lock()
+		f := failed
+		mu.Unlock()
+		if f.IsZero() {
+			t.Fatal("the waiter acquired, but its attempt never failed; the test proves nothing")
+		}
+		if lk.Held() {
+			t.Fatalf("the waiter acquired %v after its failed attempt while the cut holder still held the lock", a.at.Sub(f))
+		}
+		if d := a.at.Sub(f); d < o.TTL {
+			t.Errorf("acquired %v after the failed attempt, want no acquisition of the free key before a TTL (%v)", d, o.TTL)
 		}
 	})
 }
