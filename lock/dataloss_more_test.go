@@ -351,3 +351,84 @@ func TestFailedAttemptStartsTheWait(t *testing.T) {
 		}
 	})
 }
+
+// resubscriber is a memory client whose watches outlive a broken
+// subscription, as some backends' do: when the store breaks one, it
+// subscribes again and reports an EventReset on the same channel.
+type resubscriber struct {
+	*memorybackend.Backend
+}
+
+func (r *resubscriber) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
+	in, err := r.Backend.Watch(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan backend.Event)
+	go func() {
+		defer close(out)
+		for {
+			for ev := range in {
+				select {
+				case out <- ev:
+				case <-ctx.Done():
+					return
+				}
+			}
+			for {
+				if ctx.Err() != nil {
+					return
+				}
+				if in, err = r.Backend.Watch(ctx, key); err == nil {
+					break
+				}
+				select {
+				case <-time.After(10 * time.Millisecond):
+				case <-ctx.Done():
+					return
+				}
+			}
+			select {
+			case out <- backend.Event{Key: key, Type: backend.EventReset}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// TestEventResetStartsTheWait: on a backend that reports a re-established
+// subscription as an EventReset (rather than closing the channel), the
+// reset is lost contact as a closed channel is: after a restart that lost
+// the data, with the holder cut off, the waiter takes the free key only a
+// TTL later, never beside the cut holder.
+func TestEventResetStartsTheWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		o := fastOpts()
+		ca := client(t, store)
+		h := newLocker(t, ca, "h", o)
+		w := newLocker(t, &resubscriber{client(t, store)}, "w", o)
+		lk, err := h.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := acquireAsync(t.Context(), w, "k")
+		time.Sleep(500 * time.Millisecond)
+		ca.Partition()
+		restart := time.Now()
+		store.Restart(nil)
+		a := <-got
+		if a.err != nil {
+			t.Fatalf("Acquire: %v", a.err)
+		}
+		defer a.lk.Release(context.Background())
+		if lk.Held() {
+			t.Fatalf("the waiter acquired %v after the restart while the cut holder still held the lock", a.at.Sub(restart))
+		}
+		if d := a.at.Sub(restart); d < o.TTL {
+			t.Errorf("acquired %v after the restart, want no acquisition of the free key before a TTL (%v)", d, o.TTL)
+		}
+	})
+}
