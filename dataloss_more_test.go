@@ -529,70 +529,86 @@ func (h *acquireHook) Acquire(ctx context.Context, req backend.AcquireRequest) (
 // the leader cut off from it. The failed attempt is lost contact, as a
 // broken watch is: the follower reads the key instead of acquiring it
 // until a TTL has passed since the failure, and never leads beside the cut
-// leader.
+// leader. So too when an earlier failure's wait ended early (the read
+// found the leader's lease still there): that read ended the run of
+// failures, and the next failure starts a wait of its own.
 func TestFailedAttemptStartsTheWait(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		o := fastOpts()
-		store := memorybackend.NewStore()
-		ca, cb := store.Client(), store.Client()
-		defer ca.Close()
-		defer cb.Close()
-		var mu sync.Mutex
-		var attempts int
-		var failed time.Time // guarded by mu
-		hb := &acquireHook{Backend: cb, onAcquire: func() error {
-			mu.Lock()
-			defer mu.Unlock()
-			if attempts++; attempts == 3 { // b's first attempts found a's lease
-				ca.Partition()
-				store.Restart(nil)
-				failed = time.Now()
-				return errors.New("injected: the store is restarting")
-			}
-			return nil
-		}}
-		rec := &electortest.Recorder{}
-		var es []*sovereign.Elector
-		for _, x := range []struct {
-			be backend.Backend
-			id string
-		}{{ca, "a"}, {hb, "b"}} {
-			e, err := sovereign.New(x.be, "election", x.id, o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer e.Close()
-			rec.Attach(e)
-			if err := e.Start(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-			es = append(es, e)
-			time.Sleep(100 * time.Millisecond)
-		}
-		a, b := es[0], es[1]
-		if !a.IsLeader() {
-			t.Fatal("a does not lead")
-		}
-		failedAt := func() time.Time {
-			mu.Lock()
-			defer mu.Unlock()
-			return failed
-		}
-		for !b.IsLeader() {
-			if f := failedAt(); !f.IsZero() && time.Since(f) > o.TTL+time.Second {
-				t.Fatal("b does not lead TTL + 1 s after its attempt failed")
-			}
-			time.Sleep(time.Millisecond)
-		}
-		if failedAt().IsZero() {
-			t.Fatal("b leads, but its attempt never failed; the test proves nothing")
-		}
-		if took := time.Since(failedAt()); took < o.TTL {
-			t.Errorf("b led %v after its attempt failed, want no acquisition of the free key before a TTL (%v)", took, o.TTL)
-		}
-		a.Close()
-		electortest.CheckNoOverlap(t, rec.Intervals())
-	})
+	for _, tc := range []struct {
+		name    string
+		blip    int // the attempt that fails without a restart; 0: none
+		restart int // the attempt that fails while the store restarts
+	}{
+		{"restart", 0, 3}, // b's first two attempts found a's lease
+		{"blip, then restart", 3, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				o := fastOpts()
+				store := memorybackend.NewStore()
+				ca, cb := store.Client(), store.Client()
+				defer ca.Close()
+				defer cb.Close()
+				var mu sync.Mutex
+				var attempts int
+				var failed time.Time // guarded by mu
+				hb := &acquireHook{Backend: cb, onAcquire: func() error {
+					mu.Lock()
+					defer mu.Unlock()
+					switch attempts++; attempts {
+					case tc.blip:
+						return errors.New("injected: the store blinked")
+					case tc.restart:
+						ca.Partition()
+						store.Restart(nil)
+						failed = time.Now()
+						return errors.New("injected: the store is restarting")
+					}
+					return nil
+				}}
+				rec := &electortest.Recorder{}
+				var es []*sovereign.Elector
+				for _, x := range []struct {
+					be backend.Backend
+					id string
+				}{{ca, "a"}, {hb, "b"}} {
+					e, err := sovereign.New(x.be, "election", x.id, o)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer e.Close()
+					rec.Attach(e)
+					if err := e.Start(t.Context()); err != nil {
+						t.Fatal(err)
+					}
+					es = append(es, e)
+					time.Sleep(100 * time.Millisecond)
+				}
+				a, b := es[0], es[1]
+				if !a.IsLeader() {
+					t.Fatal("a does not lead")
+				}
+				failedAt := func() time.Time {
+					mu.Lock()
+					defer mu.Unlock()
+					return failed
+				}
+				for !b.IsLeader() {
+					if f := failedAt(); !f.IsZero() && time.Since(f) > o.TTL+time.Second {
+						t.Fatal("b does not lead TTL + 1 s after its attempt failed")
+					}
+					time.Sleep(time.Millisecond)
+				}
+				if failedAt().IsZero() {
+					t.Fatal("b leads, but its attempt never failed in the restart; the test proves nothing")
+				}
+				if took := time.Since(failedAt()); took < o.TTL {
+					t.Errorf("b led %v after its attempt failed, want no acquisition of the free key before a TTL (%v)", took, o.TTL)
+				}
+				a.Close()
+				electortest.CheckNoOverlap(t, rec.Intervals())
+			})
+		})
+	}
 }
 
 // TestWaitReadsOnce: a polling follower that lost contact (a heartbeat
@@ -645,4 +661,63 @@ func TestWaitReadsOnce(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestResignedLeaderWaitsAfterReset: an elector that has only ever led
+// (its one answer from the store was its own acquisition) resigns, and
+// while it sits out the store restarts without its data, the new leader
+// cut off from it. Its acquisition was an answer from the store like any
+// other: it waits a TTL after the reset before it takes the free key, and
+// never leads beside the cut leader.
+func TestResignedLeaderWaitsAfterReset(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		store := memorybackend.NewStore()
+		ca, cb := store.Client(), store.Client()
+		defer ca.Close()
+		defer cb.Close()
+		rec := &electortest.Recorder{}
+		var es []*sovereign.Elector
+		for _, x := range []struct {
+			be backend.Backend
+			id string
+		}{{ca, "a"}, {cb, "b"}} {
+			e, err := sovereign.New(x.be, "election", x.id, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			rec.Attach(e)
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			es = append(es, e)
+			time.Sleep(100 * time.Millisecond)
+		}
+		a, b := es[0], es[1]
+		time.Sleep(time.Second)
+		if !a.IsLeader() {
+			t.Fatal("a does not lead")
+		}
+		if err := a.Resign(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		for !b.IsLeader() {
+			time.Sleep(time.Millisecond)
+		}
+		cb.Partition()
+		restart := time.Now()
+		store.Restart(nil) // within a's sit-out (200 ms)
+		for !a.IsLeader() {
+			if time.Since(restart) > o.TTL+time.Second {
+				t.Fatal("a does not lead TTL + 1 s after the restart")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if took := time.Since(restart); took < o.TTL {
+			t.Errorf("a led %v after the restart, want no acquisition of the free key before a TTL (%v)", took, o.TTL)
+		}
+		b.Close()
+		electortest.CheckNoOverlap(t, rec.Intervals())
+	})
 }
