@@ -246,14 +246,19 @@ func TestGiveUpDuringWaitNamesLastHolder(t *testing.T) {
 	})
 }
 
-// getCounter is a memory client that counts its Get calls.
+// getCounter is a memory client that counts its Get calls, and fails
+// them while fail is set.
 type getCounter struct {
 	*memorybackend.Backend
 	gets atomic.Int32
+	fail atomic.Bool
 }
 
 func (g *getCounter) Get(ctx context.Context, key string) (backend.Record, error) {
 	g.gets.Add(1)
+	if g.fail.Load() {
+		return backend.Record{}, errors.New("injected read failure")
+	}
 	return g.Backend.Get(ctx, key)
 }
 
@@ -429,6 +434,41 @@ func TestEventResetStartsTheWait(t *testing.T) {
 		}
 		if d := a.at.Sub(restart); d < o.TTL {
 			t.Errorf("acquired %v after the restart, want no acquisition of the free key before a TTL (%v)", d, o.TTL)
+		}
+	})
+}
+
+// TestFailedReadsDuringWaitBackOff: a waiter whose reads fail while it
+// waits after a reset retries them with the usual backoff (growing to the
+// renew interval), not at a fixed short interval.
+func TestFailedReadsDuringWaitBackOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		o := fastOpts()
+		ca := client(t, store)
+		h := newLocker(t, ca, "h", o)
+		cw := &getCounter{Backend: client(t, store)}
+		w := newLocker(t, cw, "w", o)
+		if _, err := h.TryAcquire(t.Context(), "k", nil); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		got := acquireAsync(ctx, w, "k")
+		time.Sleep(500 * time.Millisecond)
+		before := cw.gets.Load()
+		cw.fail.Store(true)
+		ca.Partition()
+		store.Restart(nil)
+		time.Sleep(900 * time.Millisecond) // within the wait (a TTL)
+		// Backoff from 1/8 of the renew interval (25 ms) doubling up to it
+		// (200 ms), with jitter: at most 12 reads in 900 ms.
+		if n := cw.gets.Load() - before; n < 2 || n > 15 {
+			t.Errorf("the waiter read the key %d times in 900 ms of failing reads, want 2 to 15 (a backoff)", n)
+		}
+		cancel()
+		if a := <-got; a.err == nil {
+			a.lk.Release(context.Background())
 		}
 	})
 }
