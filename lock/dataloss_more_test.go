@@ -472,3 +472,86 @@ func TestFailedReadsDuringWaitBackOff(t *testing.T) {
 		}
 	})
 }
+
+// getHook is a memory client whose Get runs onGet first (when set): a
+// non-nil error fails the call.
+type getHook struct {
+	*memorybackend.Backend
+	mu    sync.Mutex
+	onGet func() error
+}
+
+func (g *getHook) Get(ctx context.Context, key string) (backend.Record, error) {
+	g.mu.Lock()
+	f := g.onGet
+	g.mu.Unlock()
+	if f != nil {
+		if err := f(); err != nil {
+			return backend.Record{}, err
+		}
+	}
+	return g.Backend.Get(ctx, key)
+}
+
+// TestResetDuringFailedReadAtWaitEnd: the store restarts without its data
+// (holder h cut off) and the waiter waits a TTL. Near the end of the wait
+// another caller, c, takes the free key; the waiter's read at that change
+// fails, slowly, because the store restarts again meanwhile, losing c's
+// lease with c cut off, and by the time the read has failed the first wait
+// is over. The second restart broke the waiter's watch: the waiter must
+// take that reset (or count the failed read as lost contact) before it
+// attempts, and so never hold the lock beside c.
+func TestResetDuringFailedReadAtWaitEnd(t *testing.T) {
+	t.Skip("bug: acquireHead's failed-read branch (suspectWait error) goes on to the next attempt without sub.takeReset(), " +
+		"and a failed read does not start a wait as a failed attempt does: the waiter acquires 30 ms after the second restart, beside c")
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		o := fastOpts()
+		ca, cc := client(t, store), client(t, store)
+		h := newLocker(t, ca, "h", o)
+		c := newLocker(t, cc, "c", o)
+		cw := &getHook{Backend: client(t, store)}
+		w := newLocker(t, cw, "w", o)
+		if _, err := h.TryAcquire(t.Context(), "k", nil); err != nil {
+			t.Fatal(err)
+		}
+		got := acquireAsync(t.Context(), w, "k")
+		time.Sleep(500 * time.Millisecond)
+		ca.Partition()
+		store.Restart(nil)
+		first := time.Now()
+		time.Sleep(o.TTL - 10*time.Millisecond)
+		var second time.Time
+		cw.mu.Lock()
+		cw.onGet = func() error {
+			cw.mu.Lock()
+			cw.onGet = nil // once
+			cw.mu.Unlock()
+			cc.Partition()
+			store.Restart(nil)
+			second = time.Now()
+			time.Sleep(30 * time.Millisecond) // the read fails after the first wait is over
+			return errors.New("injected: the store is restarting")
+		}
+		cw.mu.Unlock()
+		lc, err := c.TryAcquire(t.Context(), "k", nil) // it never heard of h's lease
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := <-got
+		if a.err != nil {
+			t.Fatalf("Acquire: %v", a.err)
+		}
+		defer a.lk.Release(context.Background())
+		if second.IsZero() {
+			t.Fatal("the waiter never read the key at c's acquisition; the test proves nothing")
+		}
+		if lc.Held() {
+			t.Fatalf("the waiter acquired %v after the first restart, %v after the second, while c, cut off, still held the lock",
+				a.at.Sub(first), a.at.Sub(second))
+		}
+		if d := a.at.Sub(second); d < o.TTL {
+			t.Errorf("acquired %v after the second restart, want no acquisition of the free key before a TTL (%v)", d, o.TTL)
+		}
+	})
+}
