@@ -400,13 +400,17 @@ func TestFreeKeyWaitLoggedOncePerWait(t *testing.T) {
 	})
 }
 
-// TestFailedReadDuringWaitRestartsIt: a follower waits after a reset (the
-// store restarted without its data, the leader cut off). During the wait a
-// read of the key fails: the follower lost contact with the store again,
-// which may have restarted again and lost a lease taken meanwhile, so the
-// wait starts over from that failure and the follower takes the free key
-// no sooner than a TTL after it.
-func TestFailedReadDuringWaitRestartsIt(t *testing.T) {
+// TestFailedReadDuringWaitDoesNotProlongIt: a follower waits after a reset
+// (the store restarted without its data, the leader cut off). During the
+// wait a read of the key fails, but its watch stays up: had the store
+// restarted again, the watch would have broken and prolonged the wait, so
+// the failure does not (failures that come and go must not keep a follower
+// waiting for ever; see TestIntermittentFailuresDoNotBlock). The follower
+// takes the free key when the wait that began at the restart ends: no
+// sooner than a TTL after the restart, and sooner than a TTL after the
+// failure. (Without a watch a failure does prolong the wait:
+// TestPollerFailureProlongsTheWait.)
+func TestFailedReadDuringWaitDoesNotProlongIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		o := fastOpts()
 		store := memorybackend.NewStore()
@@ -445,6 +449,7 @@ func TestFailedReadDuringWaitRestartsIt(t *testing.T) {
 		}
 		ca.Partition()
 		store.Restart(nil)
+		restart := time.Now()
 		time.Sleep(400 * time.Millisecond) // b waits, a TTL from the restart
 		// Someone takes the key: b reads it at the change, and the read fails.
 		failGet.Store(true)
@@ -468,8 +473,11 @@ func TestFailedReadDuringWaitRestartsIt(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		if d := time.Since(failed); d < o.TTL {
-			t.Errorf("b led %v after its read failed during the wait, want no acquisition of the free key before a TTL (%v)", d, o.TTL)
+		if d := time.Since(restart); d < o.TTL {
+			t.Errorf("b led %v after the restart, want no acquisition of the free key before a TTL (%v)", d, o.TTL)
+		}
+		if d := time.Since(failed); d >= o.TTL {
+			t.Errorf("b led %v after its read failed during the wait, want sooner than a TTL (%v): with the watch up, the failure does not prolong the wait", d, o.TTL)
 		}
 	})
 }

@@ -502,8 +502,6 @@ func (g *getHook) Get(ctx context.Context, key string) (backend.Record, error) {
 // take that reset (or count the failed read as lost contact) before it
 // attempts, and so never hold the lock beside c.
 func TestResetDuringFailedReadAtWaitEnd(t *testing.T) {
-	t.Skip("bug: acquireHead's failed-read branch (suspectWait error) goes on to the next attempt without sub.takeReset(), " +
-		"and a failed read does not start a wait as a failed attempt does: the waiter acquires 30 ms after the second restart, beside c")
 	synctest.Test(t, func(t *testing.T) {
 		store := memorybackend.NewStore()
 		o := fastOpts()
