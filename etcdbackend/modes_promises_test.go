@@ -2,8 +2,12 @@ package etcdbackend_test
 
 import (
 	"errors"
+	"fmt"
 	"maps"
+	"strings"
 	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/etcdbackend"
@@ -51,5 +55,137 @@ func TestModesSetMetadataRewritesIntents(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestModesDetachedRenewIsOwnerChecked: Renew of a Detached entry (whose
+// etcd lease is its own, so a keep-alive alone would succeed) checks the
+// entry first: once its intent on an ancestor has gone (deleted by hand),
+// the entry no longer protects its tree and Renew reports it lost, as for
+// an entry on a session (TestModesLostIntentLosesTheEntry).
+func TestModesDetachedRenewIsOwnerChecked(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	raw := newClient(t, nil, nil)
+	b := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: prefix})
+	req := modeRequest("a/b", "h", backend.Exclusive)
+	req.Ancestors = []string{"a"}
+	req.Detached = true
+	l, err := b.AcquireMode(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Renew(ctx, l); err != nil {
+		t.Fatalf("Renew with its intent: %v", err)
+	}
+	resp, err := raw.Delete(ctx, prefix+"a\x00i", clientv3.WithPrefix())
+	if err != nil || resp.Deleted != 1 {
+		t.Fatalf("deleting the intent by hand: deleted %d, err %v; want 1, nil", resp.Deleted, err)
+	}
+	if err := b.Renew(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Renew of a Detached entry without its intent: got %v, want ErrLeaseLost", err)
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Errorf("Release without its intent: got %v, want nil", err)
+	}
+}
+
+// TestModesReleaseAndCancelWaitFreeSessionRoom: a session lease is full
+// from a cap of keys this Backend holds on it, entries and waiter
+// registrations included; a released entry and a registration withdrawn by
+// CancelWait no longer count, so a Backend that keeps acquiring and
+// releasing, or registering and withdrawing, stays on one session lease.
+func TestModesReleaseAndCancelWaitFreeSessionRoom(t *testing.T) {
+	t.Cleanup(etcdbackend.SetSessionKeys(2))
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	raw := newClient(t, nil, nil)
+	opts := &etcdbackend.Options{Prefix: prefix}
+	b := newBackend(t, newClient(t, nil, nil), opts)
+	other := newBackend(t, newClient(t, nil, nil), opts)
+	var session int64
+	// onSession checks that the keys of b under key whose part after it
+	// starts with part are on b's first session lease.
+	onSession := func(what, key, part string) {
+		t.Helper()
+		n := 0
+		for k, id := range entryLeases(t, ctx, raw, prefix, key) {
+			if !strings.HasPrefix(k, key+"\x00"+part) {
+				continue
+			}
+			n++
+			if session == 0 {
+				session = id
+			}
+			if id != session {
+				t.Fatalf("%s: on lease %x, want the first session lease %x", what, id, session)
+			}
+		}
+		if n != 1 {
+			t.Fatalf("%s: got %d keys, want 1", what, n)
+		}
+	}
+	for i := range 3 {
+		key := fmt.Sprintf("e%d", i)
+		l, err := b.AcquireMode(ctx, modeRequest(key, "h", backend.Exclusive))
+		if err != nil {
+			t.Fatalf("AcquireMode(%q): %v", key, err)
+		}
+		onSession(fmt.Sprintf("entry %d, after %d released", i, i), key, "h")
+		if err := b.Release(ctx, l); err != nil {
+			t.Fatalf("Release(%q): %v", key, err)
+		}
+	}
+	held, err := other.AcquireMode(ctx, modeRequest("w", "other", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Release(ctx, held)
+	for i := range 3 {
+		w := modeRequest("w", "waiter", backend.Exclusive)
+		w.WaitID = fmt.Sprintf("w%d", i)
+		if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+			t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+		}
+		onSession(fmt.Sprintf("registration %d, after %d withdrawn", i, i), "w", "w")
+		if err := b.CancelWait(ctx, "w", w.WaitID); err != nil {
+			t.Fatalf("CancelWait: %v", err)
+		}
+	}
+}
+
+// TestModesAcquisitionForgetsItsRegistration: a waiter that acquires the
+// key has its registration deleted in the same transaction, and the
+// Backend forgets it too: what it remembers of registrations stays bounded
+// by the waiters still waiting, however many wait IDs come and go.
+func TestModesAcquisitionForgetsItsRegistration(t *testing.T) {
+	ctx := testCtx(t)
+	b, other := modesPair(t, nil, nil)
+	for _, fair := range []bool{false, true} {
+		held, err := other.AcquireMode(ctx, modeRequest("k", "other", backend.Exclusive))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := modeRequest("k", "waiter", backend.Exclusive)
+		w.WaitID, w.Fair = fmt.Sprintf("fair-%v", fair), fair
+		if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+			t.Fatalf("fair %v: AcquireMode of a held key: got %v, want ErrHeld", fair, err)
+		}
+		if !etcdbackend.KnowsWait(b, "k", w.WaitID) {
+			t.Fatalf("fair %v: registration not remembered after ErrHeld", fair)
+		}
+		if err := other.Release(ctx, held); err != nil {
+			t.Fatal(err)
+		}
+		l, err := b.AcquireMode(ctx, w)
+		if err != nil {
+			t.Fatalf("fair %v: AcquireMode after the release: %v", fair, err)
+		}
+		if etcdbackend.KnowsWait(b, "k", w.WaitID) {
+			t.Errorf("fair %v: registration still remembered after the waiter acquired", fair)
+		}
+		if err := b.Release(ctx, l); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
