@@ -189,3 +189,41 @@ func TestModesAcquisitionForgetsItsRegistration(t *testing.T) {
 		}
 	}
 }
+
+// TestModesHoldersSkipEntriesGoneSinceTheRead: Holders returns live
+// holders only: an entry whose lease ends after the key's entries were
+// read, before its TTL is looked up, is left out rather than reported with
+// no TTL.
+func TestModesHoldersSkipEntriesGoneSinceTheRead(t *testing.T) {
+	ctx := testCtx(t)
+	cli := newClient(t, nil, nil)
+	leases := &expiringLease{Lease: cli.Lease}
+	cli.Lease = leases
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: newPrefix()})
+	var held []backend.Lease
+	for _, h := range []string{"a", "b"} {
+		req := modeRequest("k", h, backend.Shared)
+		req.Detached = true // each on a lease of its own
+		l, err := b.AcquireMode(ctx, req)
+		if err != nil {
+			t.Fatalf("AcquireMode(%q): %v", h, err)
+		}
+		held = append(held, l)
+	}
+	leases.mu.Lock()
+	leases.end = clientv3.LeaseID(etcdbackend.LeaseOfToken(held[0].Token))
+	leases.mu.Unlock()
+	recs, err := b.Holders(ctx, "k")
+	if err != nil {
+		t.Fatalf("Holders: %v", err)
+	}
+	leases.mu.Lock()
+	looked := leases.end == 0
+	leases.mu.Unlock()
+	if !looked {
+		t.Fatal("Holders did not look up the lease of a's entry")
+	}
+	if len(recs) != 1 || recs[0].HolderID != "b" {
+		t.Errorf("Holders with a's lease ended after the read: got %+v, want b alone", recs)
+	}
+}
