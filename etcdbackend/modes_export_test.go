@@ -35,3 +35,12 @@ func OnWithdrawal(b *Backend, f func(stage string)) {
 	}
 	b.withdrawalHook.Store(&f)
 }
+
+// KnowsWait reports whether b remembers registration waitID of key (its
+// place in line).
+func KnowsWait(b *Backend, key, waitID string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.waits[waitMapKey(key, waitID)]
+	return ok
+}
