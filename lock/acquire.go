@@ -279,16 +279,13 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 			default:
 				failures++
 				lastErr = err
-				if failures == 1 && sub.ch == nil {
-					// Without a watch a failure is the only sign that
-					// the store went down again. With one, a restart
-					// breaks it (taken below); failures that come and go
-					// must not keep the waiter waiting for ever.
-					suspect()
-				}
 				if !l.waitTurn(ctx, sub, anc, w.wake, backoff(p.renewInterval, failures), 0) {
 					return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
 				}
+				// A restart during the failed read broke the watch: the
+				// wait starts again from it. The failure itself does
+				// not (failures that come and go must not keep the
+				// waiter waiting for ever).
 				if sub.takeReset() {
 					suspect()
 				}
