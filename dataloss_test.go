@@ -383,17 +383,7 @@ func leaderAndPoller(t *testing.T, o *sovereign.Options, failHB bool) (a, b *sov
 	t.Cleanup(func() { ca.Close(); cb.Close() })
 	log = &callLog{Backend: cb}
 	log.failHB.Store(failHB)
-	start := func(be backend.Backend, id string) *sovereign.Elector {
-		e, err := sovereign.New(be, "election", id, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		if err := e.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
+	start := func(be backend.Backend, id string) *sovereign.Elector { return startOn(t, be, id, o, nil) }
 	a = start(ca, "a")
 	time.Sleep(100 * time.Millisecond)
 	return a, start(log, "b"), log
@@ -509,18 +499,7 @@ func leaderAndGated(t *testing.T, o *sovereign.Options) (store *memorybackend.St
 	t.Cleanup(func() { ca.Close(); cb.Close() })
 	gb = &gated{Backend: cb}
 	rec = &electortest.Recorder{}
-	start := func(be backend.Backend, id string) *sovereign.Elector {
-		e, err := sovereign.New(be, "election", id, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rec.Attach(e)
-		t.Cleanup(func() { e.Close() })
-		if err := e.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
+	start := func(be backend.Backend, id string) *sovereign.Elector { return startOn(t, be, id, o, rec) }
 	a = start(ca, "a")
 	time.Sleep(100 * time.Millisecond)
 	b = start(gb, "b")
@@ -650,17 +629,7 @@ func TestIntermittentFailuresDoNotBlock(t *testing.T) {
 		ca, cb := store.Client(), store.Client()
 		t.Cleanup(func() { ca.Close(); cb.Close() })
 		fb := &flaky{Backend: cb}
-		start := func(be backend.Backend, id string) *sovereign.Elector {
-			e, err := sovereign.New(be, "election", id, o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { e.Close() })
-			if err := e.Start(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-			return e
-		}
+		start := func(be backend.Backend, id string) *sovereign.Elector { return startOn(t, be, id, o, nil) }
 		a := start(ca, "a")
 		time.Sleep(100 * time.Millisecond)
 		b := start(fb, "b")
@@ -699,18 +668,7 @@ func TestPollerFailureProlongsTheWait(t *testing.T) {
 		t.Cleanup(func() { ca.Close(); cb.Close(); cc.Close() })
 		log := &callLog{Backend: cb}
 		rec := &electortest.Recorder{}
-		start := func(be backend.Backend, id string) *sovereign.Elector {
-			e, err := sovereign.New(be, "election", id, o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rec.Attach(e)
-			t.Cleanup(func() { e.Close() })
-			if err := e.Start(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-			return e
-		}
+		start := func(be backend.Backend, id string) *sovereign.Elector { return startOn(t, be, id, o, rec) }
 		a := start(ca, "a")
 		time.Sleep(100 * time.Millisecond)
 		b := start(log, "b")
@@ -765,4 +723,22 @@ func TestPollerFailureProlongsTheWait(t *testing.T) {
 		synctest.Wait()
 		electortest.CheckNoOverlap(t, rec.Intervals())
 	})
+}
+
+// startOn makes and starts an elector of "election" with id on be, closed
+// when the test ends; rec, when not nil, records its terms.
+func startOn(t *testing.T, be backend.Backend, id string, o *sovereign.Options, rec *electortest.Recorder) *sovereign.Elector {
+	t.Helper()
+	e, err := sovereign.New(be, "election", id, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec != nil {
+		rec.Attach(e)
+	}
+	t.Cleanup(func() { e.Close() })
+	if err := e.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
