@@ -53,8 +53,8 @@ func TestFirstWatchAfterFailureIsAReset(t *testing.T) {
 		o := fastOpts()
 		store := memorybackend.NewStore()
 		ca, cb := store.Client(), store.Client()
-		defer ca.Close()
-		defer cb.Close()
+		t.Cleanup(func() { ca.Close() })
+		t.Cleanup(func() { cb.Close() })
 		var mu sync.Mutex
 		var restart time.Time // guarded by mu
 		restarted := func() time.Time {
@@ -76,24 +76,10 @@ func TestFirstWatchAfterFailureIsAReset(t *testing.T) {
 			return nil
 		}}
 		rec := &electortest.Recorder{}
-		var es []*sovereign.Elector
-		for _, x := range []struct {
-			be backend.Backend
-			id string
-		}{{ca, "a"}, {wb, "b"}} {
-			e, err := sovereign.New(x.be, "election", x.id, o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer e.Close()
-			rec.Attach(e)
-			if err := e.Start(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-			es = append(es, e)
-			time.Sleep(100 * time.Millisecond)
-		}
-		a, b := es[0], es[1]
+		a := startOn(t, ca, "a", o, rec)
+		time.Sleep(100 * time.Millisecond)
+		b := startOn(t, wb, "b", o, rec)
+		time.Sleep(100 * time.Millisecond)
 		if !a.IsLeader() {
 			t.Fatal("a does not lead")
 		}
@@ -123,7 +109,7 @@ func TestStartedDuringShortOutageLeadsOnceBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		o := fastOpts()
 		mem := memorybackend.New()
-		defer mem.Close()
+		t.Cleanup(func() { mem.Close() })
 		mem.Partition()
 		e, err := sovereign.New(mem, "election", "a", o)
 		if err != nil {
@@ -162,7 +148,7 @@ func TestOldLeaderNotHeldBackByStepDownFailures(t *testing.T) {
 		o := fastOpts()
 		store := memorybackend.NewStore()
 		cl := store.Client()
-		defer cl.Close()
+		t.Cleanup(func() { cl.Close() })
 		var hbFailed atomic.Int32
 		failHB := atomic.Bool{}
 		h := &hooked{Backend: cl, onHB: func(context.Context) (error, bool) {
@@ -261,8 +247,8 @@ func TestKnownLeaseKeptThroughAFreeRead(t *testing.T) {
 		o := fastOpts()
 		store := memorybackend.NewStore()
 		ca, cb := store.Client(), store.Client()
-		defer ca.Close()
-		defer cb.Close()
+		t.Cleanup(func() { ca.Close() })
+		t.Cleanup(func() { cb.Close() })
 		var staleReads atomic.Int32
 		hb := &hooked{Backend: cb, onGet: func(context.Context, string) (backend.Record, error, bool) {
 			if staleReads.Load() > 0 {
@@ -272,24 +258,10 @@ func TestKnownLeaseKeptThroughAFreeRead(t *testing.T) {
 			return backend.Record{}, nil, false
 		}}
 		rec := &electortest.Recorder{}
-		var es []*sovereign.Elector
-		for _, x := range []struct {
-			be backend.Backend
-			id string
-		}{{ca, "a"}, {hb, "b"}} {
-			e, err := sovereign.New(x.be, "election", x.id, o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer e.Close()
-			rec.Attach(e)
-			if err := e.Start(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-			es = append(es, e)
-			time.Sleep(100 * time.Millisecond)
-		}
-		a, b := es[0], es[1]
+		a := startOn(t, ca, "a", o, rec)
+		time.Sleep(100 * time.Millisecond)
+		b := startOn(t, hb, "b", o, rec)
+		time.Sleep(100 * time.Millisecond)
 		time.Sleep(time.Second)
 		if !a.IsLeader() || b.Status().Leader.HolderID != "a" {
 			t.Fatalf("want a leading and b following a; b follows %q", b.Status().Leader.HolderID)
@@ -346,9 +318,9 @@ func TestFreeKeyWaitLoggedOncePerWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memorybackend.NewStore()
 		ca, cb, raw := store.Client(), store.Client(), store.Client()
-		defer ca.Close()
-		defer cb.Close()
-		defer raw.Close()
+		t.Cleanup(func() { ca.Close() })
+		t.Cleanup(func() { cb.Close() })
+		t.Cleanup(func() { raw.Close() })
 		var logged atomic.Int32
 		ob := fastOpts()
 		ob.Logger = slog.New(countHandler{prefix: "sovereign: the key is free after a reset", n: &logged})
@@ -415,9 +387,9 @@ func TestFailedReadDuringWaitDoesNotProlongIt(t *testing.T) {
 		o := fastOpts()
 		store := memorybackend.NewStore()
 		ca, cb, raw := store.Client(), store.Client(), store.Client()
-		defer ca.Close()
-		defer cb.Close()
-		defer raw.Close()
+		t.Cleanup(func() { ca.Close() })
+		t.Cleanup(func() { cb.Close() })
+		t.Cleanup(func() { raw.Close() })
 		var failGet atomic.Bool
 		var getFailed atomic.Int32
 		hb := &hooked{Backend: cb, onGet: func(context.Context, string) (backend.Record, error, bool) {
@@ -554,8 +526,8 @@ func TestFailedAttemptStartsTheWait(t *testing.T) {
 				o := fastOpts()
 				store := memorybackend.NewStore()
 				ca, cb := store.Client(), store.Client()
-				defer ca.Close()
-				defer cb.Close()
+				t.Cleanup(func() { ca.Close() })
+				t.Cleanup(func() { cb.Close() })
 				var mu sync.Mutex
 				var attempts int
 				var failed time.Time // guarded by mu
@@ -574,24 +546,10 @@ func TestFailedAttemptStartsTheWait(t *testing.T) {
 					return nil
 				}}
 				rec := &electortest.Recorder{}
-				var es []*sovereign.Elector
-				for _, x := range []struct {
-					be backend.Backend
-					id string
-				}{{ca, "a"}, {hb, "b"}} {
-					e, err := sovereign.New(x.be, "election", x.id, o)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer e.Close()
-					rec.Attach(e)
-					if err := e.Start(t.Context()); err != nil {
-						t.Fatal(err)
-					}
-					es = append(es, e)
-					time.Sleep(100 * time.Millisecond)
-				}
-				a, b := es[0], es[1]
+				a := startOn(t, ca, "a", o, rec)
+				time.Sleep(100 * time.Millisecond)
+				b := startOn(t, hb, "b", o, rec)
+				time.Sleep(100 * time.Millisecond)
 				if !a.IsLeader() {
 					t.Fatal("a does not lead")
 				}
@@ -639,19 +597,8 @@ func TestWaitReadsOnce(t *testing.T) {
 				if !ea.IsLeader() || eb.IsLeader() {
 					t.Fatal("want a leading and b following")
 				}
-				failed := make(chan struct{}, 1)
-				eb.Subscribe(func(ev sovereign.Event) {
-					if f, ok := ev.(sovereign.ElectionFailed); ok && strings.Contains(f.Err.Error(), "injected heartbeat failure") {
-						select {
-						case failed <- struct{}{}:
-						default:
-						}
-					}
-				})
-				b.failHB.Store(true)
-				<-failed
+				b.failHeartbeatOnce(eb)
 				n := len(b.since(0))
-				b.failHB.Store(false)
 				ea.Close() // releases; b, polling, learns it at its next call
 				if !free {
 					// Someone else takes the key (through b's client, unlogged).
@@ -682,27 +629,13 @@ func TestResignedLeaderWaitsAfterReset(t *testing.T) {
 		o := fastOpts()
 		store := memorybackend.NewStore()
 		ca, cb := store.Client(), store.Client()
-		defer ca.Close()
-		defer cb.Close()
+		t.Cleanup(func() { ca.Close() })
+		t.Cleanup(func() { cb.Close() })
 		rec := &electortest.Recorder{}
-		var es []*sovereign.Elector
-		for _, x := range []struct {
-			be backend.Backend
-			id string
-		}{{ca, "a"}, {cb, "b"}} {
-			e, err := sovereign.New(x.be, "election", x.id, o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer e.Close()
-			rec.Attach(e)
-			if err := e.Start(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-			es = append(es, e)
-			time.Sleep(100 * time.Millisecond)
-		}
-		a, b := es[0], es[1]
+		a := startOn(t, ca, "a", o, rec)
+		time.Sleep(100 * time.Millisecond)
+		b := startOn(t, cb, "b", o, rec)
+		time.Sleep(100 * time.Millisecond)
 		time.Sleep(time.Second)
 		if !a.IsLeader() {
 			t.Fatal("a does not lead")

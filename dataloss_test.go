@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -365,9 +364,29 @@ func (c *callLog) Get(ctx context.Context, key string) (backend.Record, error) {
 	return c.Backend.Get(ctx, key)
 }
 
+var errInjectedHB = errors.New("injected heartbeat failure")
+
+// failHeartbeatOnce fails e's heartbeats through c until e reports one
+// failed (ElectionFailed), then lets them through again.
+func (c *callLog) failHeartbeatOnce(e *sovereign.Elector) {
+	failed := make(chan struct{}, 1)
+	unsubscribe := e.Subscribe(func(ev sovereign.Event) {
+		if f, ok := ev.(sovereign.ElectionFailed); ok && errors.Is(f.Err, errInjectedHB) {
+			select {
+			case failed <- struct{}{}:
+			default:
+			}
+		}
+	})
+	defer unsubscribe()
+	c.failHB.Store(true)
+	<-failed
+	c.failHB.Store(false)
+}
+
 func (c *callLog) Heartbeat(ctx context.Context, key, id string, ttl time.Duration) error {
 	if c.failHB.Load() {
-		return errors.New("injected heartbeat failure")
+		return errInjectedHB
 	}
 	return c.Backend.Heartbeat(ctx, key, id, ttl)
 }
@@ -383,10 +402,9 @@ func leaderAndPoller(t *testing.T, o *sovereign.Options, failHB bool) (a, b *sov
 	t.Cleanup(func() { ca.Close(); cb.Close() })
 	log = &callLog{Backend: cb}
 	log.failHB.Store(failHB)
-	start := func(be backend.Backend, id string) *sovereign.Elector { return startOn(t, be, id, o, nil) }
-	a = start(ca, "a")
+	a = startOn(t, ca, "a", o, nil)
 	time.Sleep(100 * time.Millisecond)
-	return a, start(log, "b"), log
+	return a, startOn(t, log, "b", o, nil), log
 }
 
 // TestHeartbeatFailureStartsTheWait: a follower whose heartbeat failed has
@@ -403,19 +421,8 @@ func TestHeartbeatFailureStartsTheWait(t *testing.T) {
 		if !ea.IsLeader() || eb.IsLeader() {
 			t.Fatal("want a leading and b following")
 		}
-		failed := make(chan struct{}, 1)
-		eb.Subscribe(func(ev sovereign.Event) {
-			if f, ok := ev.(sovereign.ElectionFailed); ok && strings.Contains(f.Err.Error(), "injected heartbeat failure") {
-				select {
-				case failed <- struct{}{}:
-				default:
-				}
-			}
-		})
-		b.failHB.Store(true)
-		<-failed
+		b.failHeartbeatOnce(eb)
 		n := len(b.since(0))
-		b.failHB.Store(false)
 		time.Sleep(2 * o.TTL)
 		synctest.Wait()
 		calls := b.since(n)
@@ -499,10 +506,9 @@ func leaderAndGated(t *testing.T, o *sovereign.Options) (store *memorybackend.St
 	t.Cleanup(func() { ca.Close(); cb.Close() })
 	gb = &gated{Backend: cb}
 	rec = &electortest.Recorder{}
-	start := func(be backend.Backend, id string) *sovereign.Elector { return startOn(t, be, id, o, rec) }
-	a = start(ca, "a")
+	a = startOn(t, ca, "a", o, rec)
 	time.Sleep(100 * time.Millisecond)
-	b = start(gb, "b")
+	b = startOn(t, gb, "b", o, rec)
 	time.Sleep(time.Second)
 	synctest.Wait()
 	if !a.IsLeader() || b.IsLeader() {
@@ -629,10 +635,9 @@ func TestIntermittentFailuresDoNotBlock(t *testing.T) {
 		ca, cb := store.Client(), store.Client()
 		t.Cleanup(func() { ca.Close(); cb.Close() })
 		fb := &flaky{Backend: cb}
-		start := func(be backend.Backend, id string) *sovereign.Elector { return startOn(t, be, id, o, nil) }
-		a := start(ca, "a")
+		a := startOn(t, ca, "a", o, nil)
 		time.Sleep(100 * time.Millisecond)
-		b := start(fb, "b")
+		b := startOn(t, fb, "b", o, nil)
 		time.Sleep(time.Second)
 		fb.on.Store(true)
 		time.Sleep(3 * time.Second)
@@ -668,32 +673,17 @@ func TestPollerFailureProlongsTheWait(t *testing.T) {
 		t.Cleanup(func() { ca.Close(); cb.Close(); cc.Close() })
 		log := &callLog{Backend: cb}
 		rec := &electortest.Recorder{}
-		start := func(be backend.Backend, id string) *sovereign.Elector { return startOn(t, be, id, o, rec) }
-		a := start(ca, "a")
+		a := startOn(t, ca, "a", o, rec)
 		time.Sleep(100 * time.Millisecond)
-		b := start(log, "b")
-		c := start(cc, "c")
+		b := startOn(t, log, "b", o, rec)
+		c := startOn(t, cc, "c", o, rec)
 		time.Sleep(2 * time.Second) // b polls a's lease
 		synctest.Wait()
 		if !a.IsLeader() || b.IsLeader() || c.IsLeader() {
 			t.Fatal("want a leading, b and c following")
 		}
-		failed := make(chan struct{}, 1)
-		b.Subscribe(func(ev sovereign.Event) {
-			if f, ok := ev.(sovereign.ElectionFailed); ok && strings.Contains(f.Err.Error(), "injected heartbeat failure") {
-				select {
-				case failed <- struct{}{}:
-				default:
-				}
-			}
-		})
-		failOnce := func() {
-			log.failHB.Store(true)
-			<-failed
-			log.failHB.Store(false)
-		}
 		n := len(log.since(0))
-		failOnce() // b's wait begins at its next attempt, with a read
+		log.failHeartbeatOnce(b) // b's wait begins at its next attempt, with a read
 		if err := a.Resign(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -709,7 +699,7 @@ func TestPollerFailureProlongsTheWait(t *testing.T) {
 		cc.Partition()
 		restart := time.Now()
 		store.Restart(nil)
-		failOnce() // during the wait
+		log.failHeartbeatOnce(b) // during the wait
 		for time.Since(restart) < o.TTL+time.Second && !b.IsLeader() {
 			time.Sleep(time.Millisecond)
 		}
@@ -741,4 +731,47 @@ func startOn(t *testing.T, be backend.Backend, id string, o *sovereign.Options, 
 		t.Fatal(err)
 	}
 	return e
+}
+
+// TestRestartWithoutPersistenceSameIDTwin: the leader's twin (an instance
+// started with the same ID, as a rolling deploy can leave for a while)
+// follows it. The store restarts without its data while the leader is cut
+// off; the twin's own ID on the lost lease earns it nothing: it waits a TTL
+// like any follower, whether it sees the break before its attempt or while
+// an acquisition is in flight.
+func TestRestartWithoutPersistenceSameIDTwin(t *testing.T) {
+	for _, inflight := range []bool{false, true} {
+		t.Run(fmt.Sprintf("in flight %v", inflight), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				o := fastOpts()
+				store := memorybackend.NewStore()
+				ca, cb := store.Client(), store.Client()
+				t.Cleanup(func() { ca.Close(); cb.Close() })
+				g := &gated{Backend: cb}
+				rec := &electortest.Recorder{}
+				a := startOn(t, ca, "a", o, rec)
+				time.Sleep(100 * time.Millisecond)
+				twin := startOn(t, g, "a", o, rec)
+				time.Sleep(time.Second)
+				synctest.Wait()
+				if !a.IsLeader() || twin.IsLeader() {
+					t.Fatal("want a leading and its twin following")
+				}
+				var proceed chan struct{}
+				if inflight {
+					var entered chan struct{}
+					entered, proceed = g.acquire.arm()
+					<-entered // the twin's next look at the key
+				}
+				ca.Partition()
+				restart := time.Now()
+				store.Restart(nil)
+				synctest.Wait()
+				if proceed != nil {
+					close(proceed)
+				}
+				leadsAfterATTL(t, twin, o, restart, rec)
+			})
+		})
+	}
 }

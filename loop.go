@@ -144,9 +144,11 @@ func (e *Elector) campaignStep() (until time.Time, wait bool) {
 }
 
 // suspect starts (or prolongs) a wait after this elector lost contact with
-// the store it had heard from: its watch was re-established, or
-// established after failing (EventReset), or an attempt, a read or a
-// heartbeat failed while it campaigned. The store may have restarted in between,
+// the store it had heard from: its watch broke (watchReceived), was
+// re-established, or established after failing (EventReset), or broke
+// while an acquisition was in flight (crossedReset), or an attempt, a read
+// or a heartbeat failed while it campaigned (see failureProlongs). The
+// store may have restarted in between,
 // and a store that restarted may have lost a lease whose holder still
 // leads until its own renew deadline. Only that lease's TTL ends it (the
 // absence of a record is no proof that its holder stopped), and it was
@@ -184,25 +186,21 @@ func (e *Elector) lookAfterReset(ctx context.Context, ls *loopState) {
 	cctx, cancel := context.WithTimeout(ctx, e.opts.RequestTimeout)
 	rec, err := e.b.Get(cctx, e.name)
 	cancel()
+	if err == nil || errors.Is(err, backend.ErrNotHeld) {
+		e.backendOK()
+		ls.failures = 0
+	}
 	known := ls.knownAtReset
 	switch {
 	case err == nil && known.Token != "" && rec.Token == known.Token && rec.Term == known.Term:
-		e.backendOK()
-		ls.failures = 0
 		ls.suspectUntil, ls.knownAtReset = time.Time{}, Record{}
 		ls.nextAttempt = time.Now() // the attempt learns the holder's TTL, as before the reset
 	case err == nil:
-		e.backendOK()
-		ls.failures = 0
-		ls.answered = true
 		e.setLeader(rec)
 		e.observeHolder(rec)
 		e.setState(Follower)
 		ls.nextAttempt = ls.suspectUntil
 	case errors.Is(err, backend.ErrNotHeld):
-		e.backendOK()
-		ls.failures = 0
-		ls.answered = true
 		e.setLeader(Record{})
 		e.setState(Candidate)
 		if !ls.waitLogged {

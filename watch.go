@@ -90,12 +90,10 @@ func (e *Elector) watchReceived(ctx context.Context, ev backend.Event, ok bool) 
 // watchBroke reports, without blocking, whether the subscription's channel
 // has closed or holds an EventReset among the events waiting in it: the
 // connection to the store broke since the runner last received from it.
-// What it receives is kept, in order, for poll.
+// What it receives is kept, in order, for poll. The subscription must be
+// established (w.ch not nil).
 func (e *Elector) watchBroke() bool {
 	w := &e.w
-	if w.ch == nil {
-		return true
-	}
 	// Bounded, in case events keep coming as fast as they are taken.
 	for range 1024 {
 		if n := len(w.stash); n > 0 && !w.stash[n-1].ok {

@@ -255,6 +255,19 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 			}
 		}
 	}
+	// pause waits up to d before the next attempt (see waitTurn) and takes
+	// a reset or break of the watch that came meanwhile: the store may
+	// have restarted, and the wait starts again from it. It returns false
+	// when ctx ended.
+	pause := func(d time.Duration, ahead int) bool {
+		if !l.waitTurn(ctx, sub, anc, w.wake, d, ahead) {
+			return false
+		}
+		if sub.takeReset() {
+			suspect()
+		}
+		return true
+	}
 	for {
 		ahead = 0 // unless the attempt below says otherwise
 		sub.ensure()
@@ -267,27 +280,21 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 			case err == nil && wait == 0:
 				suspectUntil = time.Time{}
 			case err == nil:
-				if !l.waitTurn(ctx, sub, anc, w.wake, wait, 0) {
+				if !pause(wait, 0) {
 					return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
-				}
-				if sub.takeReset() {
-					suspect()
 				}
 				continue
 			case ctx.Err() != nil:
 				return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
 			default:
+				// A failed read does not prolong the wait (failures
+				// that come and go must not keep the waiter waiting for
+				// ever); a restart during it broke the watch, which
+				// pause takes.
 				failures++
 				lastErr = err
-				if !l.waitTurn(ctx, sub, anc, w.wake, backoff(p.renewInterval, failures), 0) {
+				if !pause(backoff(p.renewInterval, failures), 0) {
 					return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
-				}
-				// A restart during the failed read broke the watch: the
-				// wait starts again from it. The failure itself does
-				// not (failures that come and go must not keep the
-				// waiter waiting for ever).
-				if sub.takeReset() {
-					suspect()
 				}
 				continue
 			}
@@ -377,11 +384,8 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 			// lapses while this caller waits.
 			wait = min(wait, p.ttl/3)
 		}
-		if !l.waitTurn(ctx, sub, anc, w.wake, wait, ahead) {
+		if !pause(wait, ahead) {
 			return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
-		}
-		if sub.takeReset() {
-			suspect()
 		}
 	}
 }
@@ -418,13 +422,15 @@ func (l *Locker) suspectWait(ctx context.Context, key string, p params, register
 				return 0, nil
 			}
 		}
-		if k == key && len(recs) > 0 {
+		switch {
+		case k != key:
+		case len(recs) > 0:
 			held := &HeldError{Key: key, Holder: userRecord(recs[0]), Holders: make([]backend.Record, len(recs))}
 			for i, r := range recs {
 				held.Holders[i] = userRecord(r)
 			}
 			q.setLastHeld(held)
-		} else if k == key {
+		default:
 			l.log.Info("lock: the key is free after a reset; waiting a TTL before acquiring, in case the store lost a live lease", "key", key)
 		}
 	}

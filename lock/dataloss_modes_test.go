@@ -48,17 +48,7 @@ func TestStoreRestartModesHolderCut(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					got := make(chan time.Time, 1)
-					go func() {
-						lb, err := waiter.Acquire(t.Context(), tc.waitKey, tc.waiterOpts)
-						if err != nil {
-							t.Errorf("waiter: %v", err)
-							got <- time.Time{}
-							return
-						}
-						got <- time.Now()
-						lb.Release(context.Background())
-					}()
+					got := acquireAsync(t.Context(), waiter, tc.waitKey, tc.waiterOpts)
 					time.Sleep(500 * time.Millisecond)
 					synctest.Wait()
 					if !keep {
@@ -73,11 +63,12 @@ func TestStoreRestartModesHolderCut(t *testing.T) {
 							t.Fatalf("Release: %v", err)
 						}
 					}
-					at := <-got
-					if at.IsZero() {
-						return
+					a := <-got
+					if a.err != nil {
+						t.Fatalf("waiter: %v", a.err)
 					}
-					took := at.Sub(restart)
+					defer a.lk.Release(context.Background())
+					took := a.at.Sub(restart)
 					switch {
 					case keep && took > 100*time.Millisecond:
 						t.Errorf("waiter acquired %v after the release, want at once: the store kept the lease the waiter knew", took)

@@ -14,23 +14,6 @@ import (
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
-// acquireAsync starts l.Acquire(ctx, key) in a goroutine; the channel
-// delivers the lock (nil on error), the error and when the call returned.
-func acquireAsync(ctx context.Context, l *lock.Locker, key string) <-chan acquired {
-	ch := make(chan acquired, 1)
-	go func() {
-		lk, err := l.Acquire(ctx, key, nil)
-		ch <- acquired{lk, err, time.Now()}
-	}()
-	return ch
-}
-
-type acquired struct {
-	lk  *lock.Lock
-	err error
-	at  time.Time
-}
-
 // TestStartedDuringShortOutageAcquiresOnceBack: a waiter that started
 // while the store was down never heard from it, so it knows of no lease the
 // store could have lost: its failed attempts start no wait, and it takes
@@ -41,7 +24,7 @@ func TestStartedDuringShortOutageAcquiresOnceBack(t *testing.T) {
 		cw := client(t, store)
 		w := newLocker(t, cw, "w", fastOpts())
 		cw.Partition()
-		got := acquireAsync(t.Context(), w, "k")
+		got := acquireAsync(t.Context(), w, "k", nil)
 		time.Sleep(300 * time.Millisecond) // less than a TTL
 		cw.Heal()
 		healed := time.Now()
@@ -75,7 +58,7 @@ func TestLongOutageWaitRunsFromFirstFailure(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := acquireAsync(t.Context(), w, "k")
+		got := acquireAsync(t.Context(), w, "k", nil)
 		time.Sleep(500 * time.Millisecond)
 		cw.Partition()
 		time.Sleep(500 * time.Millisecond)
@@ -110,7 +93,7 @@ func TestStoreRestartDataKeptHandsOverAtOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := acquireAsync(t.Context(), w, "k")
+		got := acquireAsync(t.Context(), w, "k", nil)
 		time.Sleep(500 * time.Millisecond)
 		store.Restart(&memorybackend.RestartOptions{KeepLeases: true})
 		time.Sleep(50 * time.Millisecond)
@@ -150,7 +133,7 @@ func TestSecondResetDuringWaitRestartsIt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := acquireAsync(t.Context(), w, "k")
+		got := acquireAsync(t.Context(), w, "k", nil)
 		time.Sleep(500 * time.Millisecond)
 		ca.Partition()
 		store.Restart(nil)
@@ -195,7 +178,7 @@ func TestWaitEndsJustAfterTheTTL(t *testing.T) {
 		if _, err := h.TryAcquire(t.Context(), "k", nil); err != nil {
 			t.Fatal(err)
 		}
-		got := acquireAsync(t.Context(), w, "k")
+		got := acquireAsync(t.Context(), w, "k", nil)
 		time.Sleep(500 * time.Millisecond)
 		ca.Partition()
 		restart := time.Now()
@@ -227,7 +210,7 @@ func TestGiveUpDuringWaitNamesLastHolder(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
-		got := acquireAsync(ctx, w, "k")
+		got := acquireAsync(ctx, w, "k", nil)
 		time.Sleep(500 * time.Millisecond)
 		ca.Partition()
 		store.Restart(nil)
@@ -276,7 +259,7 @@ func TestWaitReadsOnce(t *testing.T) {
 		if _, err := h.TryAcquire(t.Context(), "k", nil); err != nil {
 			t.Fatal(err)
 		}
-		got := acquireAsync(t.Context(), w, "k")
+		got := acquireAsync(t.Context(), w, "k", nil)
 		time.Sleep(500 * time.Millisecond)
 		before := cw.gets.Load()
 		ca.Partition()
@@ -337,7 +320,7 @@ func TestFailedAttemptStartsTheWait(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a := <-acquireAsync(t.Context(), w, "k")
+		a := <-acquireAsync(t.Context(), w, "k", nil)
 		if a.err != nil {
 			t.Fatalf("Acquire: %v", a.err)
 		}
@@ -419,7 +402,7 @@ func TestEventResetStartsTheWait(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := acquireAsync(t.Context(), w, "k")
+		got := acquireAsync(t.Context(), w, "k", nil)
 		time.Sleep(500 * time.Millisecond)
 		ca.Partition()
 		restart := time.Now()
@@ -454,7 +437,7 @@ func TestFailedReadsDuringWaitBackOff(t *testing.T) {
 		}
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		got := acquireAsync(ctx, w, "k")
+		got := acquireAsync(ctx, w, "k", nil)
 		time.Sleep(500 * time.Millisecond)
 		before := cw.gets.Load()
 		cw.fail.Store(true)
@@ -513,7 +496,7 @@ func TestResetDuringFailedReadAtWaitEnd(t *testing.T) {
 		if _, err := h.TryAcquire(t.Context(), "k", nil); err != nil {
 			t.Fatal(err)
 		}
-		got := acquireAsync(t.Context(), w, "k")
+		got := acquireAsync(t.Context(), w, "k", nil)
 		time.Sleep(500 * time.Millisecond)
 		ca.Partition()
 		store.Restart(nil)

@@ -85,17 +85,7 @@ func acquisitionInFlightAcrossRestart(t *testing.T, holdOpts, waiterOpts *lock.A
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := make(chan time.Time, 1)
-		go func() {
-			lb, err := waiter.Acquire(t.Context(), "k", waiterOpts)
-			if err != nil {
-				t.Errorf("waiter: %v", err)
-				got <- time.Time{}
-				return
-			}
-			got <- time.Now()
-			lb.Release(context.Background())
-		}()
+		got := acquireAsync(t.Context(), waiter, "k", waiterOpts)
 		time.Sleep(100 * time.Millisecond)
 		synctest.Wait() // the waiter found the key held and waits
 		entered, proceed := hb.arm()
@@ -108,11 +98,12 @@ func acquisitionInFlightAcrossRestart(t *testing.T, holdOpts, waiterOpts *lock.A
 		store.Restart(nil)
 		synctest.Wait()
 		close(proceed) // the attempt reaches the empty store
-		at := <-got
-		if at.IsZero() {
-			return
+		a := <-got
+		if a.err != nil {
+			t.Fatalf("waiter: %v", a.err)
 		}
-		if took := at.Sub(restart); took < opts.TTL {
+		defer a.lk.Release(context.Background())
+		if took := a.at.Sub(restart); took < opts.TTL {
 			t.Errorf("waiter acquired %v after the restart, want no acquisition of the free key before a TTL (%v)", took, opts.TTL)
 		}
 	})

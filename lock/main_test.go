@@ -101,3 +101,20 @@ func (s *spy) ValidateKey(key string) error {
 	}
 	return s.Backend.ValidateKey(key)
 }
+
+// acquireAsync starts l.Acquire(ctx, key, opts) in a goroutine; the channel
+// delivers the lock (nil on error), the error and when the call returned.
+func acquireAsync(ctx context.Context, l *lock.Locker, key string, opts *lock.AcquireOptions) <-chan acquired {
+	ch := make(chan acquired, 1)
+	go func() {
+		lk, err := l.Acquire(ctx, key, opts)
+		ch <- acquired{lk, err, time.Now()}
+	}()
+	return ch
+}
+
+type acquired struct {
+	lk  *lock.Lock
+	err error
+	at  time.Time
+}

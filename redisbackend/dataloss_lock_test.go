@@ -21,19 +21,21 @@ import (
 var errCut = errors.New("test: client cut off from the server")
 
 // cutHook cuts a client off from the server (every command and dial fails)
-// once cut is set, and can hold back the client's next EVALSHA until the
+// once cut is set, and can hold back one of the client's EVALSHAs until the
 // test lets it go.
 type cutHook struct {
 	cut              atomic.Bool
 	mu               sync.Mutex
+	skip             int // EVALSHAs to let through before the one held
 	entered, proceed chan struct{}
 }
 
-// holdNextScript makes the next EVALSHA close entered when it is about to
-// be sent, then wait for proceed to close.
-func (h *cutHook) holdNextScript() (entered, proceed chan struct{}) {
+// holdScript makes the EVALSHA after the next skip ones close entered when
+// it is about to be sent, then wait for proceed to close.
+func (h *cutHook) holdScript(skip int) (entered, proceed chan struct{}) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.skip = skip
 	h.entered, h.proceed = make(chan struct{}), make(chan struct{})
 	return h.entered, h.proceed
 }
@@ -55,8 +57,12 @@ func (h *cutHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		if cmd.Name() == "evalsha" {
 			h.mu.Lock()
-			entered, proceed := h.entered, h.proceed
-			h.entered, h.proceed = nil, nil
+			var entered, proceed chan struct{}
+			if h.entered != nil && h.skip == 0 {
+				entered, proceed = h.entered, h.proceed
+				h.entered, h.proceed = nil, nil
+			}
+			h.skip--
 			h.mu.Unlock()
 			if entered != nil {
 				close(entered)
@@ -122,6 +128,8 @@ func lockAcquisitionInFlightAcrossRestart(t *testing.T, o *lock.AcquireOptions) 
 		at  time.Time
 		err error
 	}
+	// The waiter's first attempt finds the key held; its next is held back.
+	entered, proceed := hb.holdScript(1)
 	got := make(chan result, 1)
 	go func() {
 		lb, err := b.Acquire(ctx, "job", o)
@@ -130,9 +138,6 @@ func lockAcquisitionInFlightAcrossRestart(t *testing.T, o *lock.AcquireOptions) 
 			_ = lb.Release(ctx)
 		}
 	}()
-	// The waiter's first attempt finds the key held; hold back its next.
-	time.Sleep(100 * time.Millisecond)
-	entered, proceed := hb.holdNextScript()
 	select {
 	case <-entered:
 	case <-time.After(5 * time.Second):
