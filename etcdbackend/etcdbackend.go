@@ -108,7 +108,16 @@
 // in the batch with two requests sent together, however many they are (the
 // sessions of a batch concurrently): a keep-alive of the session lease, and
 // a look-up of the keys attached to it (TimeToLive with
-// its keys, no raft write). A lease is renewed when its key is attached to
+// its keys, no raft write). While the Backend's watch is up (any Watch of
+// it, an elector's or a Locker's, keeps one) and has delivered no change
+// that the look-up could see differently from what this Backend knows
+// since the last one (a key held here deleted or put on another lease, a
+// key it does not hold put on a session lease it holds keys on, a
+// heartbeat record changed), the keep-alive goes alone: an idle holder
+// renews with one request, as a concurrency.Session does. A look-up sent
+// before a change did not see it either, so the owner check finds a key
+// deleted by hand as soon as before: at the first renewal after the watch
+// delivered the deletion. A lease is renewed when its key is attached to
 // the session and this Backend attached it with that lease's token and has
 // neither released it nor found it lost since; otherwise it alone is lost
 // (deleted by hand, taken by another holder, or acquired again here after
@@ -319,7 +328,8 @@
 // trip (0: a read-only transaction checking the entry and its intents, and
 // a keep-alive of the session, sent together); RenewBatch 2 requests per
 // session however many entries and plain keys ride on it (0: the session's
-// keep-alive and look-up); Release 1 (1: the transaction); SetMetadata 1
+// keep-alive and look-up), 1 while the watch covers the look-up (see
+// above); Release 1 (1: the transaction); SetMetadata 1
 // (1); CancelWait 1 (1),
 // whoever made the registration; Holders 1 range read plus a look-up per
 // holder (0); Get 1 plus 1 or 2 look-ups (0). A Detached entry: AcquireMode
@@ -557,6 +567,11 @@ type Backend struct {
 	// (from before their transaction is sent until they are recorded in
 	// owned or have failed): RenewBatch's sweep of orphans skips them.
 	pending map[string]int
+	// looked holds, by session lease with keys held here, the mark of its
+	// last look-up that succeeded; lookChanges counts the changes the
+	// watch delivered that a look-up could see (see coveredRenewal).
+	looked      map[clientv3.LeaseID]lookMark
+	lookChanges uint64
 
 	ka kaStream // the keep-alive stream (see keepAliveOnce)
 
@@ -614,6 +629,7 @@ func New(client *clientv3.Client, opts *Options) (*Backend, error) {
 		hbSessions: make(map[int64]*hbSession),
 		owned:      make(map[clientv3.LeaseID]map[string]string),
 		pending:    make(map[string]int),
+		looked:     make(map[clientv3.LeaseID]lookMark),
 	}, nil
 }
 

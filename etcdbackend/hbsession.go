@@ -351,9 +351,12 @@ func (b *Backend) hostSession(s *hbSession, now time.Time) clientv3.LeaseID {
 
 // hostLookedUp takes the look-up of the keys attached to session lease id
 // that RenewBatch made as the look-up of the heartbeat records riding on it.
-// It skips a heartbeat session whose batch is under way (the next renewal
-// will do), so a renewal never waits for a heartbeat.
-func (b *Backend) hostLookedUp(id clientv3.LeaseID, keys [][]byte) {
+// With covered, RenewBatch made none, the watch having delivered no change
+// of a heartbeat record since the last one (coveredRenewal): what the
+// records' session knows of them stands. It skips a heartbeat session
+// whose batch is under way (the next renewal will do), so a renewal never
+// waits for a heartbeat.
+func (b *Backend) hostLookedUp(id clientv3.LeaseID, keys [][]byte, covered bool) {
 	ss := b.hbSessionList()
 	if len(ss) == 0 {
 		return // no heartbeats here: nothing rides on the session
@@ -370,7 +373,7 @@ func (b *Backend) hostLookedUp(id clientv3.LeaseID, keys [][]byte) {
 			continue
 		}
 		s.hosts[id] = now
-		if s.on == id {
+		if s.on == id && !covered {
 			// Keys not refreshed here may be another heartbeat session's
 			// (of another TTL) riding on the same session: not adopted.
 			s.looked(hb, now, now, false)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sovereign-go/sovereign/backend"
@@ -105,7 +106,7 @@ func renewPassAllocs(t *testing.T, n int) float64 {
 		if orphans := b.checkSession(id, leases, items, errs, attached); len(orphans) != 0 {
 			t.Fatalf("orphans: %d, want none", len(orphans))
 		}
-		b.hostLookedUp(id, attached)
+		b.hostLookedUp(id, attached, false)
 	})
 	if err := errors.Join(errs...); err != nil {
 		t.Fatalf("check: %v", err)
@@ -116,4 +117,84 @@ func renewPassAllocs(t *testing.T, n int) float64 {
 		}
 	}
 	return allocs
+}
+
+// TestLookCouldSee: the changes a renewal's look-up could find differently
+// from what the Backend knows, and only those, call for the next look-up
+// (coveredRenewal): a deletion of a key held here, a put of a key not held
+// here on a session lease this Backend holds keys on (an orphan), a put of
+// a key held here on another lease, and any change of a heartbeat record;
+// not a put of a held key on its own lease, a change of another Backend's
+// keys on leases of its own, or the lease mark.
+func TestLookCouldSee(t *testing.T) {
+	const id, other = clientv3.LeaseID(7), clientv3.LeaseID(9)
+	b := checkBackend()
+	b.own(id, "held", "t")
+	b.own(id, "e\x00h", "t") // an entry of backend.Modes
+	put := func(k string, lease clientv3.LeaseID) *clientv3.Event {
+		return &clientv3.Event{Type: clientv3.EventTypePut, Kv: &mvccpb.KeyValue{Key: []byte(k), Lease: int64(lease)}}
+	}
+	del := func(k string) *clientv3.Event {
+		return &clientv3.Event{Type: clientv3.EventTypeDelete, Kv: &mvccpb.KeyValue{Key: []byte(k)}}
+	}
+	for _, c := range []struct {
+		what string
+		ev   *clientv3.Event
+		want bool
+	}{
+		{"deletion of a held key", del("p/held"), true},
+		{"deletion of a held entry", del("p/e\x00h"), true},
+		{"deletion of another key", del("p/free"), false},
+		{"put of a held key on its lease", put("p/held", id), false},
+		{"put of a held key on another lease", put("p/held", other), true},
+		{"put of another key on a held session", put("p/orphan", id), true},
+		{"put of another key on another lease", put("p/theirs", other), false},
+		{"put of a heartbeat record", put("p/e/heartbeat/a", other), true},
+		{"deletion of a heartbeat record", del("p/e/heartbeat/a"), true},
+		{"put of the lease mark", put("p/\x00lease/7", id), false},
+		{"put outside the prefix", put("q/orphan", id), false},
+	} {
+		b.mu.Lock()
+		got := b.lookCouldSee(c.ev)
+		b.mu.Unlock()
+		if got != c.want {
+			t.Errorf("%s: got %v, want %v", c.what, got, c.want)
+		}
+	}
+}
+
+// TestForgetLookMark: once this Backend holds nothing on a session lease,
+// its look-up mark is forgotten (a key put on that lease meanwhile is not
+// counted by noteEvents), so the first renewal after it holds a key there
+// again looks up; likewise when the lease is forgotten.
+func TestForgetLookMark(t *testing.T) {
+	const id = clientv3.LeaseID(7)
+	b := checkBackend()
+	b.looked = make(map[clientv3.LeaseID]lookMark)
+	b.own(id, "a", "t")
+	b.own(id, "b", "t")
+	b.lookedUp(id, lookMark{cover: 1})
+	b.disown(id, "a", "t")
+	if _, ok := b.looked[id]; !ok {
+		t.Fatal("mark forgotten while a key is still held")
+	}
+	b.disown(id, "b", "t")
+	if _, ok := b.looked[id]; ok {
+		t.Error("mark kept after the last key was disowned")
+	}
+	b.own(id, "a", "t")
+	b.lookedUp(id, lookMark{cover: 1})
+	b.forgetLease(id)
+	if _, ok := b.looked[id]; ok {
+		t.Error("mark kept after the lease was forgotten")
+	}
+	b.lookedUp(id, lookMark{cover: 1})
+	if _, ok := b.looked[id]; ok {
+		t.Error("mark recorded for a lease with no key held")
+	}
+	b.own(id, "a", "t")
+	b.lookedUp(id, lookMark{})
+	if _, ok := b.looked[id]; ok {
+		t.Error("mark recorded for a look-up the watch did not follow")
+	}
 }

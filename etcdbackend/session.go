@@ -484,6 +484,9 @@ func (b *Backend) disownLocked(id clientv3.LeaseID, key, token string) {
 		delete(m, key)
 		if len(m) == 0 {
 			delete(b.owned, id)
+			// Keys put on id while none is held here are not counted
+			// (noteEvents): the next renewal on id looks up.
+			delete(b.looked, id)
 		}
 	}
 }
@@ -493,6 +496,7 @@ func (b *Backend) forgetLease(id clientv3.LeaseID) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.owned, id)
+	delete(b.looked, id)
 }
 
 // owns reports whether this Backend acquired key with token on session
@@ -806,7 +810,9 @@ var _ backend.BatchRenewer = (*Backend)(nil)
 // RenewBatch implements backend.BatchRenewer. The leases on one session of
 // this Backend cost two requests together, sent at once, however many they
 // are: a keep-alive of the session lease, and a look-up of the keys attached
-// to it (a lease TimeToLive with its keys; no raft write). Each lease is
+// to it (a lease TimeToLive with its keys; no raft write), which the
+// Backend's watch makes needless while it is up and has delivered no change
+// the look-up could see (see coveredRenewal). Each lease is
 // then checked on its own: it is renewed when its key is attached to the
 // session and this Backend acquired that key with the lease's token and has
 // neither released it nor found it lost since; otherwise it is lost (a key
@@ -879,12 +885,17 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 // renewSession renews leases[i] for each i of items, all on session lease
 // id, setting errs[i]; see RenewBatch.
 func (b *Backend) renewSession(ctx context.Context, id clientv3.LeaseID, leases []backend.Lease, items []int, errs []error) {
+	// Read before the look-up is sent, so that a change the watch
+	// delivers while it is under way calls for the next one.
+	mark, covered := b.coveredRenewal(id)
 	var (
 		ttl    *clientv3.LeaseTimeToLiveResponse
 		ttlErr error
 		wg     sync.WaitGroup
 	)
-	wg.Go(func() { ttl, ttlErr = b.cli.TimeToLive(ctx, id, clientv3.WithAttachedKeys()) })
+	if !covered {
+		wg.Go(func() { ttl, ttlErr = b.cli.TimeToLive(ctx, id, clientv3.WithAttachedKeys()) })
+	}
 	kaErr := b.keepSession(ctx, id)
 	wg.Wait()
 	if kaErr != nil || ttlErr != nil {
@@ -901,13 +912,120 @@ func (b *Backend) renewSession(ctx context.Context, id clientv3.LeaseID, leases 
 		}
 		return
 	}
+	if covered {
+		b.checkHeld(id, leases, items, errs, nil, true)
+		b.hostLookedUp(id, nil, true)
+		return
+	}
 	// Checked after the reply: an acquisition committed before the
 	// look-up is recorded in owned by now, or still pending.
 	orphans := b.checkSession(id, leases, items, errs, ttl.Keys)
-	b.hostLookedUp(id, ttl.Keys)
+	b.lookedUp(id, mark)
+	b.hostLookedUp(id, ttl.Keys, false)
 	if len(orphans) > 0 {
 		b.deleteOrphans(ctx, id, orphans, ttl.Revision)
 	}
+}
+
+// lookMark is what a look-up of the keys attached to a session lease was
+// sent under: the cover of the Backend's watch (watchCover) and the count
+// of changes it had delivered that a look-up could see (noteEvents).
+type lookMark struct {
+	cover, changes uint64
+}
+
+// coveredRenewal returns the mark to record if a look-up of the keys
+// attached to session lease id succeeds now, and reports whether this
+// renewal can do without one (covered): when the Backend's watch has been
+// established, without a break, a reset or a gap, since the last look-up
+// of id that succeeded was sent, the connection is up, and the watch has
+// delivered no change since that a look-up could see (noteEvents: a key
+// this Backend holds deleted or put on another lease, a key it does not
+// hold put on a lease it holds keys on, a heartbeat record changed), the
+// look-up would find what this Backend knows, so the keep-alive alone
+// renews: an idle holder with a watch sends one request per renewal, as an
+// etcd concurrency.Session does, instead of two (issue #13). A change that
+// the watch has not delivered yet was not seen either by a look-up sent
+// before it happened, which is what the look-up of every renewal gave: the
+// window in which a key deleted by hand is still renewed stays one
+// renewal interval, plus the watch's delivery.
+func (b *Backend) coveredRenewal(id clientv3.LeaseID) (lookMark, bool) {
+	cover, live := b.watchCover()
+	if !live {
+		cover = 0 // a look-up now is not followed by the watch
+	}
+	b.mu.Lock()
+	last, ok := b.looked[id]
+	now := lookMark{cover: cover, changes: b.lookChanges}
+	b.mu.Unlock()
+	return now, live && ok && last == now && ready(b.cli)
+}
+
+// lookedUp records that a look-up of the keys attached to session lease id,
+// sent under mark, succeeded and was checked, if id still has keys here.
+func (b *Backend) lookedUp(id clientv3.LeaseID, mark lookMark) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if mark.cover != 0 && len(b.owned[id]) > 0 {
+		b.looked[id] = mark
+	}
+}
+
+// noteEvents counts the changes among events, delivered by the Backend's
+// watch, that a look-up of the keys attached to a session lease could see
+// differently from what this Backend knows (see coveredRenewal), so that
+// the next renewal of each session looks up. It costs a map look-up per
+// held session for each event, and nothing while no renewal relies on the
+// watch. Changes made here (an acquisition whose event comes before it is
+// recorded, a release) count too: the next renewal looks up, as every
+// renewal did before.
+func (b *Backend) noteEvents(events []*clientv3.Event) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.looked) == 0 {
+		return
+	}
+	for _, ev := range events {
+		if b.lookCouldSee(ev) {
+			b.lookChanges++
+			return
+		}
+	}
+}
+
+// lookCouldSee reports whether ev changes what a look-up of the keys
+// attached to a session lease would find, against what this Backend
+// knows. b.mu is held.
+func (b *Backend) lookCouldSee(ev *clientv3.Event) bool {
+	k := ev.Kv.Key
+	if len(k) < len(b.prefix) || string(k[:len(b.prefix)]) != b.prefix {
+		return false
+	}
+	key := k[len(b.prefix):]
+	if bytes.HasPrefix(key, leaseMarkPartBytes) {
+		return false // a lease mark: the look-up skips it
+	}
+	if bytes.Contains(key, heartbeatInfixBytes) {
+		return true // a heartbeat record, maybe one riding on a session
+	}
+	heldOn := func() (clientv3.LeaseID, bool) {
+		for id, m := range b.owned {
+			if _, ok := m[string(key)]; ok {
+				return id, true
+			}
+		}
+		return 0, false
+	}
+	if ev.Type == mvccpb.DELETE {
+		_, held := heldOn()
+		return held
+	}
+	if m, ok := b.owned[clientv3.LeaseID(ev.Kv.Lease)]; ok {
+		_, held := m[string(key)]
+		return !held // on a session lease here, not held: an orphan
+	}
+	_, held := heldOn()
+	return held // held here, now on another lease
 }
 
 // checkSession is the owner check of RenewBatch for leases[i], i in items,
@@ -926,6 +1044,13 @@ func (b *Backend) renewSession(ctx context.Context, id clientv3.LeaseID, leases 
 // keys costs a constant number of allocations, not one or more per key
 // (issue #13).
 func (b *Backend) checkSession(id clientv3.LeaseID, leases []backend.Lease, items []int, errs []error, attached [][]byte) []string {
+	return b.checkHeld(id, leases, items, errs, attached, false)
+}
+
+// checkHeld is checkSession, or, when covered, its check without a look-up
+// (see coveredRenewal): every key this Backend holds on id is taken as
+// attached, and no orphan is returned.
+func (b *Backend) checkHeld(id clientv3.LeaseID, leases []backend.Lease, items []int, errs []error, attached [][]byte, covered bool) []string {
 	sc := checkScratchPool.Get().(*checkScratch)
 	defer sc.release()
 	// The keys to find, without the prefix: each lease's key, or its
@@ -962,6 +1087,11 @@ func (b *Backend) checkSession(id clientv3.LeaseID, leases []backend.Lease, item
 	sc.found = slices.Grow(sc.found[:0], len(slot))[:len(slot)]
 	found := sc.found
 	clear(found) // release cleared it too: this does not rely on that
+	if covered {
+		for j := range found {
+			found[j] = true
+		}
+	}
 	var orphans []string
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -149,7 +150,34 @@ type watchHub struct {
 	n    int                        // number of open subscriptions
 	run  *hubRun                    // the etcd watch serving them; nil when none
 	gone bool                       // removed from hubs: Watch takes a new hub
+	// cover changes (to a new value of coverSeq) whenever the watch may
+	// have missed a change: it is established, breaks or resets (see
+	// watchCover).
+	cover uint64
 }
+
+// coverSeq gives watchHub.cover its values, unique across hubs, so that a
+// hub made after another has gone never repeats one of its values.
+var coverSeq atomic.Uint64
+
+// watchCover returns the cover of b's hub and whether its etcd watch is
+// established now: while it stays established with the same cover, every
+// change under b's prefix since cover was read is delivered to dispatch,
+// in order, with no gap (see coveredRenewal).
+func (b *Backend) watchCover() (cover uint64, live bool) {
+	hubs.mu.Lock()
+	h := hubs.m[b]
+	hubs.mu.Unlock()
+	if h == nil {
+		return 0, false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cover, !h.gone && h.run != nil && h.run.isLive
+}
+
+// newCoverLocked marks a change of h's cover. h.mu is held.
+func (h *watchHub) newCoverLocked() { h.cover = coverSeq.Add(1) }
 
 // subscription is one Watch call.
 type subscription struct {
@@ -321,6 +349,7 @@ func (h *watchHub) setLive(r *hubRun, live bool) {
 	if live {
 		r.lastErr = nil
 	}
+	h.newCoverLocked()
 }
 
 // end is the last thing r's goroutine does. When r ended by itself (the
@@ -612,6 +641,7 @@ func (h *watchHub) dispatch(r *hubRun, resp clientv3.WatchResponse) {
 	if h.run != r {
 		return // stopped: nobody listens to r any more
 	}
+	h.b.noteEvents(resp.Events)
 	for i, ev := range resp.Events {
 		k := ev.Kv.Key
 		if len(k) < len(prefix) || string(k[:len(prefix)]) != prefix {
@@ -694,6 +724,7 @@ func (h *watchHub) resetAll(r *hubRun) {
 		h.mu.Unlock()
 		return
 	}
+	h.newCoverLocked()
 	var full []*subscription
 	for key, subs := range h.subs {
 		h.b.setSeenHeld(key, false) // the store may have lost data
