@@ -180,7 +180,9 @@ func next(t *testing.T, ch <-chan backend.Event) backend.Event {
 // heartbeat rides on the session), as an etcd concurrency.Session does; yet
 // a deletion of its key by hand still ends its lead, at its next renewal.
 func TestIdleLeaderSendsKeepAlivesOnly(t *testing.T) {
-	c := newCandidates(t, nil, 1, nil, nil) // TTL 1 s: RenewInterval 333 ms, heartbeats every 500 ms
+	// TTL 3 s: RenewInterval 1 s, heartbeats every 1.5 s; the records ride
+	// on the session while it was renewed within 1.5 s.
+	c := newCandidates(t, nil, 1, &sovereign.Options{TTL: 3 * time.Second}, nil)
 	l := c.leader(nil)
 	lost := make(chan sovereign.LeadershipLost, 1)
 	defer l.e.Subscribe(func(ev sovereign.Event) {
