@@ -341,11 +341,14 @@ func (e *Elector) noteLateEvent(t *leaderTerm, ls *loopState, ev backend.Event) 
 }
 
 // leaderWatchEvent acts on a watch event while leading: after a
-// re-established watch (the store may have restarted and lost the lease) or
-// someone else's acquisition (it may have), renew now, so a lost lease is
-// noticed within a round trip.
+// re-established watch (the store may have restarted and lost the lease),
+// someone else's acquisition (it may have), or a release or expiry of the
+// key (a leader releases only after its lead ended: the key was deleted by
+// hand, or the lease ended at the store), renew now, so a lost lease is
+// noticed within a round trip rather than at the next renewal.
 func (e *Elector) leaderWatchEvent(hold *keeper.Hold, ev backend.Event) {
-	if ev.Type == backend.EventReset || ev.Type == backend.EventChanged {
+	switch ev.Type {
+	case backend.EventReset, backend.EventChanged, backend.EventReleased, backend.EventExpired:
 		hold.RenewNow()
 	}
 }

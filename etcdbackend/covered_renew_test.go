@@ -232,3 +232,35 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond) // polling, bounded above
 	}
 }
+
+// TestLeaderSeesItsKeyDeleted: a leader whose key is deleted by hand learns
+// it from its watch and renews at once, finding the loss within a round
+// trip, not at its next renewal (20 s away here): the window in which a
+// follower can lead beside it is the watch's delivery, not RenewInterval.
+func TestLeaderSeesItsKeyDeleted(t *testing.T) {
+	c := newCandidates(t, nil, 1, &sovereign.Options{TTL: 60 * time.Second}, nil) // RenewInterval 20 s
+	l := c.leader(nil)
+	lost := make(chan sovereign.LeadershipLost, 1)
+	defer l.e.Subscribe(func(ev sovereign.Event) {
+		if ev, ok := ev.(sovereign.LeadershipLost); ok {
+			select {
+			case lost <- ev:
+			default:
+			}
+		}
+	})()
+	// Past the renewal its own acquisition's event brings.
+	waitUntil(t, "a renewal", func() bool { return l.n.byMethod()["LeaseKeepAlive"] >= 1 })
+	raw := newClient(t, nil, nil)
+	if _, err := raw.Delete(testCtx(t), c.prefix+c.name); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-lost:
+		if ev.Reason != sovereign.ReasonLeaseLost {
+			t.Errorf("lead ended with %v (%v), want %v", ev.Reason, ev.Err, sovereign.ReasonLeaseLost)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the leader whose key was deleted still leads 10 s later")
+	}
+}
