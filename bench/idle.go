@@ -21,7 +21,9 @@ type idleRates struct {
 // too), Sovereign on etcd and etcd concurrency.Election (counted with gRPC
 // interceptors: unary calls plus messages sent on streams). All three run
 // at once over the same window, after settle.
-func (e *env) idle(ttl, settle, window time.Duration) (map[string]idleRates, error) {
+//
+// renew, if not zero, is Sovereign's RenewInterval (see electionCadence).
+func (e *env) idle(ttl, renew, settle, window time.Duration) (map[string]idleRates, error) {
 	name := e.name(fmt.Sprintf("idle%d", int(ttl/time.Second)))
 	var sov []*sovCandidate
 	var els []*elCandidate
@@ -35,7 +37,7 @@ func (e *env) idle(ttl, settle, window time.Duration) (map[string]idleRates, err
 	}()
 	for _, k := range []kind{kindRedis, kindEtcd} {
 		for _, id := range []string{"a", "b"} {
-			c, err := e.newSovCandidate(k, name+"-"+string(k), fmt.Sprintf("%s-%s-%s", name, k, id), sovereign.Options{TTL: ttl})
+			c, err := e.newSovCandidate(k, name+"-"+string(k), fmt.Sprintf("%s-%s-%s", name, k, id), sovereign.Options{TTL: ttl, RenewInterval: renew})
 			if err != nil {
 				return nil, err
 			}
@@ -118,4 +120,14 @@ func (e *env) idle(ttl, settle, window time.Duration) (map[string]idleRates, err
 		colSovEtcd:  {perMin(e1l - e0l), perMin(e1f - e0f)},
 		colElection: {perMin(c1l - c0l), perMin(c1f - c0f)},
 	}, nil
+}
+
+// electionCadence is how often an etcd concurrency.Session sends its
+// keep-alive at lease TTL ttl: the client schedules the next one TTL/3
+// after a reply and sends it on the first tick of its 500 ms ticker after
+// that, so about every TTL/3 rounded up to 500 ms (3.5 s at TTL 10 s, 1 s
+// at TTL 2 s).
+func electionCadence(ttl time.Duration) time.Duration {
+	const tick = 500 * time.Millisecond
+	return (ttl/3 + tick - 1) / tick * tick
 }

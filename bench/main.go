@@ -32,6 +32,7 @@ type config struct {
 	idleSettle   time.Duration
 	idleWindow   time.Duration
 	idleTTLs     []time.Duration
+	idleCadence  string
 	many         []manySpec
 	manyTTL      time.Duration
 	manyJitter   time.Duration
@@ -125,6 +126,8 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.ttl, "ttl", 2*time.Second, "lease/session TTL of the hand-over and crash scenarios (whole seconds, for etcd)")
 	fs.DurationVar(&c.idleSettle, "idle-settle", 12*time.Second, "wait before counting idle requests")
 	fs.DurationVar(&c.idleWindow, "idle-window", time.Minute, "window over which idle requests are counted (scaled to a minute)")
+	fs.StringVar(&c.idleCadence, "idle-cadence", "default", "Sovereign's renewal cadence in the idle scenario: default (RenewInterval TTL/3), "+
+		"or election (the cadence of an etcd session's keep-alives at the row's TTL: TTL/3 rounded up to its 500 ms tick)")
 	idleTTLs := fs.String("idle-ttl", "10s,2s", "comma-separated TTLs of the idle scenario, each used by every implementation "+
 		"(Sovereign Options.TTL, etcd session TTL; whole seconds); 10s is Sovereign's default")
 	many := fs.String("many", "memory/redis/cluster/etcd/election:1000/10000",
@@ -317,14 +320,20 @@ func run(cfg config) error {
 	}
 	if cfg.only["idle"] {
 		for _, ttl := range cfg.idleTTLs {
-			progress("idle requests at TTL %v: settle %v, window %v", ttl, cfg.idleSettle, cfg.idleWindow)
-			m, err := e.idle(ttl, cfg.idleSettle, cfg.idleWindow)
+			var renew time.Duration // Sovereign's default
+			label := fmt.Sprintf("TTL %v", ttl)
+			if cfg.idleCadence == "election" {
+				renew = electionCadence(ttl)
+				label = fmt.Sprintf("TTL %v, Sovereign RenewInterval %v", ttl, renew)
+			}
+			progress("idle requests at %s: settle %v, window %v", label, cfg.idleSettle, cfg.idleWindow)
+			m, err := e.idle(ttl, renew, cfg.idleSettle, cfg.idleWindow)
 			if err != nil {
 				return err
 			}
 			for _, col := range []string{colSovRedis, colSovEtcd, colElection} {
-				r.add(fmt.Sprintf("Idle leader: backend requests/min (TTL %v)", ttl), col, "%.1f", m[col].leader)
-				r.add(fmt.Sprintf("Idle follower: backend requests/min (TTL %v)", ttl), col, "%.1f", m[col].follower)
+				r.add(fmt.Sprintf("Idle leader: backend requests/min (%s)", label), col, "%.1f", m[col].leader)
+				r.add(fmt.Sprintf("Idle follower: backend requests/min (%s)", label), col, "%.1f", m[col].follower)
 			}
 		}
 	}
