@@ -198,3 +198,29 @@ func TestForgetLookMark(t *testing.T) {
 		t.Error("mark recorded for a look-up the watch did not follow")
 	}
 }
+
+// TestNoteEventsBeforeFirstMark: a change delivered while the first look-up
+// of a session is in flight (no mark recorded yet) is counted, so the mark
+// that look-up records, read before it was sent, does not match and the
+// next renewal looks up again; with no key held on a session, nothing is
+// counted.
+func TestNoteEventsBeforeFirstMark(t *testing.T) {
+	const id = clientv3.LeaseID(7)
+	b := checkBackend()
+	b.looked = make(map[clientv3.LeaseID]lookMark)
+	del := []*clientv3.Event{{Type: clientv3.EventTypeDelete, Kv: &mvccpb.KeyValue{Key: []byte("p/held")}}}
+	b.noteEvents(del)
+	if b.lookChanges != 0 {
+		t.Errorf("nothing held: %d changes counted, want 0", b.lookChanges)
+	}
+	b.own(id, "held", "t")
+	mark := lookMark{cover: 1, changes: b.lookChanges} // read before the look-up is sent
+	b.noteEvents(del)                                  // delivered while it is in flight
+	b.lookedUp(id, mark)
+	b.mu.Lock()
+	stale := b.looked[id] != lookMark{cover: 1, changes: b.lookChanges}
+	b.mu.Unlock()
+	if !stale {
+		t.Error("a deletion delivered during the first look-up left its mark current: the next renewal would skip the look-up")
+	}
+}

@@ -975,14 +975,16 @@ func (b *Backend) lookedUp(id clientv3.LeaseID, mark lookMark) {
 // watch, that a look-up of the keys attached to a session lease could see
 // differently from what this Backend knows (see coveredRenewal), so that
 // the next renewal of each session looks up. It costs a map look-up per
-// held session for each event, and nothing while no renewal relies on the
-// watch. Changes made here (an acquisition whose event comes before it is
+// held session for each event, and nothing while this Backend holds no key
+// on a session. Changes made here (an acquisition whose event comes before it is
 // recorded, a release) count too: the next renewal looks up, as every
 // renewal did before.
 func (b *Backend) noteEvents(events []*clientv3.Event) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.looked) == 0 {
+	// Not len(b.looked): a change delivered while the first look-up of a
+	// session is in flight must count against the mark it will record.
+	if len(b.owned) == 0 {
 		return
 	}
 	for _, ev := range events {
