@@ -178,21 +178,12 @@ func next(t *testing.T, ch <-chan backend.Event) backend.Event {
 // TestIdleLeaderSendsKeepAlivesOnly: an idle leader over etcd, with its
 // watch up, renews with one request (the session's keep-alive; its
 // heartbeat rides on the session), as an etcd concurrency.Session does; yet
-// a deletion of its key by hand still ends its lead, at its next renewal.
+// a deletion of its key by hand still ends its lead.
 func TestIdleLeaderSendsKeepAlivesOnly(t *testing.T) {
 	// TTL 3 s: RenewInterval 1 s, heartbeats every 1.5 s; the records ride
 	// on the session while it was renewed within 1.5 s.
 	c := newCandidates(t, nil, 1, &sovereign.Options{TTL: 3 * time.Second}, nil)
 	l := c.leader(nil)
-	lost := make(chan sovereign.LeadershipLost, 1)
-	defer l.e.Subscribe(func(ev sovereign.Event) {
-		if ev, ok := ev.(sovereign.LeadershipLost); ok {
-			select {
-			case lost <- ev:
-			default:
-			}
-		}
-	})()
 	keepAlives := func(n int64) {
 		t.Helper()
 		waitUntil(t, fmt.Sprintf("%d keep-alives", n), func() bool { return l.n.byMethod()["LeaseKeepAlive"] >= n })
@@ -207,6 +198,22 @@ func TestIdleLeaderSendsKeepAlivesOnly(t *testing.T) {
 		t.Errorf("idle leader, over %d renewals: requests %v, want keep-alives only", got["LeaseKeepAlive"], got)
 	}
 
+	deleteLeaderKey(t, c, l)
+}
+
+// deleteLeaderKey deletes the key of c's election by hand, and waits for
+// its leader l to lose its lead with ReasonLeaseLost, failing after 10 s.
+func deleteLeaderKey(t *testing.T, c *candidates, l *candidate) {
+	t.Helper()
+	lost := make(chan sovereign.LeadershipLost, 1)
+	defer l.e.Subscribe(func(ev sovereign.Event) {
+		if ev, ok := ev.(sovereign.LeadershipLost); ok {
+			select {
+			case lost <- ev:
+			default:
+			}
+		}
+	})()
 	raw := newClient(t, nil, nil)
 	if _, err := raw.Delete(testCtx(t), c.prefix+c.name); err != nil {
 		t.Fatal(err)
@@ -240,27 +247,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 func TestLeaderSeesItsKeyDeleted(t *testing.T) {
 	c := newCandidates(t, nil, 1, &sovereign.Options{TTL: 60 * time.Second}, nil) // RenewInterval 20 s
 	l := c.leader(nil)
-	lost := make(chan sovereign.LeadershipLost, 1)
-	defer l.e.Subscribe(func(ev sovereign.Event) {
-		if ev, ok := ev.(sovereign.LeadershipLost); ok {
-			select {
-			case lost <- ev:
-			default:
-			}
-		}
-	})()
 	// Past the renewal its own acquisition's event brings.
 	waitUntil(t, "a renewal", func() bool { return l.n.byMethod()["LeaseKeepAlive"] >= 1 })
-	raw := newClient(t, nil, nil)
-	if _, err := raw.Delete(testCtx(t), c.prefix+c.name); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case ev := <-lost:
-		if ev.Reason != sovereign.ReasonLeaseLost {
-			t.Errorf("lead ended with %v (%v), want %v", ev.Reason, ev.Err, sovereign.ReasonLeaseLost)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the leader whose key was deleted still leads 10 s later")
-	}
+	deleteLeaderKey(t, c, l)
 }
