@@ -1,0 +1,239 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sovereign-go/sovereign/lock"
+	"github.com/sovereign-go/sovereign/memorybackend"
+)
+
+// onLost is a Metrics whose Lost runs f (set before the first loss).
+type onLost struct {
+	lock.NopMetrics
+	f func()
+}
+
+func (m *onLost) Lost(string, string) { m.f() }
+
+// TestHeldChecksTheClock: Held, and the owner-checked calls, look at the
+// deadline themselves rather than wait for the step-down timer. Two locks
+// share a deadline; while the first one's step-down is reported (from the
+// timer's callback, which steps them down one after the other), the second
+// are past their deadline but not stepped down yet. Locks 0 and 1 are asked
+// Held, 2 and 3 SetMetadata (which would step them down first): one of each
+// pair is still up when the first loss is reported.
+func TestHeldChecksTheClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := client(t, store)
+		hook := &onLost{}
+		o := fastOpts()
+		o.Metrics = hook
+		l := newLocker(t, &batchingMemory{Backend: c}, "a", o) // one timer steps every lock down, in turn
+		var locks [4]*lock.Lock
+		for i := range locks {
+			lk, err := l.TryAcquire(t.Context(), lock.Key("k", string(rune('a'+i))), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			locks[i] = lk
+		}
+		var (
+			first    atomic.Bool
+			held     [2]bool
+			metadata [2]error
+			at       time.Time
+			done     = make(chan struct{})
+		)
+		hook.f = func() {
+			if first.Swap(true) {
+				return
+			}
+			at = time.Now()
+			held[0], held[1] = locks[0].Held(), locks[1].Held()
+			for i, lk := range locks[2:] {
+				metadata[i] = lk.SetMetadata(context.Background(), map[string]string{"late": "yes"})
+			}
+			close(done)
+		}
+		c.Partition() // no renewal succeeds: both reach the same deadline
+		synctest.Wait()
+		time.Sleep(time.Second)
+		select {
+		case <-done:
+		default:
+			t.Fatal("no loss reported within 1s")
+		}
+		for i := range 2 {
+			if held[i] {
+				t.Errorf("lock %d: Held at %v, past its deadline %v: got true, want false", i, at, locks[i].Deadline())
+			}
+			if !errors.Is(metadata[i], lock.ErrLockLost) {
+				t.Errorf("lock %d: SetMetadata past its deadline: got %v, want ErrLockLost", i+2, metadata[i])
+			}
+		}
+		c.Heal()
+	})
+}
+
+// TestSetMetadataAfterLoss: SetMetadata on a lock past its deadline fails
+// with ErrLockLost and changes nothing, though the store still keeps the
+// lease (until its TTL); after Release it reports ErrReleased.
+func TestSetMetadataAfterLoss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		l := newLocker(t, client(t, store), "a", fastOpts())
+		lk, err := l.TryAcquire(t.Context(), "k", &lock.AcquireOptions{NoRenew: true, Metadata: map[string]string{"v": "1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(800 * time.Millisecond) // past the deadline (700ms), before the TTL (1s)
+		if err := lk.SetMetadata(t.Context(), map[string]string{"v": "2"}); !errors.Is(err, lock.ErrLockLost) {
+			t.Errorf("SetMetadata past the deadline: got %v, want ErrLockLost", err)
+		}
+		if hs, err := l.Holders(t.Context(), "k"); err != nil || len(hs) != 1 || hs[0].Metadata["v"] != "1" {
+			t.Errorf("Holders: got %+v, %v; want the lease with v=1", hs, err)
+		}
+		lk.Release(t.Context())
+
+		lk, err = l.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lk.Release(t.Context())
+		if err := lk.SetMetadata(t.Context(), map[string]string{"v": "2"}); !errors.Is(err, lock.ErrReleased) {
+			t.Errorf("SetMetadata after Release: got %v, want ErrReleased", err)
+		}
+	})
+}
+
+// TestStoreLostLease: Verify, SetMetadata, Extend and Release of a lock
+// whose lease the store lost (a restart without persistence) report
+// ErrLockLost.
+func TestStoreLostLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		l := newLocker(t, client(t, store), "a", fastOpts())
+		ops := []struct {
+			name string
+			f    func(*lock.Lock) error
+		}{
+			{"Verify", func(lk *lock.Lock) error { return lk.Verify(t.Context()) }},
+			{"SetMetadata", func(lk *lock.Lock) error { return lk.SetMetadata(t.Context(), map[string]string{"v": "2"}) }},
+			{"Extend", func(lk *lock.Lock) error { return lk.Extend(t.Context()) }},
+			{"Release", func(lk *lock.Lock) error { return lk.Release(t.Context()) }},
+		}
+		locks := make([]*lock.Lock, len(ops))
+		for i := range ops {
+			var err error
+			if locks[i], err = l.TryAcquire(t.Context(), lock.Key("k", ops[i].name), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		store.Restart(nil)
+		for i, op := range ops {
+			if err := op.f(locks[i]); !errors.Is(err, lock.ErrLockLost) {
+				t.Errorf("%s after the store lost the lease: got %v, want ErrLockLost", op.name, err)
+			}
+			if locks[i].Held() {
+				t.Errorf("%s after the store lost the lease: Held true, want false", op.name)
+			}
+			locks[i].Release(t.Context())
+		}
+	})
+}
+
+// TestLocalWakeWithoutWatch: on a backend that cannot watch, a goroutine
+// waiting in Acquire for a key its own Locker holds acquires it as soon as
+// that Locker releases it, not at the lease's expiry.
+func TestLocalWakeWithoutWatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		l := newLocker(t, noWatch{client(t, store)}, "a", &lock.Options{TTL: 10 * time.Second, Logger: quiet})
+		lk, err := l.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch := acquireAsync(t.Context(), l, "k", nil)
+		time.Sleep(time.Second)
+		released := time.Now()
+		if err := lk.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		a := <-ch
+		if a.err != nil {
+			t.Fatalf("Acquire: %v", a.err)
+		}
+		defer a.lk.Release(t.Context())
+		if d := a.at.Sub(released); d != 0 {
+			t.Errorf("Acquire returned %v after the local release, want at once", d)
+		}
+	})
+}
+
+// TestConcurrentCloseWaits: a second Close, called while the first waits
+// for a Do function to wind down, returns only once the first has
+// finished.
+func TestConcurrentCloseWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		l, err := lock.New(client(t, store), "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		inDo := make(chan struct{})
+		var fnReturned time.Time
+		doErr := make(chan error)
+		go func() {
+			doErr <- l.Do(t.Context(), "k", nil, func(ctx context.Context, _ *lock.Lock) error {
+				close(inDo)
+				<-ctx.Done()
+				time.Sleep(2 * time.Second) // winding down
+				fnReturned = time.Now()
+				return nil
+			})
+		}()
+		<-inDo
+		firstDone := make(chan time.Time)
+		go func() {
+			l.Close()
+			firstDone <- time.Now()
+		}()
+		synctest.Wait() // the first Close waits for fn
+		l.Close()
+		second := time.Now()
+		first := <-firstDone
+		<-doErr
+		if !second.Equal(fnReturned) || !first.Equal(fnReturned) {
+			t.Errorf("Close calls returned at %v and %v, want both when fn returned (%v)", first, second, fnReturned)
+		}
+	})
+}
+
+// TestRequestTimeoutDefault: the default RequestTimeout is a fifth of the
+// TTL, at most RenewInterval.
+func TestRequestTimeoutDefault(t *testing.T) {
+	b := memorybackend.New()
+	defer b.Close()
+	for _, tc := range []struct {
+		o    lock.Options
+		want time.Duration
+	}{
+		{lock.Options{TTL: 10 * time.Second}, 2 * time.Second},
+		{lock.Options{TTL: 10 * time.Second, RenewInterval: time.Second}, time.Second},
+	} {
+		l, err := lock.New(b, "a", &tc.o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := l.Options().RequestTimeout; got != tc.want {
+			t.Errorf("RequestTimeout with TTL %v, RenewInterval %v: got %v, want %v", tc.o.TTL, tc.o.RenewInterval, got, tc.want)
+		}
+		l.Close()
+	}
+}
