@@ -3,11 +3,13 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/lock"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
@@ -236,4 +238,89 @@ func TestRequestTimeoutDefault(t *testing.T) {
 		}
 		l.Close()
 	}
+}
+
+// resetting is a memory client whose watches deliver an EventReset on
+// demand, as a backend does whose connection to the store broke and came
+// back.
+type resetting struct {
+	*memorybackend.Backend
+	mu   sync.Mutex
+	subs map[chan struct{}]struct{} // one per live subscription
+}
+
+func (b *resetting) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
+	in, err := b.Backend.Watch(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	out, reset := make(chan backend.Event, 8), make(chan struct{}, 1)
+	b.mu.Lock()
+	b.subs[reset] = struct{}{}
+	b.mu.Unlock()
+	go func() {
+		defer close(out)
+		defer func() {
+			b.mu.Lock()
+			delete(b.subs, reset)
+			b.mu.Unlock()
+		}()
+		for {
+			var ev backend.Event
+			select {
+			case e, ok := <-in:
+				if !ok {
+					return
+				}
+				ev = e
+			case <-reset:
+				ev = backend.Event{Key: key, Type: backend.EventReset}
+			}
+			select {
+			case out <- ev:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// reset sends an EventReset on every live subscription.
+func (b *resetting) reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for r := range b.subs {
+		select {
+		case r <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// TestResetEventRenews: an EventReset on the Locker's watch (the store may
+// have restarted) renews every held lock at once, not at its next renewal.
+func TestResetEventRenews(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := client(t, store)
+		b := &resetting{Backend: c, subs: make(map[chan struct{}]struct{})}
+		l := newLocker(t, b, "a", fastOpts())
+		lk, err := l.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lk.Release(t.Context())
+		time.Sleep(100 * time.Millisecond) // the watch runs from +50ms; the next renewal is at +200ms
+		synctest.Wait()
+		c.ResetCalls()
+		b.reset()
+		synctest.Wait()
+		if n := c.Calls()["Renew"]; n != 1 {
+			t.Errorf("renewals right after an EventReset: got %d, want 1", n)
+		}
+		if want := time.Now().Add(700 * time.Millisecond); !lk.Deadline().Equal(want) {
+			t.Errorf("deadline after the EventReset: got %v, want %v (renewed now)", lk.Deadline(), want)
+		}
+	})
 }
