@@ -324,3 +324,35 @@ func TestResetEventRenews(t *testing.T) {
 		}
 	})
 }
+
+// TestMetadataIsCopied: the lock keeps its own copy of the metadata given
+// at acquisition and to SetMetadata, and Record returns a copy: changing
+// those maps afterwards changes neither the lock's record nor the store's.
+func TestMetadataIsCopied(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		l := newLocker(t, client(t, store), "a", fastOpts())
+		md := map[string]string{"v": "1"}
+		lk, err := l.TryAcquire(t.Context(), "k", &lock.AcquireOptions{Metadata: md})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lk.Release(t.Context())
+		md["v"] = "changed"
+		lk.Record().Metadata["v"] = "changed"
+		if got := lk.Record().Metadata["v"]; got != "1" {
+			t.Errorf("Record().Metadata[v] after the caller changed its maps: got %q, want %q", got, "1")
+		}
+		set := map[string]string{"v": "2"}
+		if err := lk.SetMetadata(t.Context(), set); err != nil {
+			t.Fatal(err)
+		}
+		set["v"] = "changed"
+		if got := lk.Record().Metadata["v"]; got != "2" {
+			t.Errorf("Record().Metadata[v] after the caller changed the map given to SetMetadata: got %q, want %q", got, "2")
+		}
+		if hs, err := l.Holders(t.Context(), "k"); err != nil || len(hs) != 1 || hs[0].Metadata["v"] != "2" {
+			t.Errorf("Holders: got %+v, %v; want one record with v=2", hs, err)
+		}
+	})
+}
