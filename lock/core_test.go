@@ -150,9 +150,9 @@ func TestStoreLostLease(t *testing.T) {
 	})
 }
 
-// TestLocalWakeWithoutWatch: on a backend that cannot watch, a goroutine
-// waiting in Acquire for a key its own Locker holds acquires it as soon as
-// that Locker releases it, not at the lease's expiry.
+// TestLocalWakeWithoutWatch: on a backend that cannot watch, goroutines
+// waiting in Acquire for a key their own Locker holds acquire it, in turn,
+// as soon as that Locker releases it, not at the lease's expiry.
 func TestLocalWakeWithoutWatch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memorybackend.NewStore()
@@ -161,20 +161,59 @@ func TestLocalWakeWithoutWatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch := acquireAsync(t.Context(), l, "k", nil)
-		time.Sleep(time.Second)
-		released := time.Now()
-		if err := lk.Release(t.Context()); err != nil {
+		var waiters [2]<-chan acquired
+		for i := range waiters {
+			waiters[i] = acquireAsync(t.Context(), l, "k", nil)
+			synctest.Wait() // queued in this order
+		}
+		for i, ch := range waiters {
+			time.Sleep(time.Second)
+			released := time.Now()
+			if err := lk.Release(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			a := <-ch
+			if a.err != nil {
+				t.Fatalf("waiter %d: Acquire: %v", i, a.err)
+			}
+			if d := a.at.Sub(released); d != 0 {
+				t.Errorf("waiter %d: Acquire returned %v after the local release, want at once", i, d)
+			}
+			lk = a.lk
+		}
+		lk.Release(t.Context())
+	})
+}
+
+// TestGiveUpNamesNoStaleHolder: an Acquire that never reached the store
+// gives up with the backend's error, not with a holder an earlier wait of
+// the same Locker saw.
+func TestGiveUpNamesNoStaleHolder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := client(t, store)
+		l := newLocker(t, c, "a", fastOpts())
+		bob := newLocker(t, client(t, store), "bob", fastOpts())
+		lb, err := bob.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
 			t.Fatal(err)
 		}
-		a := <-ch
-		if a.err != nil {
-			t.Fatalf("Acquire: %v", a.err)
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		_, err = l.Acquire(ctx, "k", nil)
+		cancel()
+		var held *lock.HeldError
+		if !errors.As(err, &held) || held.Holder.HolderID != "bob" {
+			t.Fatalf("first Acquire: got %v, want a HeldError naming bob", err)
 		}
-		defer a.lk.Release(t.Context())
-		if d := a.at.Sub(released); d != 0 {
-			t.Errorf("Acquire returned %v after the local release, want at once", d)
+		lb.Release(t.Context())
+		c.Partition()
+		ctx, cancel = context.WithTimeout(t.Context(), time.Second)
+		_, err = l.Acquire(ctx, "k", nil)
+		cancel()
+		if errors.Is(err, lock.ErrHeld) || !errors.Is(err, memorybackend.ErrPartitioned) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Acquire with the store unreachable: got %v, want DeadlineExceeded and ErrPartitioned, not ErrHeld", err)
 		}
+		c.Heal()
 	})
 }
 
