@@ -395,3 +395,30 @@ func TestMetadataIsCopied(t *testing.T) {
 		}
 	})
 }
+
+// TestHeldErrorYieldedToWaiters: an attempt refused only because of
+// waiters registered before it gives a HeldError with Waiting set, no
+// conflicting Holders, and Holder the key's oldest holder.
+func TestHeldErrorYieldedToWaiters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		r1 := newLocker(t, client(t, store), "r1", fastOpts())
+		r2 := newLocker(t, client(t, store), "r2", fastOpts())
+		w := newLocker(t, client(t, store), "w", fastOpts())
+		l1, err := r1.TryAcquire(t.Context(), "k", &lock.AcquireOptions{Mode: lock.Shared})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithCancel(t.Context())
+		ch := acquireAsync(wctx, w, "k", nil) // registers: writer preference
+		synctest.Wait()
+		_, err = r2.TryAcquire(t.Context(), "k", &lock.AcquireOptions{Mode: lock.Shared})
+		he := heldBy(t, "r2 Shared while a writer waits", err)
+		if he.Waiting != 1 || len(he.Holders) != 0 || he.Holder.HolderID != "r1" || he.Holder.Key != "k" {
+			t.Errorf("HeldError: got Waiting %d, Holders %v, Holder %q@%q; want 1, none, r1@k", he.Waiting, holderIDs(he.Holders), he.Holder.HolderID, he.Holder.Key)
+		}
+		cancel()
+		<-ch
+		l1.Release(t.Context())
+	})
+}
