@@ -422,3 +422,22 @@ func TestHeldErrorYieldedToWaiters(t *testing.T) {
 		l1.Release(t.Context())
 	})
 }
+
+// TestDoNilFunction: Do and TryDo refuse a nil function with
+// ErrInvalidOptions, before taking the lock.
+func TestDoNilFunction(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		l := newLocker(t, client(t, store), "a", fastOpts())
+		for name, do := range map[string]func(context.Context, string, *lock.AcquireOptions, func(context.Context, *lock.Lock) error) error{
+			"Do": l.Do, "TryDo": l.TryDo,
+		} {
+			if err := do(t.Context(), "k", nil, nil); !errors.Is(err, lock.ErrInvalidOptions) {
+				t.Errorf("%s(nil function): got %v, want ErrInvalidOptions", name, err)
+			}
+			if hs, err := l.Holders(t.Context(), "k"); err != nil || len(hs) != 0 {
+				t.Errorf("Holders after %s(nil function): got %v, %v; want none", name, holderIDs(hs), err)
+			}
+		}
+	})
+}
