@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -437,6 +438,89 @@ func TestDoNilFunction(t *testing.T) {
 			}
 			if hs, err := l.Holders(t.Context(), "k"); err != nil || len(hs) != 0 {
 				t.Errorf("Holders after %s(nil function): got %v, %v; want none", name, holderIDs(hs), err)
+			}
+		}
+	})
+}
+
+// TestAcquireQueuedGivesUp: a goroutine queued behind another of its
+// Locker's waiters for the same key gives up when its context ends, with
+// the holder the head saw, not when its turn comes.
+func TestAcquireQueuedGivesUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		l := newLocker(t, client(t, store), "a", fastOpts())
+		lk, err := l.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head := acquireAsync(t.Context(), l, "k", nil)
+		synctest.Wait()
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		second := acquireAsync(ctx, l, "k", nil)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		select {
+		case a := <-second:
+			if d := a.at.Sub(start); d != time.Second || !errors.Is(a.err, lock.ErrHeld) || !errors.Is(a.err, context.DeadlineExceeded) {
+				t.Errorf("queued Acquire: got %v after %v, want a HeldError matching DeadlineExceeded after 1s", a.err, d)
+			}
+		default:
+			t.Error("queued Acquire still waits 1s after its context ended")
+		}
+		lk.Release(t.Context())
+		a := <-head
+		if a.err != nil {
+			t.Fatalf("head Acquire: %v", a.err)
+		}
+		a.lk.Release(t.Context())
+	})
+}
+
+// failingAcquire is a memory client whose acquisitions fail with err.
+type failingAcquire struct {
+	*memorybackend.Backend
+	err error
+}
+
+func (b failingAcquire) Acquire(context.Context, backend.AcquireRequest) (backend.Lease, error) {
+	return backend.Lease{}, b.err
+}
+
+// TestAcquireFailsAtOnce: Acquire returns at once, without waiting for its
+// context, on errors no retry can fix: an invalid request, a closed client,
+// a Limit that differs from the live holders'.
+func TestAcquireFailsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		closed := store.Client()
+		closed.Close()
+		holder := newLocker(t, client(t, store), "holder", fastOpts())
+		lk, err := holder.TryAcquire(t.Context(), "sem", &lock.AcquireOptions{Mode: lock.Shared, Limit: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lk.Release(t.Context())
+		for _, tc := range []struct {
+			name string
+			b    backend.Backend
+			key  string
+			opts *lock.AcquireOptions
+			want error
+		}{
+			{"invalid", failingAcquire{client(t, store), fmt.Errorf("%w: metadata too large", backend.ErrInvalid)}, "k", nil, backend.ErrInvalid},
+			{"closed client", closed, "k", nil, backend.ErrClosed},
+			{"limit mismatch", client(t, store), "sem", &lock.AcquireOptions{Mode: lock.Shared, Limit: 3}, lock.ErrLimitMismatch},
+		} {
+			l := newLocker(t, tc.b, "a", fastOpts())
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			start := time.Now()
+			_, err := l.Acquire(ctx, tc.key, tc.opts)
+			cancel()
+			if d := time.Since(start); d != 0 || !errors.Is(err, tc.want) {
+				t.Errorf("%s: Acquire returned %v after %v, want %v at once", tc.name, err, d, tc.want)
 			}
 		}
 	})
