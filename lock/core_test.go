@@ -525,3 +525,27 @@ func TestAcquireFailsAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// TestWaitFreeWithoutWatch: on a backend that cannot watch, WaitFree
+// re-checks when the holder's lease would expire, and returns then.
+func TestWaitFreeWithoutWatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		opts := &lock.Options{TTL: 10 * time.Second, Logger: quiet}
+		alice := newLocker(t, client(t, store), "alice", opts)
+		bob := newLocker(t, noWatch{client(t, store)}, "bob", opts)
+		la, err := alice.TryAcquire(t.Context(), "k", &lock.AcquireOptions{NoRenew: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer la.Release(t.Context())
+		time.Sleep(time.Second)
+		start := time.Now()
+		if err := bob.WaitFree(t.Context(), "k"); err != nil {
+			t.Fatalf("WaitFree: %v", err)
+		}
+		if d, want := time.Since(start), 9*time.Second+5*time.Millisecond; d != want {
+			t.Errorf("WaitFree returned after %v, want %v (the TTL left + 5ms)", d, want)
+		}
+	})
+}
