@@ -35,8 +35,10 @@ func TestHeldChecksTheClock(t *testing.T) {
 		store := memorybackend.NewStore()
 		c := client(t, store)
 		hook := &onLost{}
-		o := fastOpts()
-		o.Metrics = hook
+		// Renewals every 160ms, retried every 40ms: none is due at the
+		// deadline (700ms), where it would step the locks down too, in a
+		// goroutine of its own.
+		o := &lock.Options{TTL: time.Second, RenewInterval: 160 * time.Millisecond, Logger: quiet, Metrics: hook}
 		l := newLocker(t, &batchingMemory{Backend: c}, "a", o) // one timer steps every lock down, in turn
 		var locks [4]*lock.Lock
 		for i := range locks {
@@ -547,5 +549,27 @@ func TestWaitFreeWithoutWatch(t *testing.T) {
 		if d, want := time.Since(start), 9*time.Second+5*time.Millisecond; d != want {
 			t.Errorf("WaitFree returned after %v, want %v (the TTL left + 5ms)", d, want)
 		}
+	})
+}
+
+// TestVerifyOutlastingTheDeadline: a Verify whose read is still unanswered
+// when the lock's deadline passes reports the loss (ErrLockLost), not only
+// the failed read.
+func TestVerifyOutlastingTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := client(t, store)
+		l := newLocker(t, c, "a", fastOpts())
+		lk, err := l.TryAcquire(t.Context(), "k", &lock.AcquireOptions{NoRenew: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(600 * time.Millisecond) // the deadline is at 700ms
+		c.Hang()
+		if err := lk.Verify(t.Context()); !errors.Is(err, lock.ErrLockLost) {
+			t.Errorf("Verify cut by RequestTimeout after the deadline: got %v, want ErrLockLost", err)
+		}
+		c.Heal()
+		lk.Release(t.Context())
 	})
 }
