@@ -573,3 +573,64 @@ func TestVerifyOutlastingTheDeadline(t *testing.T) {
 		lk.Release(t.Context())
 	})
 }
+
+// TestCloseEndsCancellableTryAcquire: Close ends a TryAcquire in flight
+// whose context can be cancelled (it is not bounded by the Locker's shared
+// contexts) at once, with ErrClosed. Close used to cancel such a call before
+// it marked the Locker closed for it, so the call could return its context's
+// error instead (about once in a hundred runs with -race): the loop makes
+// that show.
+func TestCloseEndsCancellableTryAcquire(t *testing.T) {
+	for i := range 300 {
+		synctest.Test(t, func(t *testing.T) {
+			store := memorybackend.NewStore()
+			c := client(t, store)
+			l, err := lock.New(c, "a", &lock.Options{TTL: 10 * time.Second, Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Hang()
+			done := make(chan error, 1)
+			go func() {
+				_, err := l.TryAcquire(t.Context(), "k", nil)
+				done <- err
+			}()
+			time.Sleep(50 * time.Millisecond)
+			start := time.Now()
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; !errors.Is(err, lock.ErrClosed) {
+				t.Fatalf("run %d: TryAcquire in flight at Close: got %v, want ErrClosed", i, err)
+			}
+			if d := time.Since(start); d != 0 {
+				t.Fatalf("run %d: Close took %v with a TryAcquire in flight, want at once (not its 2s RequestTimeout)", i, d)
+			}
+			c.Heal()
+		})
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// TestCloseRightAfterAcquire: Close, called before the Locker's watch of
+// held locks has started, returns at once rather than waiting for the
+// timer that would start it.
+func TestCloseRightAfterAcquire(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		l, err := lock.New(client(t, store), "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.TryAcquire(t.Context(), "k", nil); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		l.Close()
+		if d := time.Since(start); d != 0 {
+			t.Errorf("Close took %v, want at once", d)
+		}
+	})
+}
