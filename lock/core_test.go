@@ -634,3 +634,55 @@ func TestCloseRightAfterAcquire(t *testing.T) {
 		}
 	})
 }
+
+// TestDeadlineCauseCarriesTheError: a lock lost at its deadline because
+// its renewals failed has a context cause, and a Release result, that
+// match ErrLockLost and the renewals' error.
+func TestDeadlineCauseCarriesTheError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := client(t, store)
+		l := newLocker(t, c, "a", fastOpts())
+		lk, err := l.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Partition()
+		<-lk.Done()
+		if cause := context.Cause(lk.Context()); !errors.Is(cause, lock.ErrLockLost) || !errors.Is(cause, memorybackend.ErrPartitioned) {
+			t.Errorf("cause: got %v, want ErrLockLost and ErrPartitioned", cause)
+		}
+		if err := lk.Release(t.Context()); !errors.Is(err, lock.ErrLockLost) || !errors.Is(err, memorybackend.ErrPartitioned) {
+			t.Errorf("Release: got %v, want ErrLockLost and ErrPartitioned", err)
+		}
+		c.Heal()
+	})
+}
+
+// TestWaitWithoutWatchRechecksEveryTTL: on a backend that cannot watch, a
+// waiter re-checks at least once per its own TTL, even when the holder's
+// lease has much longer left, so an early release is seen within a TTL.
+func TestWaitWithoutWatchRechecksEveryTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		alice := newLocker(t, client(t, store), "alice", &lock.Options{TTL: 10 * time.Second, Logger: quiet})
+		bob := newLocker(t, noWatch{client(t, store)}, "bob", fastOpts()) // TTL 1s
+		la, err := alice.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		go func() {
+			time.Sleep(2500 * time.Millisecond)
+			la.Release(context.Background())
+		}()
+		lb, err := bob.Acquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lb.Release(t.Context())
+		if d := time.Since(start); d != 3*time.Second {
+			t.Errorf("bob acquired after %v, want 3s (his first re-check after the release at 2.5s)", d)
+		}
+	})
+}
