@@ -686,3 +686,26 @@ func TestWaitWithoutWatchRechecksEveryTTL(t *testing.T) {
 		}
 	})
 }
+
+// TestReleaseOfLostLockReportsFailedRelease: releasing a lock lost at its
+// deadline while the store does not answer reports both the loss and the
+// failed release.
+func TestReleaseOfLostLockReportsFailedRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := client(t, store)
+		l := newLocker(t, c, "a", fastOpts())
+		lk, err := l.TryAcquire(t.Context(), "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Partition()
+		<-lk.Done()
+		c.Heal()
+		c.Hang()
+		if err := lk.Release(t.Context()); !errors.Is(err, lock.ErrLockLost) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Release of a lost lock on a hung store: got %v, want ErrLockLost and the release's DeadlineExceeded", err)
+		}
+		c.Heal()
+	})
+}
