@@ -709,3 +709,27 @@ func TestReleaseOfLostLockReportsFailedRelease(t *testing.T) {
 		c.Heal()
 	})
 }
+
+// TestReleasedMetricOnce: a lock released twice (Release is idempotent) is
+// reported to Metrics.Released once.
+func TestReleasedMetricOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		m := &recMetrics{}
+		o := fastOpts()
+		o.Metrics = m
+		l := newLocker(t, client(t, store), "a", o)
+		lk, err := l.TryAcquire(t.Context(), "tally/1", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		lk.Release(t.Context())
+		lk.Release(t.Context())
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if len(m.released) != 1 || m.held[0] != time.Second {
+			t.Errorf("Released reports: got %v (held %v), want one, held 1s", m.released, m.held)
+		}
+	})
+}
