@@ -388,9 +388,9 @@ func (l *Locker) Close() error {
 	for lk := range l.locks {
 		locks = append(locks, lk)
 	}
-	for _, cancel := range l.tries {
-		cancel()
-	}
+	// The TryAcquire calls in flight are cancelled after closeCtx, which
+	// they check to return ErrClosed rather than their context's error.
+	tries := slices.Collect(maps.Values(l.tries))
 	if l.watchArmed && l.watchT.Stop() {
 		l.watchArmed = false
 		l.monitors.Done()
@@ -398,6 +398,9 @@ func (l *Locker) Close() error {
 	l.mu.Unlock()
 
 	l.cancelClose()
+	for _, cancel := range tries {
+		cancel()
+	}
 	for _, lk := range locks {
 		lk.hold.Stop(newKeyError(lk.key, "cancelled: the locker was closed", nil, ErrClosed))
 	}
