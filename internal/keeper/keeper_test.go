@@ -417,3 +417,35 @@ func TestDeadlineSeenBeforeItsTimer(t *testing.T) {
 		release(t, h)
 	})
 }
+
+// At step-down the deadline becomes the step-down's instant and stops
+// moving: renewals go on until Release, but none moves it again or reports
+// a new one to OnRenew.
+func TestDeadlineStopsAtStepDown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		cfg := config(c)
+		var renewed atomic.Int32
+		cfg.OnRenew = func(time.Time, time.Time) { renewed.Add(1) }
+		h := start(t, c, cfg)
+		time.Sleep(300 * time.Millisecond) // one renewal, at 200ms
+		h.Stop(errLost)
+		stopped := time.Now()
+		if got := h.Deadline(); !got.Equal(stopped) {
+			t.Errorf("deadline %v after Stop, want the Stop instant", got.Sub(stopped))
+		}
+		n, sent := renewed.Load(), c.Calls()["Renew"]
+		time.Sleep(time.Second)
+		if got := c.Calls()["Renew"]; got < sent+4 {
+			t.Fatalf("%d renewals in the second after Stop, want about 5 (they go on until Release)", got-sent)
+		}
+		if got := h.Deadline(); !got.Equal(stopped) {
+			t.Errorf("deadline %v after Stop once renewals went on, want the Stop instant", got.Sub(stopped))
+		}
+		if got := renewed.Load(); got != n {
+			t.Errorf("OnRenew called %d times after Stop, want 0", got-n)
+		}
+		release(t, h)
+	})
+}

@@ -770,3 +770,42 @@ func TestForgetOutsideTheBubble(t *testing.T) {
 		t.Errorf("schedulers after Forget: %d, want 0", n)
 	}
 }
+
+// MaxHold counts from the send time of the acquisition, not from Start: an
+// acquisition whose answer took 100ms steps down MaxHold after it was sent,
+// both ways of renewing.
+func TestMaxHoldCountsFromTheAcquisition(t *testing.T) {
+	for _, batched := range []bool{false, true} {
+		name := "one by one"
+		if batched {
+			name = "batched"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := memorybackend.NewStore().Client()
+				defer c.Close()
+				var b backend.Backend = c
+				if batched {
+					b = &keyed{Backend: c}
+				}
+				cfg := config(b)
+				cfg.MaxHold = 1100 * time.Millisecond
+				c.SetLatency(100 * time.Millisecond)
+				t0 := time.Now()
+				h := acquire(t, b, cfg, "k")
+				c.SetLatency(0)
+				if batched != (keeper.SchedulerOf(h) != nil) {
+					t.Fatalf("renewed through a scheduler: %v, want %v", keeper.SchedulerOf(h) != nil, batched)
+				}
+				<-h.Done()
+				if d := time.Since(t0); d != cfg.MaxHold {
+					t.Errorf("stepped down %v after the acquisition was sent, want MaxHold (%v)", d, cfg.MaxHold)
+				}
+				if r, _ := h.Reason(); r != keeper.MaxHold {
+					t.Errorf("reason %v, want MaxHold", r)
+				}
+				release(t, h)
+			})
+		})
+	}
+}
