@@ -591,3 +591,56 @@ func TestWallClockSeenByTheNextRenewal(t *testing.T) {
 		})
 	}
 }
+
+// termBumped is a memory client whose Get reports the key's record with its
+// term raised by one: the same holder and token under a later term, as on a
+// store whose token is a handle the holder reuses (an etcd session lease
+// that acquired the key again).
+type termBumped struct{ *memorybackend.Backend }
+
+func (b termBumped) Get(ctx context.Context, key string) (backend.Record, error) {
+	rec, err := b.Backend.Get(ctx, key)
+	rec.Term++
+	return rec, err
+}
+
+// Verify compares the term too: the same holder and token under another
+// term is another acquisition, not this lease.
+func TestVerifyComparesTheTerm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		cfg := config(termBumped{c})
+		cfg.NoRenew = true
+		h := start(t, c, cfg)
+		if _, err := h.Verify(t.Context()); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("Verify of a record of the same holder and token under term %d: got %v, want ErrLeaseLost", h.Lease().Term+1, err)
+		}
+		if r, _ := h.Reason(); r != keeper.LeaseLost {
+			t.Errorf("reason %v after Verify found another term, want LeaseLost", r)
+		}
+		release(t, h)
+	})
+}
+
+// SetMetadata that finds the lease gone steps the hold down: the store has
+// told it the lease is no longer its own.
+func TestSetMetadataOnALostLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		h := start(t, c, config(c))
+		store.Restart(nil)
+		if err := h.SetMetadata(t.Context(), map[string]string{"a": "b"}); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Fatalf("SetMetadata after the store lost the lease: got %v, want ErrLeaseLost", err)
+		}
+		if h.Held() {
+			t.Error("Held true after SetMetadata found the lease gone")
+		}
+		if r, cause := h.Reason(); r != keeper.LeaseLost || !errors.Is(cause, backend.ErrLeaseLost) {
+			t.Errorf("reason %v cause %v, want LeaseLost wrapping ErrLeaseLost", r, cause)
+		}
+		release(t, h)
+	})
+}
