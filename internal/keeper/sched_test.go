@@ -809,3 +809,58 @@ func TestMaxHoldCountsFromTheAcquisition(t *testing.T) {
 		})
 	}
 }
+
+// RenewNow on a batched hold whose batch is in flight has it renewed again
+// as soon as that call ends, not at the next instant of the grid.
+func TestBatchedRenewNowDuringItsBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &keyed{Backend: c}
+		t0 := time.Now()
+		h := acquire(t, b, config(b), "k") // renewed at the 200ms instants
+		c.SetLatency(50 * time.Millisecond)
+		time.Sleep(210 * time.Millisecond) // the 200ms batch is in flight
+		h.RenewNow()
+		time.Sleep(100 * time.Millisecond)
+		if n, _ := b.counts(); n != 2 {
+			t.Errorf("batch calls by 310ms: got %d, want 2 (the 200ms one, then RenewNow's as it ended at 250ms)", n)
+		}
+		if got := h.Deadline().Sub(t0); got != 950*time.Millisecond {
+			t.Errorf("deadline %v, want 950ms (RenewNow's renewal, sent at 250ms, + 700ms)", got)
+		}
+		c.SetLatency(0)
+		release(t, h)
+	})
+}
+
+// Batched holds started in the same interval share a bucket; each still
+// steps down at its own deadline when it is the earliest, not at the
+// deadline of the first hold that joined.
+func TestBatchedHoldsStartedTogetherEachAtItsOwnDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &keyed{Backend: c}
+		cfg := config(b) // TTL 1s, RenewDeadline 700ms: a margin of 300ms
+		t0 := time.Now()
+		first := acquire(t, b, cfg, "k1")
+		l, err := b.Acquire(t.Context(), backend.AcquireRequest{Key: "k2", HolderID: "a", TTL: 450 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		short := keeper.Start(t.Context(), cfg, l, t0) // deadline 150ms: the granted 450ms less the margin
+		if keeper.SchedulerOf(short) != keeper.SchedulerOf(first) {
+			t.Fatal("the two holds renew through different schedulers")
+		}
+		<-short.Done()
+		if d := time.Since(t0); d != 150*time.Millisecond {
+			t.Errorf("the shorter lease stepped down at %v, want its deadline, 150ms", d)
+		}
+		if !first.Held() {
+			t.Error("the first hold stepped down")
+		}
+		release(t, short)
+		release(t, first)
+	})
+}
