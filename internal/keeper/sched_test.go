@@ -864,3 +864,134 @@ func TestBatchedHoldsStartedTogetherEachAtItsOwnDeadline(t *testing.T) {
 		release(t, first)
 	})
 }
+
+// batchHangs renews in batches that hang until their context ends, while
+// single renewals (Extend) go through.
+type batchHangs struct {
+	*memorybackend.Backend
+	mu    sync.Mutex
+	calls [][2]time.Time // sent, returned
+}
+
+func (b *batchHangs) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
+	sent := time.Now()
+	<-ctx.Done()
+	b.mu.Lock()
+	b.calls = append(b.calls, [2]time.Time{sent, time.Now()})
+	b.mu.Unlock()
+	errs := make([]error, len(leases))
+	for i := range errs {
+		errs[i] = ctx.Err()
+	}
+	return errs
+}
+
+// A batched hold extended after its bucket fired (and sorted it by
+// deadline) is watched at the deadline Extend set: while its batches hang,
+// it steps down there, not at whichever later renewal instant looks.
+func TestBatchedExtendAfterItsBucketFired(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &batchHangs{Backend: c}
+		cfg := config(b) // margin 300ms, RenewDeadline 700ms, every 200ms, requests 200ms
+		t0 := time.Now()
+		h := acquire(t, b, cfg, "k1") // deadline 700ms
+		l, err := b.Acquire(t.Context(), backend.AcquireRequest{Key: "k2", HolderID: "a", TTL: 450 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		short := keeper.Start(t.Context(), cfg, l, t0) // deadline 150ms: their bucket fires then
+		<-short.Done()
+		time.Sleep(520*time.Millisecond - time.Since(t0))
+		if err := h.Extend(t.Context()); err != nil {
+			t.Fatalf("Extend: %v", err)
+		}
+		<-h.Done()
+		if d := time.Since(t0); d != 1220*time.Millisecond {
+			t.Errorf("stepped down at %v, want the deadline Extend set, 1.22s (Extend at 520ms + 700ms)", d)
+		}
+		release(t, short)
+		release(t, h)
+	})
+}
+
+// A batched hold whose deadline is earlier than every other watched one
+// moves the deadline timer earlier: it steps down at its deadline, not at
+// the one the timer was armed for, nor at the next renewal instant.
+func TestBatchedHoldWithTheEarliestDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &batchHangs{Backend: c}
+		cfg := config(b) // margin 300ms
+		t0 := time.Now()
+		first := acquire(t, b, cfg, "k1") // deadline 700ms: the timer is armed for it
+		time.Sleep(250 * time.Millisecond)
+		l, err := b.Acquire(t.Context(), backend.AcquireRequest{Key: "k2", HolderID: "a", TTL: 430 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		short := keeper.Start(t.Context(), cfg, l, time.Now()) // deadline 380ms
+		<-short.Done()
+		if d := time.Since(t0); d != 380*time.Millisecond {
+			t.Errorf("stepped down at %v, want its deadline, 380ms", d)
+		}
+		release(t, short)
+		release(t, first)
+	})
+}
+
+// A hold started after a grid instant is due at the next one, not at once:
+// even when it starts right after holds that began in the interval before
+// it (and whose start instant has passed).
+func TestBatchedHoldStartedAfterAnInstantWaitsForTheNext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &keyed{Backend: c}
+		cfg := config(b) // renewed at the 200ms instants
+		first := acquire(t, b, cfg, "k1")
+		time.Sleep(250 * time.Millisecond)
+		second := acquire(t, b, cfg, "k2")
+		time.Sleep(100 * time.Millisecond) // 350ms
+		if _, renews := b.counts(); renews["k1"] != 1 || renews["k2"] != 0 {
+			t.Errorf("renewals by 350ms: %v, want k1 1 (at 200ms) and k2 0 (due at 400ms)", renews)
+		}
+		time.Sleep(100 * time.Millisecond) // 450ms
+		if batches, renews := b.counts(); batches != 2 || renews["k1"] != 2 || renews["k2"] != 1 {
+			t.Errorf("by 450ms: %d batches renewing %v, want 2 batches, the 400ms one renewing both", batches, renews)
+		}
+		release(t, second)
+		release(t, first)
+	})
+}
+
+// A batch call carrying holds of different RequestTimeouts is bounded by
+// the longest, so no hold's renewal is cut sooner than its own timeout.
+func TestBatchBoundedByTheLongestRequestTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &batchHangs{Backend: c}
+		long, short := config(b), config(b)
+		long.RequestTimeout, short.RequestTimeout = 300*time.Millisecond, 100*time.Millisecond
+		h1 := acquire(t, b, long, "k1")
+		h2 := acquire(t, b, short, "k2")
+		if keeper.SchedulerOf(h1) != keeper.SchedulerOf(h2) {
+			t.Fatal("the two holds renew through different schedulers")
+		}
+		time.Sleep(550 * time.Millisecond) // the 200ms batch was cut
+		b.mu.Lock()
+		calls := slices.Clone(b.calls)
+		b.mu.Unlock()
+		if len(calls) == 0 {
+			t.Fatal("no batch call ended by 550ms")
+		}
+		if d := calls[0][1].Sub(calls[0][0]); d != 300*time.Millisecond {
+			t.Errorf("the batch call was cut after %v, want the longest RequestTimeout, 300ms", d)
+		}
+		release(t, h1)
+		release(t, h2)
+	})
+}
