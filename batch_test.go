@@ -260,3 +260,82 @@ func TestScheduledHeartbeats(t *testing.T) {
 		}
 	})
 }
+
+// A failed scheduled heartbeat is retried after the elector's backoff
+// (exponential from RenewInterval/8, jittered within its upper half), even
+// while another elector of the same scheduler is due only at the next
+// instant; a success ends the run of failures, so the backoff of a later
+// failure starts from the beginning again.
+func TestScheduledHeartbeatRetryBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &batchingMemory{Backend: c}
+		opts := fastOpts()                          // heartbeat every 500ms
+		opts.RenewInterval = 200 * time.Millisecond // the backoff: from 25ms up to 200ms
+		for _, name := range []string{"a", "b"} {
+			e, err := sovereign.New(b, name, "me", opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(time.Second)
+		var (
+			mu    sync.Mutex
+			fails int         // a's heartbeats still to fail
+			calls []time.Time // when a's heartbeats were sent
+			ok    []bool      // whether each succeeded
+		)
+		hook := func(reqs []backend.HeartbeatRequest) []error {
+			errs := make([]error, len(reqs))
+			mu.Lock()
+			defer mu.Unlock()
+			for i, r := range reqs {
+				if r.Key != "a" {
+					continue
+				}
+				calls = append(calls, time.Now())
+				ok = append(ok, fails == 0)
+				if fails > 0 {
+					fails--
+					errs[i] = errors.New("test: heartbeat refused")
+				}
+			}
+			return errs
+		}
+		b.hbHook.Store(&hook)
+		defer b.hbHook.Store(nil)
+		mu.Lock()
+		fails = 3
+		mu.Unlock()
+		time.Sleep(time.Second) // three failures and a success
+		mu.Lock()
+		fails = 1
+		mu.Unlock()
+		time.Sleep(time.Second) // one failure and a success
+		mu.Lock()
+		defer mu.Unlock()
+		// The gaps after each failure: 1st, 2nd, 3rd of a run, then the 1st
+		// of the next.
+		ms := time.Millisecond
+		caps := []time.Duration{25 * ms, 50 * ms, 100 * ms, 25 * ms}
+		var gaps []time.Duration
+		for i := 0; i+1 < len(calls); i++ {
+			if !ok[i] {
+				gaps = append(gaps, calls[i+1].Sub(calls[i]))
+			}
+		}
+		if len(gaps) != len(caps) {
+			t.Fatalf("a's heartbeats %v (ok %v): want 4 failures each followed by a retry", calls, ok)
+		}
+		for i, d := range caps {
+			if gaps[i] < d/2 || gaps[i] > d {
+				t.Errorf("retry after failure %d came %v later, want within [%v, %v]", i+1, gaps[i], d/2, d)
+			}
+		}
+	})
+}

@@ -204,7 +204,7 @@ func TestLeaderRenewsOnAWatchEvent(t *testing.T) {
 				cl := memorybackend.NewStore().Client()
 				defer cl.Close()
 				w := &watchTap{Backend: cl}
-				e, err := sovereign.New(w, "election", "a", fastOpts()) // renewals every 200ms
+				e, err := sovereign.New(w, "election", "a", fastOpts()) // renewals every 333ms
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -234,7 +234,7 @@ func TestHungHeartbeatDoesNotDelayTheStepDown(t *testing.T) {
 		cl := memorybackend.NewStore().Client()
 		defer cl.Close()
 		h := &hooked{Backend: cl}
-		opts := fastOpts() // RenewDeadline 700ms, renewals every 200ms
+		opts := fastOpts() // RenewDeadline 700ms
 		opts.RequestTimeout = 600 * time.Millisecond
 		e, err := sovereign.New(h, "election", "a", opts)
 		if err != nil {
