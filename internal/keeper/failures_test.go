@@ -244,7 +244,7 @@ func TestDeadlineCauseKeepsTheFirstError(t *testing.T) {
 		if s := h.Status(); s.Failures != 2 || !errors.Is(s.LastError, errRefused) {
 			t.Errorf("after a refusal and a hung renewal: Failures %d, LastError %v; want 2, the refusal", s.Failures, s.LastError)
 		}
-		<-h.Done()
+		within(t, h.Done(), 2*time.Second, "step-down at the deadline")
 		if r, cause := h.Reason(); r != keeper.Deadline || !errors.Is(cause, errRefused) {
 			t.Errorf("reason %v cause %v; want Deadline wrapping the refusal", r, cause)
 		}
@@ -267,7 +267,7 @@ func TestReleaseRetryBackoff(t *testing.T) {
 		}
 		time.Sleep(2 * time.Second)
 		b.refuseRelease.Store(false)
-		<-h.Finished()
+		within(t, h.Finished(), 2*time.Second, "the end of the release retries")
 		ts := b.releases()
 		ms := time.Millisecond
 		caps := []time.Duration{25 * ms, 50 * ms, 100 * ms, 200 * ms, 200 * ms}

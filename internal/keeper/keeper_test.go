@@ -467,7 +467,7 @@ func TestReleaseOfALostLeaseSendsNothing(t *testing.T) {
 				store.Restart(nil)
 				h.RenewNow()
 				if when == "before" {
-					<-h.Done()
+					within(t, h.Done(), 2*time.Second, "step-down on the loss")
 				} // else the renewal finding the loss is in flight
 				if err := h.Release(context.Background()); !errors.Is(err, backend.ErrLeaseLost) {
 					t.Errorf("Release of a lost lease: got %v, want ErrLeaseLost", err)
@@ -510,7 +510,7 @@ func TestRenewNowAfterRenewalsStopped(t *testing.T) {
 				if why == "lost while renewing" {
 					h.RenewNow()
 				}
-				<-h.Done()
+				within(t, h.Done(), 2*time.Second, "step-down")
 				synctest.Wait()
 				h.RenewNow()
 				time.Sleep(time.Second)

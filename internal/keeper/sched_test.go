@@ -797,7 +797,7 @@ func TestMaxHoldCountsFromTheAcquisition(t *testing.T) {
 				if batched != (keeper.SchedulerOf(h) != nil) {
 					t.Fatalf("renewed through a scheduler: %v, want %v", keeper.SchedulerOf(h) != nil, batched)
 				}
-				<-h.Done()
+				within(t, h.Done(), 3*time.Second, "step-down at MaxHold")
 				if d := time.Since(t0); d != cfg.MaxHold {
 					t.Errorf("stepped down %v after the acquisition was sent, want MaxHold (%v)", d, cfg.MaxHold)
 				}
@@ -853,7 +853,7 @@ func TestBatchedHoldsStartedTogetherEachAtItsOwnDeadline(t *testing.T) {
 		if keeper.SchedulerOf(short) != keeper.SchedulerOf(first) {
 			t.Fatal("the two holds renew through different schedulers")
 		}
-		<-short.Done()
+		within(t, short.Done(), 2*time.Second, "step-down of the shorter lease")
 		if d := time.Since(t0); d != 150*time.Millisecond {
 			t.Errorf("the shorter lease stepped down at %v, want its deadline, 150ms", d)
 		}
@@ -902,12 +902,12 @@ func TestBatchedExtendAfterItsBucketFired(t *testing.T) {
 			t.Fatal(err)
 		}
 		short := keeper.Start(t.Context(), cfg, l, t0) // deadline 150ms: their bucket fires then
-		<-short.Done()
+		within(t, short.Done(), 2*time.Second, "step-down of the shorter lease")
 		time.Sleep(520*time.Millisecond - time.Since(t0))
 		if err := h.Extend(t.Context()); err != nil {
 			t.Fatalf("Extend: %v", err)
 		}
-		<-h.Done()
+		within(t, h.Done(), 3*time.Second, "step-down of the extended hold")
 		if d := time.Since(t0); d != 1220*time.Millisecond {
 			t.Errorf("stepped down at %v, want the deadline Extend set, 1.22s (Extend at 520ms + 700ms)", d)
 		}
@@ -933,7 +933,7 @@ func TestBatchedHoldWithTheEarliestDeadline(t *testing.T) {
 			t.Fatal(err)
 		}
 		short := keeper.Start(t.Context(), cfg, l, time.Now()) // deadline 380ms
-		<-short.Done()
+		within(t, short.Done(), 2*time.Second, "step-down of the shorter lease")
 		if d := time.Since(t0); d != 380*time.Millisecond {
 			t.Errorf("stepped down at %v, want its deadline, 380ms", d)
 		}
@@ -994,4 +994,18 @@ func TestBatchBoundedByTheLongestRequestTimeout(t *testing.T) {
 		release(t, h1)
 		release(t, h2)
 	})
+}
+
+// within waits for ch for at most limit (of the bubble's time), and fails
+// t when it is not closed by then: a hold that never steps down fails the
+// test instead of hanging it.
+func within(t *testing.T, ch <-chan struct{}, limit time.Duration, what string) {
+	t.Helper()
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	select {
+	case <-ch:
+	case <-timer.C:
+		t.Fatalf("%s: not within %v", what, limit)
+	}
 }
