@@ -339,3 +339,31 @@ func TestScheduledHeartbeatRetryBackoff(t *testing.T) {
 		}
 	})
 }
+
+// The first heartbeats of electors starting within the gathering window of
+// each other (coalesce.Gather, 1ms) go out in one batch call.
+func TestScheduledHeartbeatsGatherAtStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &batchingMemory{Backend: c}
+		for _, name := range []string{"a", "b"} {
+			e, err := sovereign.New(b, name, "me", fastOpts()) // heartbeat every 500ms
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(500 * time.Microsecond)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if n := b.hbBatches.Load(); n != 1 {
+			t.Errorf("heartbeat batch calls for two electors started 0.5ms apart: got %d, want 1", n)
+		}
+		if ms, err := c.Members(t.Context(), "b"); err != nil || len(ms) != 1 {
+			t.Errorf("members of b: %v, %v; want its heartbeat recorded", ms, err)
+		}
+	})
+}
