@@ -265,3 +265,43 @@ func TestHungHeartbeatDoesNotDelayTheStepDown(t *testing.T) {
 		h.set(func(h *hooked) { h.onRenew, h.onHB = nil, nil })
 	})
 }
+
+// A new leader's deadline counts from the send time of its acquisition,
+// not from when the answer (and its verification) came back.
+func TestLeaderDeadlineCountsFromTheAcquisitionSend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cl := memorybackend.NewStore().Client()
+		defer cl.Close()
+		cl.SetLatency(50 * time.Millisecond)
+		h := &hooked{Backend: cl}
+		var (
+			mu   sync.Mutex
+			sent []time.Time
+		)
+		h.set(func(h *hooked) {
+			h.onAcquire = func(context.Context, backend.AcquireRequest) {
+				mu.Lock()
+				sent = append(sent, time.Now())
+				mu.Unlock()
+			}
+		})
+		e, err := sovereign.New(h, "election", "a", fastOpts()) // RenewDeadline 700ms
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		waitLeader(t, e, 2*time.Second)
+		dl := e.Status().Deadline
+		mu.Lock()
+		defer mu.Unlock()
+		if len(sent) == 0 {
+			t.Fatal("no acquisition seen")
+		}
+		if d := dl.Sub(sent[len(sent)-1]); d != 700*time.Millisecond {
+			t.Errorf("deadline %v after the acquisition was sent (its answer took 50ms), want RenewDeadline, 700ms", d)
+		}
+	})
+}

@@ -182,3 +182,34 @@ func TestOlderRenewalAnsweringLastMovesNothing(t *testing.T) {
 		release(t, h)
 	})
 }
+
+// The first deadline counts from the send time of the acquisition, given
+// to Start, not from Start: an acquisition whose answer took 100ms leaves
+// the holder 600ms, not 700ms, before the first renewal must succeed.
+func TestDeadlineCountsFromTheAcquisitionSend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		cfg := config(c) // RenewDeadline 700ms
+		cfg.NoRenew = true
+		c.SetLatency(100 * time.Millisecond)
+		h := start(t, c, cfg)
+		c.SetLatency(0)
+		sent := h.Acquired()
+		if d := time.Since(sent); d != 100*time.Millisecond {
+			t.Fatalf("Start %v after the acquisition was sent, want 100ms (the latency)", d)
+		}
+		s := h.Status()
+		if !s.LastRenewal.Equal(sent) {
+			t.Errorf("LastRenewal %v after the acquisition's send time, want it", s.LastRenewal.Sub(sent))
+		}
+		if d := s.Deadline.Sub(sent); d != 700*time.Millisecond {
+			t.Errorf("deadline %v after the acquisition's send time, want RenewDeadline (700ms)", d)
+		}
+		within(t, h.Done(), time.Second, "step-down at the deadline")
+		if d := time.Since(sent); d != 700*time.Millisecond {
+			t.Errorf("stepped down %v after the acquisition's send time, want 700ms", d)
+		}
+		release(t, h)
+	})
+}
