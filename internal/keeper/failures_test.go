@@ -284,3 +284,23 @@ func TestReleaseRetryBackoff(t *testing.T) {
 		}
 	})
 }
+
+// A renewal that succeeds ends the run of failures: Status counts none and
+// keeps no error.
+func TestSuccessEndsTheFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &flaky{Backend: c, fail: func(n int64) bool { return n <= 2 }}
+		h := start(t, c, config(b)) // every 200ms, retries 50ms after a failure
+		time.Sleep(280 * time.Millisecond)
+		if s := h.Status(); s.Failures != 2 || s.LastError == nil {
+			t.Fatalf("after two failed renewals: Failures %d, LastError %v; want 2 and the error", s.Failures, s.LastError)
+		}
+		time.Sleep(50 * time.Millisecond) // the retry at 300ms succeeds
+		if s := h.Status(); s.Failures != 0 || s.LastError != nil {
+			t.Errorf("after a successful renewal: Failures %d, LastError %v; want 0, nil", s.Failures, s.LastError)
+		}
+		release(t, h)
+	})
+}
