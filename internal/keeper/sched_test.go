@@ -1009,3 +1009,37 @@ func within(t *testing.T, ch <-chan struct{}, limit time.Duration, what string) 
 		t.Fatalf("%s: not within %v", what, limit)
 	}
 }
+
+// shortAnswer renews in batches in the store but answers one result fewer
+// than it was sent leases, as a faulty backend might.
+type shortAnswer struct{ *memorybackend.Backend }
+
+func (b shortAnswer) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
+	errs := make([]error, len(leases))
+	for i, l := range leases {
+		errs[i] = b.Renew(ctx, l)
+	}
+	return errs[:len(errs)-1]
+}
+
+// A lease the batch's answer says nothing of is not renewed as far as the
+// holder knows: its deadline does not move, and the renewal counts as
+// failed.
+func TestBatchAnswerMissingALease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := shortAnswer{c}
+		h := acquire(t, b, config(b), "k") // renewed at the 200ms instants, deadline 700ms
+		before := h.Deadline()
+		time.Sleep(250 * time.Millisecond)
+		s := h.Status()
+		if !s.Deadline.Equal(before) {
+			t.Errorf("deadline moved by %v with no answer for the lease, want it unchanged", s.Deadline.Sub(before))
+		}
+		if s.Failures != 1 || s.LastError == nil {
+			t.Errorf("Failures %d, LastError %v; want 1 and an error naming the short answer", s.Failures, s.LastError)
+		}
+		release(t, h)
+	})
+}
