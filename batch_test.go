@@ -367,3 +367,35 @@ func TestScheduledHeartbeatsGatherAtStart(t *testing.T) {
 		}
 	})
 }
+
+// A heartbeat batch answered with fewer results than it carried counts as
+// failed for every elector in it: none is taken for recorded.
+func TestShortHeartbeatAnswerIsAFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &batchingMemory{Backend: c}
+		e, err := sovereign.New(b, "election", "a", fastOpts()) // heartbeat every 500ms
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		var failed atomic.Int64
+		e.Subscribe(func(ev sovereign.Event) {
+			if f, ok := ev.(sovereign.ElectionFailed); ok && strings.Contains(f.Err.Error(), "heartbeat") {
+				failed.Add(1)
+			}
+		})
+		short := func([]backend.HeartbeatRequest) []error { return []error{} }
+		b.hbHook.Store(&short)
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		b.hbHook.Store(nil)
+		synctest.Wait()
+		if failed.Load() == 0 {
+			t.Error("no ElectionFailed for heartbeats the backend's answer left out")
+		}
+	})
+}
