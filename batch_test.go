@@ -260,3 +260,142 @@ func TestScheduledHeartbeats(t *testing.T) {
 		}
 	})
 }
+
+// A failed scheduled heartbeat is retried after the elector's backoff
+// (exponential from RenewInterval/8, jittered within its upper half), even
+// while another elector of the same scheduler is due only at the next
+// instant; a success ends the run of failures, so the backoff of a later
+// failure starts from the beginning again.
+func TestScheduledHeartbeatRetryBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &batchingMemory{Backend: c}
+		opts := fastOpts()                          // heartbeat every 500ms
+		opts.RenewInterval = 200 * time.Millisecond // the backoff: from 25ms up to 200ms
+		for _, name := range []string{"a", "b"} {
+			e, err := sovereign.New(b, name, "me", opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(time.Second)
+		var (
+			mu    sync.Mutex
+			fails int         // a's heartbeats still to fail
+			calls []time.Time // when a's heartbeats were sent
+			ok    []bool      // whether each succeeded
+		)
+		hook := func(reqs []backend.HeartbeatRequest) []error {
+			errs := make([]error, len(reqs))
+			mu.Lock()
+			defer mu.Unlock()
+			for i, r := range reqs {
+				if r.Key != "a" {
+					continue
+				}
+				calls = append(calls, time.Now())
+				ok = append(ok, fails == 0)
+				if fails > 0 {
+					fails--
+					errs[i] = errors.New("test: heartbeat refused")
+				}
+			}
+			return errs
+		}
+		b.hbHook.Store(&hook)
+		defer b.hbHook.Store(nil)
+		mu.Lock()
+		fails = 3
+		mu.Unlock()
+		time.Sleep(time.Second) // three failures and a success
+		mu.Lock()
+		fails = 1
+		mu.Unlock()
+		time.Sleep(time.Second) // one failure and a success
+		mu.Lock()
+		defer mu.Unlock()
+		// The gaps after each failure: 1st, 2nd, 3rd of a run, then the 1st
+		// of the next.
+		ms := time.Millisecond
+		caps := []time.Duration{25 * ms, 50 * ms, 100 * ms, 25 * ms}
+		var gaps []time.Duration
+		for i := 0; i+1 < len(calls); i++ {
+			if !ok[i] {
+				gaps = append(gaps, calls[i+1].Sub(calls[i]))
+			}
+		}
+		if len(gaps) != len(caps) {
+			t.Fatalf("a's heartbeats %v (ok %v): want 4 failures each followed by a retry", calls, ok)
+		}
+		for i, d := range caps {
+			if gaps[i] < d/2 || gaps[i] > d {
+				t.Errorf("retry after failure %d came %v later, want within [%v, %v]", i+1, gaps[i], d/2, d)
+			}
+		}
+	})
+}
+
+// The first heartbeats of electors starting within the gathering window of
+// each other (coalesce.Gather, 1ms) go out in one batch call.
+func TestScheduledHeartbeatsGatherAtStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &batchingMemory{Backend: c}
+		for _, name := range []string{"a", "b"} {
+			e, err := sovereign.New(b, name, "me", fastOpts()) // heartbeat every 500ms
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(500 * time.Microsecond)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if n := b.hbBatches.Load(); n != 1 {
+			t.Errorf("heartbeat batch calls for two electors started 0.5ms apart: got %d, want 1", n)
+		}
+		if ms, err := c.Members(t.Context(), "b"); err != nil || len(ms) != 1 {
+			t.Errorf("members of b: %v, %v; want its heartbeat recorded", ms, err)
+		}
+	})
+}
+
+// A heartbeat batch answered with fewer results than it carried counts as
+// failed for every elector in it: none is taken for recorded.
+func TestShortHeartbeatAnswerIsAFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &batchingMemory{Backend: c}
+		e, err := sovereign.New(b, "election", "a", fastOpts()) // heartbeat every 500ms
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		var failed atomic.Int64
+		e.Subscribe(func(ev sovereign.Event) {
+			if f, ok := ev.(sovereign.ElectionFailed); ok && strings.Contains(f.Err.Error(), "heartbeat") {
+				failed.Add(1)
+			}
+		})
+		short := func([]backend.HeartbeatRequest) []error { return []error{} }
+		b.hbHook.Store(&short)
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		b.hbHook.Store(nil)
+		synctest.Wait()
+		if failed.Load() == 0 {
+			t.Error("no ElectionFailed for heartbeats the backend's answer left out")
+		}
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -281,8 +282,12 @@ func TestLeaderContextCauseOnClose(t *testing.T) {
 					}
 					cancel()
 				}
-				if cause := <-causes; !errors.Is(cause, sovereign.ErrLeadershipLost) || errors.Is(cause, context.Canceled) {
+				cause := <-causes
+				if !errors.Is(cause, sovereign.ErrLeadershipLost) || errors.Is(cause, context.Canceled) {
 					t.Errorf("leader context cause: got %v, want ErrLeadershipLost (not context.Canceled)", cause)
+				}
+				if !strings.Contains(cause.Error(), want.String()) {
+					t.Errorf("leader context cause %q: want the reason (%v) in its message", cause, want)
 				}
 				<-done
 				e.Close()

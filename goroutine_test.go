@@ -319,3 +319,46 @@ func TestResignFromInsideWithParkedLoop(t *testing.T) {
 		e.Close()
 	})
 }
+
+// hungWatch is a backend whose subscriptions never get established: Watch
+// blocks until its context ends.
+type hungWatch struct{ backend.Backend }
+
+func (hungWatch) Watch(ctx context.Context, _ string) (<-chan backend.Event, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// Subscriptions being established have a bound of their own: more
+// elections than the bound whose subscriptions hang still acquire, every
+// one of them.
+func TestHungSubscriptionsHoldUpNoAcquisition(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.NewStore().Client()
+		defer mem.Close()
+		b := hungWatch{mem}
+		const n = 300 // more than the bound (256)
+		es := make([]*sovereign.Elector, n)
+		for i := range es {
+			e, err := sovereign.New(b, fmt.Sprintf("e%d", i), "a", fastOpts())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			es[i] = e
+		}
+		time.Sleep(time.Second)
+		leading := 0
+		for _, e := range es {
+			if e.IsLeader() {
+				leading++
+			}
+		}
+		if leading != n {
+			t.Errorf("%d of %d elections lead 1s after starting with their subscriptions hung, want every one", leading, n)
+		}
+	})
+}

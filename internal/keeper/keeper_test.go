@@ -417,3 +417,230 @@ func TestDeadlineSeenBeforeItsTimer(t *testing.T) {
 		release(t, h)
 	})
 }
+
+// At step-down the deadline becomes the step-down's instant and stops
+// moving: renewals go on until Release, but none moves it again or reports
+// a new one to OnRenew.
+func TestDeadlineStopsAtStepDown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		cfg := config(c)
+		var renewed atomic.Int32
+		cfg.OnRenew = func(time.Time, time.Time) { renewed.Add(1) }
+		h := start(t, c, cfg)
+		time.Sleep(300 * time.Millisecond) // one renewal, at 200ms
+		h.Stop(errLost)
+		stopped := time.Now()
+		if got := h.Deadline(); !got.Equal(stopped) {
+			t.Errorf("deadline %v after Stop, want the Stop instant", got.Sub(stopped))
+		}
+		n, sent := renewed.Load(), c.Calls()["Renew"]
+		time.Sleep(time.Second)
+		if got := c.Calls()["Renew"]; got < sent+4 {
+			t.Fatalf("%d renewals in the second after Stop, want about 5 (they go on until Release)", got-sent)
+		}
+		if got := h.Deadline(); !got.Equal(stopped) {
+			t.Errorf("deadline %v after Stop once renewals went on, want the Stop instant", got.Sub(stopped))
+		}
+		if got := renewed.Load(); got != n {
+			t.Errorf("OnRenew called %d times after Stop, want 0", got-n)
+		}
+		release(t, h)
+	})
+}
+
+// Once the store has reported the lease gone, nothing is sent for it any
+// more: Release sends no release (the lease is not the holder's to delete)
+// and the hold has finished when it returns, whether the loss was known
+// before Release or found by a renewal Release waited for.
+func TestReleaseOfALostLeaseSendsNothing(t *testing.T) {
+	for _, when := range []string{"before", "during"} {
+		t.Run(when, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memorybackend.NewStore()
+				c := store.Client()
+				defer c.Close()
+				c.SetLatency(5 * time.Millisecond)
+				h := start(t, c, config(c))
+				time.Sleep(50 * time.Millisecond)
+				store.Restart(nil)
+				h.RenewNow()
+				if when == "before" {
+					within(t, h.Done(), 2*time.Second, "step-down on the loss")
+				} // else the renewal finding the loss is in flight
+				if err := h.Release(context.Background()); !errors.Is(err, backend.ErrLeaseLost) {
+					t.Errorf("Release of a lost lease: got %v, want ErrLeaseLost", err)
+				}
+				select {
+				case <-h.Finished():
+				default:
+					t.Error("Finished not closed when Release of a lost lease returned")
+				}
+				if n := c.Calls()["Release"]; n != 0 {
+					t.Errorf("%d releases sent for a lease the store reported gone, want 0", n)
+				}
+			})
+		})
+	}
+}
+
+// Once the store has reported the lease gone, or MaxHold has passed,
+// renewals stop: RenewNow sends nothing any more, and one asked for during
+// the renewal that finds the loss is not sent either.
+func TestRenewNowAfterRenewalsStopped(t *testing.T) {
+	for _, why := range []string{"lost", "lost while renewing", "max hold"} {
+		t.Run(why, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memorybackend.NewStore()
+				c := store.Client()
+				defer c.Close()
+				c.SetLatency(5 * time.Millisecond)
+				cfg := config(c) // renewals every 200ms
+				want := int64(1) // the renewal that finds the loss
+				if why == "max hold" {
+					cfg.MaxHold, want = 100*time.Millisecond, 0
+				}
+				h := start(t, c, cfg)
+				time.Sleep(50 * time.Millisecond)
+				if why != "max hold" {
+					store.Restart(nil)
+					h.RenewNow()
+				}
+				if why == "lost while renewing" {
+					h.RenewNow()
+				}
+				within(t, h.Done(), 2*time.Second, "step-down")
+				synctest.Wait()
+				h.RenewNow()
+				time.Sleep(time.Second)
+				if n := c.Calls()["Renew"]; n != want {
+					t.Errorf("%d renewals sent (%s), want %d", n, why, want)
+				}
+				release(t, h)
+			})
+		})
+	}
+}
+
+// A release retried in the background stops when the store reports the
+// lease gone: the hold has finished then, not when the parent context ends.
+func TestReleaseRetryStopsWhenTheLeaseIsGone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		h := start(t, c, config(c))
+		c.Partition()
+		if err := h.Release(context.Background()); err == nil || errors.Is(err, backend.ErrLeaseLost) {
+			t.Fatalf("Release while partitioned: got %v, want the store's error", err)
+		}
+		store.Restart(nil) // the lease is gone by the time the store is back
+		c.Heal()
+		timer := time.NewTimer(time.Second)
+		defer timer.Stop()
+		select {
+		case <-h.Finished():
+		case <-timer.C:
+			t.Fatal("not finished 1s after the store came back without the lease; want the retries over")
+		}
+		sent := c.Calls()["Release"]
+		time.Sleep(time.Second)
+		if n := c.Calls()["Release"] - sent; n != 0 {
+			t.Errorf("%d releases sent after the hold finished, want 0", n)
+		}
+	})
+}
+
+// A machine suspended for longer than the TTL, then resumed: the next
+// periodic renewal finds the wall clock past the deadline and steps down
+// before it could move the deadline, though no one called Held. Both ways
+// of renewing.
+func TestWallClockSeenByTheNextRenewal(t *testing.T) {
+	for _, batched := range []bool{false, true} {
+		name := "one by one"
+		if batched {
+			name = "batched"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := memorybackend.NewStore().Client()
+				defer c.Close()
+				var b backend.Backend = c
+				if batched {
+					b = &keyed{Backend: c}
+				}
+				var suspended atomic.Int64 // read by renewal callbacks
+				restore := keeper.SetWallClock(func() time.Time { return time.Now().Round(0).Add(time.Duration(suspended.Load())) })
+				defer restore()
+				h := acquire(t, b, config(b), "k") // renewals every 200ms, deadline 700ms
+				time.Sleep(time.Second + 100*time.Millisecond)
+				suspended.Store(int64(5 * time.Second))
+				time.Sleep(200 * time.Millisecond) // one renewal tick
+				select {
+				case <-h.Done():
+				default:
+					t.Fatalf("not stepped down after a renewal tick with the wall clock past the deadline (deadline in %v)", time.Until(h.Deadline()))
+				}
+				if r, _ := h.Reason(); r != keeper.Deadline {
+					t.Errorf("reason %v, want Deadline", r)
+				}
+				suspended.Store(0)
+				release(t, h)
+			})
+		})
+	}
+}
+
+// termBumped is a memory client whose Get reports the key's record with its
+// term raised by one: the same holder and token under a later term, as on a
+// store whose token is a handle the holder reuses (an etcd session lease
+// that acquired the key again).
+type termBumped struct{ *memorybackend.Backend }
+
+func (b termBumped) Get(ctx context.Context, key string) (backend.Record, error) {
+	rec, err := b.Backend.Get(ctx, key)
+	rec.Term++
+	return rec, err
+}
+
+// Verify compares the term too: the same holder and token under another
+// term is another acquisition, not this lease.
+func TestVerifyComparesTheTerm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		cfg := config(termBumped{c})
+		cfg.NoRenew = true
+		h := start(t, c, cfg)
+		if _, err := h.Verify(t.Context()); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("Verify of a record of the same holder and token under term %d: got %v, want ErrLeaseLost", h.Lease().Term+1, err)
+		}
+		if r, _ := h.Reason(); r != keeper.LeaseLost {
+			t.Errorf("reason %v after Verify found another term, want LeaseLost", r)
+		}
+		release(t, h)
+	})
+}
+
+// SetMetadata that finds the lease gone steps the hold down: the store has
+// told it the lease is no longer its own.
+func TestSetMetadataOnALostLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		h := start(t, c, config(c))
+		store.Restart(nil)
+		if err := h.SetMetadata(t.Context(), map[string]string{"a": "b"}); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Fatalf("SetMetadata after the store lost the lease: got %v, want ErrLeaseLost", err)
+		}
+		if h.Held() {
+			t.Error("Held true after SetMetadata found the lease gone")
+		}
+		if r, cause := h.Reason(); r != keeper.LeaseLost || !errors.Is(cause, backend.ErrLeaseLost) {
+			t.Errorf("reason %v cause %v, want LeaseLost wrapping ErrLeaseLost", r, cause)
+		}
+		release(t, h)
+	})
+}

@@ -770,3 +770,276 @@ func TestForgetOutsideTheBubble(t *testing.T) {
 		t.Errorf("schedulers after Forget: %d, want 0", n)
 	}
 }
+
+// MaxHold counts from the send time of the acquisition, not from Start: an
+// acquisition whose answer took 100ms steps down MaxHold after it was sent,
+// both ways of renewing.
+func TestMaxHoldCountsFromTheAcquisition(t *testing.T) {
+	for _, batched := range []bool{false, true} {
+		name := "one by one"
+		if batched {
+			name = "batched"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := memorybackend.NewStore().Client()
+				defer c.Close()
+				var b backend.Backend = c
+				if batched {
+					b = &keyed{Backend: c}
+				}
+				cfg := config(b)
+				cfg.MaxHold = 1100 * time.Millisecond
+				c.SetLatency(100 * time.Millisecond)
+				t0 := time.Now()
+				h := acquire(t, b, cfg, "k")
+				c.SetLatency(0)
+				if batched != (keeper.SchedulerOf(h) != nil) {
+					t.Fatalf("renewed through a scheduler: %v, want %v", keeper.SchedulerOf(h) != nil, batched)
+				}
+				within(t, h.Done(), 3*time.Second, "step-down at MaxHold")
+				if d := time.Since(t0); d != cfg.MaxHold {
+					t.Errorf("stepped down %v after the acquisition was sent, want MaxHold (%v)", d, cfg.MaxHold)
+				}
+				if r, _ := h.Reason(); r != keeper.MaxHold {
+					t.Errorf("reason %v, want MaxHold", r)
+				}
+				release(t, h)
+			})
+		})
+	}
+}
+
+// RenewNow on a batched hold whose batch is in flight has it renewed again
+// as soon as that call ends, not at the next instant of the grid.
+func TestBatchedRenewNowDuringItsBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &keyed{Backend: c}
+		t0 := time.Now()
+		h := acquire(t, b, config(b), "k") // renewed at the 200ms instants
+		c.SetLatency(50 * time.Millisecond)
+		time.Sleep(210 * time.Millisecond) // the 200ms batch is in flight
+		h.RenewNow()
+		time.Sleep(100 * time.Millisecond)
+		if n, _ := b.counts(); n != 2 {
+			t.Errorf("batch calls by 310ms: got %d, want 2 (the 200ms one, then RenewNow's as it ended at 250ms)", n)
+		}
+		if got := h.Deadline().Sub(t0); got != 950*time.Millisecond {
+			t.Errorf("deadline %v, want 950ms (RenewNow's renewal, sent at 250ms, + 700ms)", got)
+		}
+		c.SetLatency(0)
+		release(t, h)
+	})
+}
+
+// Batched holds started in the same interval share a bucket; each still
+// steps down at its own deadline when it is the earliest, not at the
+// deadline of the first hold that joined.
+func TestBatchedHoldsStartedTogetherEachAtItsOwnDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &keyed{Backend: c}
+		cfg := config(b) // TTL 1s, RenewDeadline 700ms: a margin of 300ms
+		t0 := time.Now()
+		first := acquire(t, b, cfg, "k1")
+		l, err := b.Acquire(t.Context(), backend.AcquireRequest{Key: "k2", HolderID: "a", TTL: 450 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		short := keeper.Start(t.Context(), cfg, l, t0) // deadline 150ms: the granted 450ms less the margin
+		if keeper.SchedulerOf(short) != keeper.SchedulerOf(first) {
+			t.Fatal("the two holds renew through different schedulers")
+		}
+		within(t, short.Done(), 2*time.Second, "step-down of the shorter lease")
+		if d := time.Since(t0); d != 150*time.Millisecond {
+			t.Errorf("the shorter lease stepped down at %v, want its deadline, 150ms", d)
+		}
+		if !first.Held() {
+			t.Error("the first hold stepped down")
+		}
+		release(t, short)
+		release(t, first)
+	})
+}
+
+// batchHangs renews in batches that hang until their context ends, while
+// single renewals (Extend) go through.
+type batchHangs struct {
+	*memorybackend.Backend
+	mu    sync.Mutex
+	calls [][2]time.Time // sent, returned
+}
+
+func (b *batchHangs) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
+	sent := time.Now()
+	<-ctx.Done()
+	b.mu.Lock()
+	b.calls = append(b.calls, [2]time.Time{sent, time.Now()})
+	b.mu.Unlock()
+	errs := make([]error, len(leases))
+	for i := range errs {
+		errs[i] = ctx.Err()
+	}
+	return errs
+}
+
+// A batched hold extended after its bucket fired (and sorted it by
+// deadline) is watched at the deadline Extend set: while its batches hang,
+// it steps down there, not at whichever later renewal instant looks.
+func TestBatchedExtendAfterItsBucketFired(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &batchHangs{Backend: c}
+		cfg := config(b) // margin 300ms, RenewDeadline 700ms, every 200ms, requests 200ms
+		t0 := time.Now()
+		h := acquire(t, b, cfg, "k1") // deadline 700ms
+		l, err := b.Acquire(t.Context(), backend.AcquireRequest{Key: "k2", HolderID: "a", TTL: 450 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		short := keeper.Start(t.Context(), cfg, l, t0) // deadline 150ms: their bucket fires then
+		within(t, short.Done(), 2*time.Second, "step-down of the shorter lease")
+		time.Sleep(520*time.Millisecond - time.Since(t0))
+		if err := h.Extend(t.Context()); err != nil {
+			t.Fatalf("Extend: %v", err)
+		}
+		within(t, h.Done(), 3*time.Second, "step-down of the extended hold")
+		if d := time.Since(t0); d != 1220*time.Millisecond {
+			t.Errorf("stepped down at %v, want the deadline Extend set, 1.22s (Extend at 520ms + 700ms)", d)
+		}
+		release(t, short)
+		release(t, h)
+	})
+}
+
+// A batched hold whose deadline is earlier than every other watched one
+// moves the deadline timer earlier: it steps down at its deadline, not at
+// the one the timer was armed for, nor at the next renewal instant.
+func TestBatchedHoldWithTheEarliestDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &batchHangs{Backend: c}
+		cfg := config(b) // margin 300ms
+		t0 := time.Now()
+		first := acquire(t, b, cfg, "k1") // deadline 700ms: the timer is armed for it
+		time.Sleep(250 * time.Millisecond)
+		l, err := b.Acquire(t.Context(), backend.AcquireRequest{Key: "k2", HolderID: "a", TTL: 430 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		short := keeper.Start(t.Context(), cfg, l, time.Now()) // deadline 380ms
+		within(t, short.Done(), 2*time.Second, "step-down of the shorter lease")
+		if d := time.Since(t0); d != 380*time.Millisecond {
+			t.Errorf("stepped down at %v, want its deadline, 380ms", d)
+		}
+		release(t, short)
+		release(t, first)
+	})
+}
+
+// A hold started after a grid instant is due at the next one, not at once:
+// even when it starts right after holds that began in the interval before
+// it (and whose start instant has passed).
+func TestBatchedHoldStartedAfterAnInstantWaitsForTheNext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &keyed{Backend: c}
+		cfg := config(b) // renewed at the 200ms instants
+		first := acquire(t, b, cfg, "k1")
+		time.Sleep(250 * time.Millisecond)
+		second := acquire(t, b, cfg, "k2")
+		time.Sleep(100 * time.Millisecond) // 350ms
+		if _, renews := b.counts(); renews["k1"] != 1 || renews["k2"] != 0 {
+			t.Errorf("renewals by 350ms: %v, want k1 1 (at 200ms) and k2 0 (due at 400ms)", renews)
+		}
+		time.Sleep(100 * time.Millisecond) // 450ms
+		if batches, renews := b.counts(); batches != 2 || renews["k1"] != 2 || renews["k2"] != 1 {
+			t.Errorf("by 450ms: %d batches renewing %v, want 2 batches, the 400ms one renewing both", batches, renews)
+		}
+		release(t, second)
+		release(t, first)
+	})
+}
+
+// A batch call carrying holds of different RequestTimeouts is bounded by
+// the longest, so no hold's renewal is cut sooner than its own timeout.
+func TestBatchBoundedByTheLongestRequestTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &batchHangs{Backend: c}
+		long, short := config(b), config(b)
+		long.RequestTimeout, short.RequestTimeout = 300*time.Millisecond, 100*time.Millisecond
+		h1 := acquire(t, b, long, "k1")
+		h2 := acquire(t, b, short, "k2")
+		if keeper.SchedulerOf(h1) != keeper.SchedulerOf(h2) {
+			t.Fatal("the two holds renew through different schedulers")
+		}
+		time.Sleep(550 * time.Millisecond) // the 200ms batch was cut
+		b.mu.Lock()
+		calls := slices.Clone(b.calls)
+		b.mu.Unlock()
+		if len(calls) == 0 {
+			t.Fatal("no batch call ended by 550ms")
+		}
+		if d := calls[0][1].Sub(calls[0][0]); d != 300*time.Millisecond {
+			t.Errorf("the batch call was cut after %v, want the longest RequestTimeout, 300ms", d)
+		}
+		release(t, h1)
+		release(t, h2)
+	})
+}
+
+// within waits for ch for at most limit (of the bubble's time), and fails
+// t when it is not closed by then: a hold that never steps down fails the
+// test instead of hanging it.
+func within(t *testing.T, ch <-chan struct{}, limit time.Duration, what string) {
+	t.Helper()
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	select {
+	case <-ch:
+	case <-timer.C:
+		t.Fatalf("%s: not within %v", what, limit)
+	}
+}
+
+// shortAnswer renews in batches in the store but answers one result fewer
+// than it was sent leases, as a faulty backend might.
+type shortAnswer struct{ *memorybackend.Backend }
+
+func (b shortAnswer) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
+	errs := make([]error, len(leases))
+	for i, l := range leases {
+		errs[i] = b.Renew(ctx, l)
+	}
+	return errs[:len(errs)-1]
+}
+
+// A lease the batch's answer says nothing of is not renewed as far as the
+// holder knows: its deadline does not move, and the renewal counts as
+// failed.
+func TestBatchAnswerMissingALease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := shortAnswer{c}
+		h := acquire(t, b, config(b), "k") // renewed at the 200ms instants, deadline 700ms
+		before := h.Deadline()
+		time.Sleep(230 * time.Millisecond) // the 200ms batch answered, its retry not yet due (250ms)
+		s := h.Status()
+		if !s.Deadline.Equal(before) {
+			t.Errorf("deadline moved by %v with no answer for the lease, want it unchanged", s.Deadline.Sub(before))
+		}
+		if s.Failures != 1 || s.LastError == nil {
+			t.Errorf("Failures %d, LastError %v; want 1 and an error naming the short answer", s.Failures, s.LastError)
+		}
+		release(t, h)
+	})
+}

@@ -2,6 +2,7 @@ package keeper_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -127,6 +128,87 @@ func TestDeadlineOfAShorterLease(t *testing.T) {
 		<-h.Done()
 		if d := time.Since(sent); d != 200*time.Millisecond {
 			t.Errorf("stepped down %v after the send time, want 200ms", d)
+		}
+		release(t, h)
+	})
+}
+
+// Renewals that come back out of order: a periodic renewal sent at 200ms
+// answers at 350ms, after an Extend sent at 250ms answered at once. The
+// older answer moves nothing: the last renewal stays the one sent last, the
+// deadline counts from it, and OnRenew is called once, for the Extend.
+func TestOlderRenewalAnsweringLastMovesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &scripted{Backend: c, renew: func(_ context.Context, n int64) error {
+			if n == 1 {
+				time.Sleep(150 * time.Millisecond)
+			}
+			return errPass
+		}}
+		cfg := config(b) // RenewDeadline 700ms, every 200ms, requests 200ms
+		type call struct{ sent, deadline time.Time }
+		var mu sync.Mutex
+		var calls []call
+		cfg.OnRenew = func(sent, deadline time.Time) {
+			mu.Lock()
+			calls = append(calls, call{sent, deadline})
+			mu.Unlock()
+		}
+		t0 := time.Now()
+		h := start(t, c, cfg)
+		time.Sleep(250 * time.Millisecond) // the periodic renewal is in flight
+		if err := h.Extend(context.Background()); err != nil {
+			t.Fatalf("Extend: %v", err)
+		}
+		time.Sleep(110 * time.Millisecond) // the periodic renewal has answered
+		if got := b.n.Load(); got != 2 {
+			t.Fatalf("%d renewals sent by 360ms, want 2", got)
+		}
+		s := h.Status()
+		if got := s.LastRenewal.Sub(t0); got != 250*time.Millisecond {
+			t.Errorf("LastRenewal %v, want 250ms (the Extend, sent last)", got)
+		}
+		if got := s.Deadline.Sub(t0); got != 950*time.Millisecond {
+			t.Errorf("deadline %v, want 950ms (the Extend's send time + 700ms)", got)
+		}
+		mu.Lock()
+		got := slices.Clone(calls)
+		mu.Unlock()
+		if len(got) != 1 || got[0].sent.Sub(t0) != 250*time.Millisecond || got[0].deadline.Sub(t0) != 950*time.Millisecond {
+			t.Errorf("OnRenew calls %v, want one, for the Extend (sent 250ms, deadline 950ms)", got)
+		}
+		release(t, h)
+	})
+}
+
+// The first deadline counts from the send time of the acquisition, given
+// to Start, not from Start: an acquisition whose answer took 100ms leaves
+// the holder 600ms, not 700ms, before the first renewal must succeed.
+func TestDeadlineCountsFromTheAcquisitionSend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		cfg := config(c) // RenewDeadline 700ms
+		cfg.NoRenew = true
+		c.SetLatency(100 * time.Millisecond)
+		h := start(t, c, cfg)
+		c.SetLatency(0)
+		sent := h.Acquired()
+		if d := time.Since(sent); d != 100*time.Millisecond {
+			t.Fatalf("Start %v after the acquisition was sent, want 100ms (the latency)", d)
+		}
+		s := h.Status()
+		if !s.LastRenewal.Equal(sent) {
+			t.Errorf("LastRenewal %v after the acquisition's send time, want it", s.LastRenewal.Sub(sent))
+		}
+		if d := s.Deadline.Sub(sent); d != 700*time.Millisecond {
+			t.Errorf("deadline %v after the acquisition's send time, want RenewDeadline (700ms)", d)
+		}
+		within(t, h.Done(), time.Second, "step-down at the deadline")
+		if d := time.Since(sent); d != 700*time.Millisecond {
+			t.Errorf("stepped down %v after the acquisition's send time, want 700ms", d)
 		}
 		release(t, h)
 	})
