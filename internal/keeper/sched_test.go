@@ -740,8 +740,18 @@ func TestInstantAllocations(t *testing.T) {
 		}
 		return got
 	}
-	one := perInstant(coalesce.MaxBatch)
-	three := perInstant(3 * coalesce.MaxBatch)
+	// The least of a few measures: a loaded machine only adds
+	// allocations (calls in flight that spill to goroutines), never
+	// takes one away.
+	least := func(n int) float64 {
+		m := perInstant(n)
+		for range 2 {
+			m = min(m, perInstant(n))
+		}
+		return m
+	}
+	one := least(coalesce.MaxBatch)
+	three := least(3 * coalesce.MaxBatch)
 	t.Logf("allocations per instant: %v for one chunk, %v for three", one, three)
 	if want := 3*one + 2*2; three > want {
 		t.Errorf("allocations per instant of three chunks: %v, want at most %v (3 × %v for one chunk, and 2 for each of 2 further calls in flight)", three, want, one)
