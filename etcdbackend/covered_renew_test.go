@@ -17,9 +17,10 @@ import (
 
 // TestCoveredRenewal: while the Backend's watch is established, a renewal
 // of a session whose keys the watch has seen no change of sends the
-// keep-alive alone; a key deleted by hand, a key put on the session by
-// someone else (an orphan), or no watch at all make the next renewal look
-// the keys up again, and it finds what a look-up at every renewal found.
+// keep-alive alone; a key deleted by hand (and taken by a same-ID twin), a
+// key put on the session by someone else (an orphan), or no watch at all
+// make the next renewal look the keys up again, and it finds what a
+// look-up at every renewal found.
 func TestCoveredRenewal(t *testing.T) {
 	ctx := testCtx(t)
 	var n counter
@@ -50,8 +51,8 @@ func TestCoveredRenewal(t *testing.T) {
 		}
 		leases = append(leases, l)
 	}
-	// The acquisitions' own puts may still be on their way to the watch:
-	// k1's is the one to wait for, k2's came in the same order before.
+	// Take k1's own put from its subscription, so that the next event on
+	// it is the deletion below.
 	next(t, deleted)
 
 	renew := func(what string, ls []backend.Lease, want map[string]int64, lost ...int) {
@@ -77,18 +78,24 @@ func TestCoveredRenewal(t *testing.T) {
 	full := map[string]int64{"LeaseKeepAlive": 1, "LeaseTimeToLive": 1}
 	keepAlive := map[string]int64{"LeaseKeepAlive": 1}
 
-	// The acquisitions' events count as changes: one look-up, then none.
+	// No look-up has been recorded yet: one look-up, then none.
 	renew("first renewal", leases, full)
 	renew("covered renewal", leases, keepAlive)
 	renew("covered renewal again", leases, keepAlive)
 
-	// A key deleted by hand: once the watch has delivered it, the next
-	// renewal looks up and loses that key alone.
+	// A key deleted by hand, then taken by a same-ID twin (another Backend
+	// acquiring as holder "a"): once the watch has delivered both, the
+	// next renewal looks up and loses that key alone.
 	if _, err := raw.Delete(ctx, prefix+"k1"); err != nil {
 		t.Fatal(err)
 	}
 	next(t, deleted)
-	renew("after a deletion by hand", leases, full, 0)
+	twin := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: prefix})
+	if _, err := twin.Acquire(ctx, backend.AcquireRequest{Key: "k1", HolderID: "a", TTL: 10 * time.Second}); err != nil {
+		t.Fatalf("the twin's Acquire(k1): %v", err)
+	}
+	next(t, deleted)
+	renew("after a deletion by hand and the twin's acquisition", leases, full, 0)
 	renew("after the loss", leases[1:], keepAlive)
 
 	// A key put on the session lease by someone else: the next renewal

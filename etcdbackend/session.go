@@ -1010,24 +1010,17 @@ func (b *Backend) lookCouldSee(ev *clientv3.Event) bool {
 	if bytes.Contains(key, heartbeatInfixBytes) {
 		return true // a heartbeat record, maybe one riding on a session
 	}
-	heldOn := func() (clientv3.LeaseID, bool) {
-		for id, m := range b.owned {
-			if _, ok := m[string(key)]; ok {
-				return id, true
-			}
-		}
-		return 0, false
-	}
-	if ev.Type == mvccpb.DELETE {
-		_, held := heldOn()
-		return held
-	}
-	if m, ok := b.owned[clientv3.LeaseID(ev.Kv.Lease)]; ok {
+	if m, ok := b.owned[clientv3.LeaseID(ev.Kv.Lease)]; ok && ev.Type == mvccpb.PUT {
 		_, held := m[string(key)]
 		return !held // on a session lease here, not held: an orphan
 	}
-	_, held := heldOn()
-	return held // held here, now on another lease
+	// A deletion of a key held here, or a put of one on another lease.
+	for _, m := range b.owned {
+		if _, held := m[string(key)]; held {
+			return true
+		}
+	}
+	return false
 }
 
 // checkSession is the owner check of RenewBatch for leases[i], i in items,
