@@ -264,6 +264,11 @@ func TestEventsDroppedForSlowListener(t *testing.T) {
 		if len(got) > 1024+8 {
 			t.Errorf("listener received %d events, want at most the 1024 queued plus a few", len(got))
 		}
+		// The oldest events are the ones lost: the newest, Close's step
+		// down to follower, is delivered last.
+		if last, ok := got[len(got)-1].(sovereign.StateChanged); !ok || last.To != sovereign.Follower {
+			t.Errorf("last event: got %#v, want Close's StateChanged to follower (the newest are kept)", got[len(got)-1])
+		}
 	})
 }
 
