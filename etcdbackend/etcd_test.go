@@ -50,11 +50,22 @@ func TestNewValidatesOptions(t *testing.T) {
 			}
 		})
 	}
-	for name, opts := range map[string]*etcdbackend.Options{"nil": nil, "zero": {}, "custom": {Prefix: "x/", RequestTimeout: time.Second}} {
-		t.Run(name, func(t *testing.T) {
-			b, err := etcdbackend.New(cli, opts)
+	for _, tc := range []struct {
+		name    string
+		opts    *etcdbackend.Options
+		timeout time.Duration
+	}{
+		{"nil", nil, 10 * time.Second}, // the README: RequestTimeout (10 s)
+		{"zero", &etcdbackend.Options{}, 10 * time.Second},
+		{"custom", &etcdbackend.Options{Prefix: "x/", RequestTimeout: time.Second}, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := etcdbackend.New(cli, tc.opts)
 			if err != nil {
 				t.Fatalf("New: got %v, want nil", err)
+			}
+			if got := etcdbackend.RequestTimeout(b); got != tc.timeout {
+				t.Errorf("RequestTimeout: got %v, want %v", got, tc.timeout)
 			}
 			b.Close()
 		})
