@@ -75,7 +75,7 @@ func testSharedLock(t *testing.T, env []string, b backend.Backend) {
 			name: "a third shared holder",
 			args: []string{"--shared", "--limit", "2"},
 			code: exitHeld,
-			want: []string{`lock "sem" is held by 2 holders:`, "reader-a (shared, limit 2, term", "reader-b (shared, limit 2, term", "job=a", "left)"},
+			want: []string{`lock "sem" is held by 2 holders:`, "reader-a (shared, limit 2, term", "reader-b (shared, limit 2, term", "job=a", " ago, ", "left)"},
 		},
 		{
 			name: "an exclusive holder",
