@@ -651,3 +651,28 @@ func TestBackendDownAtStartIsSurvived(t *testing.T) {
 		}
 	})
 }
+
+// TestStartedTwice: Start and Run on an elector that already runs return
+// ErrStarted at once.
+func TestStartedTwice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.New()
+		defer mem.Close()
+		e, err := sovereign.New(mem, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatalf("first Start = %v, want nil", err)
+		}
+		if err := e.Start(t.Context()); !errors.Is(err, sovereign.ErrStarted) {
+			t.Errorf("second Start = %v, want ErrStarted", err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // bounds a Run that would campaign
+		defer cancel()
+		if err := e.Run(ctx, func(context.Context) error { return nil }); !errors.Is(err, sovereign.ErrStarted) {
+			t.Errorf("Run after Start = %v, want ErrStarted", err)
+		}
+	})
+}

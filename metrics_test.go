@@ -3,6 +3,7 @@ package sovereign_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -164,5 +165,77 @@ func TestCheck(t *testing.T) {
 				t.Errorf("health handler after the outage: got %d %q, want 200", rr.Code, rr.Body)
 			}
 		})
+	})
+}
+
+// levels is a slog.Handler that records each message's level.
+type levels struct {
+	mu  sync.Mutex
+	got map[string][]slog.Level
+}
+
+func (h *levels) Enabled(context.Context, slog.Level) bool { return true }
+func (h *levels) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *levels) WithGroup(string) slog.Handler            { return h }
+func (h *levels) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.got[r.Message] = append(h.got[r.Message], r.Level)
+	return nil
+}
+
+// TestLoggerLevels: Options.Logger defaults to slog.Default() and gets
+// transitions at Info and failures at Warn.
+func TestLoggerLevels(t *testing.T) {
+	mem := memorybackend.New()
+	defer mem.Close()
+	e, err := sovereign.New(mem, "e", "a", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Options().Logger; got != slog.Default() {
+		t.Errorf("default Logger: got %v, want slog.Default()", got)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		cl := store.Client()
+		defer cl.Close()
+		h := &levels{got: map[string][]slog.Level{}}
+		o := fastOpts()
+		o.Logger = slog.New(h)
+		e, err := sovereign.New(cl, "election", "a", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if !e.IsLeader() {
+			t.Fatal("not leading on a free key")
+		}
+		cl.Partition()
+		time.Sleep(time.Second) // past the renew deadline
+		cl.Heal()
+		synctest.Wait()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for msg, want := range map[string]slog.Level{
+			"sovereign: became leader": slog.LevelInfo,
+			"sovereign: state changed": slog.LevelInfo,
+			"sovereign: stepped down":  slog.LevelInfo,
+			"sovereign: renew":         slog.LevelWarn,
+		} {
+			got := h.got[msg]
+			if len(got) == 0 {
+				t.Errorf("%q: not logged, want it at %v", msg, want)
+			}
+			for _, l := range got {
+				if l != want {
+					t.Errorf("%q: logged at %v, want %v", msg, l, want)
+				}
+			}
+		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -263,6 +264,11 @@ func TestEventsDroppedForSlowListener(t *testing.T) {
 		if len(got) > 1024+8 {
 			t.Errorf("listener received %d events, want at most the 1024 queued plus a few", len(got))
 		}
+		// The oldest events are the ones lost: the newest, Close's step
+		// down to follower, is delivered last.
+		if last, ok := got[len(got)-1].(sovereign.StateChanged); !ok || last.To != sovereign.Follower {
+			t.Errorf("last event: got %#v, want Close's StateChanged to follower (the newest are kept)", got[len(got)-1])
+		}
 	})
 }
 
@@ -330,6 +336,35 @@ func TestBadOptions(t *testing.T) {
 			t.Errorf("defaults = %+v, want %+v", o, want)
 		}
 	})
+	// The README: "Setting only TTL scales every other default with it"
+	// (StartupJitter aside), RequestTimeout and ResignSitOut are "at most
+	// RenewInterval".
+	for _, tc := range []struct {
+		name string
+		opts sovereign.Options
+		want sovereign.Options
+	}{
+		{"only TTL", sovereign.Options{TTL: time.Second}, sovereign.Options{TTL: time.Second,
+			RenewDeadline: 700 * time.Millisecond, RenewInterval: time.Second / 3, RequestTimeout: 200 * time.Millisecond,
+			HeartbeatInterval: 500 * time.Millisecond, HeartbeatTTL: 6 * time.Second,
+			StartupJitter: 250 * time.Millisecond, ResignSitOut: 200 * time.Millisecond}},
+		{"short RenewInterval", sovereign.Options{RenewInterval: time.Second}, sovereign.Options{TTL: 10 * time.Second,
+			RenewDeadline: 7 * time.Second, RenewInterval: time.Second, RequestTimeout: time.Second,
+			HeartbeatInterval: 5 * time.Second, HeartbeatTTL: 15 * time.Second,
+			StartupJitter: 250 * time.Millisecond, ResignSitOut: time.Second}},
+	} {
+		t.Run("defaults/"+tc.name, func(t *testing.T) {
+			e, err := sovereign.New(mem, "e", "a", &tc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := e.Options()
+			o.Logger, o.Metrics = nil, nil
+			if !reflect.DeepEqual(o, tc.want) {
+				t.Errorf("options: got %+v, want %+v", o, tc.want)
+			}
+		})
+	}
 }
 
 // A holder that renews but never heartbeats (its heartbeat record lost, or a

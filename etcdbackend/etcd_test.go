@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
 
+	"github.com/sovereign-go/sovereign"
 	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/etcdbackend"
 	"github.com/sovereign-go/sovereign/internal/testetcd"
@@ -49,11 +50,22 @@ func TestNewValidatesOptions(t *testing.T) {
 			}
 		})
 	}
-	for name, opts := range map[string]*etcdbackend.Options{"nil": nil, "zero": {}, "custom": {Prefix: "x/", RequestTimeout: time.Second}} {
-		t.Run(name, func(t *testing.T) {
-			b, err := etcdbackend.New(cli, opts)
+	for _, tc := range []struct {
+		name    string
+		opts    *etcdbackend.Options
+		timeout time.Duration
+	}{
+		{"nil", nil, 10 * time.Second}, // the README: RequestTimeout (10 s)
+		{"zero", &etcdbackend.Options{}, 10 * time.Second},
+		{"custom", &etcdbackend.Options{Prefix: "x/", RequestTimeout: time.Second}, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := etcdbackend.New(cli, tc.opts)
 			if err != nil {
 				t.Fatalf("New: got %v, want nil", err)
+			}
+			if got := etcdbackend.RequestTimeout(b); got != tc.timeout {
+				t.Errorf("RequestTimeout: got %v, want %v", got, tc.timeout)
 			}
 			b.Close()
 		})
@@ -99,6 +111,32 @@ func TestKeysThatBreakTheLayoutAreRejected(t *testing.T) {
 		}
 		_ = b.Release(ctx, l)
 	}
+}
+
+// TestElectorRefusesWhatEtcdCannotServe: MinTTL is 1 s, and sovereign.New
+// refuses a TTL below it and a name with "/heartbeat/", as the README's API
+// table says.
+func TestElectorRefusesWhatEtcdCannotServe(t *testing.T) {
+	b := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: newPrefix()})
+	if got := b.MinTTL(); got != time.Second {
+		t.Errorf("MinTTL: got %v, want 1s", got)
+	}
+	for _, tc := range []struct {
+		name string
+		ttl  time.Duration
+	}{
+		{"e", 500 * time.Millisecond},
+		{"jobs/heartbeat/x", 0},
+	} {
+		if _, err := sovereign.New(b, tc.name, "a", &sovereign.Options{TTL: tc.ttl}); !errors.Is(err, sovereign.ErrInvalidOptions) {
+			t.Errorf("New(%q, TTL %v): got error %v, want ErrInvalidOptions", tc.name, tc.ttl, err)
+		}
+	}
+	e, err := sovereign.New(b, "e", "a", &sovereign.Options{TTL: time.Second})
+	if err != nil {
+		t.Fatalf("New with TTL 1s: got %v, want nil", err)
+	}
+	e.Close()
 }
 
 func TestTTLRoundedUpToWholeSeconds(t *testing.T) {

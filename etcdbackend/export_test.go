@@ -5,6 +5,9 @@ import "time"
 // TxnOps exports txnOps to the tests.
 var TxnOps = txnOps
 
+// RequestTimeout returns the bound b puts on each call.
+func RequestTimeout(b *Backend) time.Duration { return b.timeout }
+
 // SharedLeases returns the etcd leases b shares between keys: its session
 // leases and heartbeat sessions. Each lives on until its TTL has passed
 // since the last key on it was released (one per TTL and Backend, however

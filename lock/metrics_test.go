@@ -178,3 +178,48 @@ func TestCheckFunctionIgnoringCancellation(t *testing.T) {
 		}
 	})
 }
+
+// TestMetricsReasons: the README's sovereign_lock_acquisitions_total result
+// "error" and sovereign_locks_lost_total reasons "max hold" and "lease lost"
+// reach the hook, by class.
+func TestMetricsReasons(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := client(t, store)
+		m := &recMetrics{}
+		o := fastOpts()
+		o.Metrics = m
+		l := newLocker(t, c, "alice", o)
+
+		c.Partition()
+		if _, err := l.TryAcquire(t.Context(), "down/1", nil); err == nil || errors.Is(err, lock.ErrHeld) {
+			t.Fatalf("TryAcquire with the store down: got %v, want an error", err)
+		}
+		c.Heal()
+
+		maxHold, err := l.TryAcquire(t.Context(), "batch/1", &lock.AcquireOptions{MaxHold: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-maxHold.Done()
+		_ = maxHold.Release(t.Context())
+
+		gone, err := l.TryAcquire(t.Context(), "report:9", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		store.Restart(nil) // the store loses the lease
+		<-gone.Done()
+		_ = gone.Release(t.Context())
+		synctest.Wait()
+
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if want := []string{"down/error", "batch/acquired", "report/acquired"}; !slices.Equal(m.acquired, want) {
+			t.Errorf("Acquired: got %v, want %v", m.acquired, want)
+		}
+		if want := []string{"batch/max hold", "report/lease lost"}; !slices.Equal(m.lost, want) {
+			t.Errorf("Lost: got %v, want %v", m.lost, want)
+		}
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -800,6 +801,16 @@ func TestStats(t *testing.T) {
 		stats, err = a.Stats(t.Context(), "schema/u")
 		if err != nil || len(stats) != 1 || stats[0].Held != 2 || stats[0].Keys != 1 {
 			t.Errorf("Stats(schema/u): got %+v, %v; want one subject with 2 holders of 1 key", stats, err)
+		}
+		// The figures come from one List.
+		oc := client(t, store)
+		observer := newLocker(t, oc, "observer", fastOpts())
+		oc.ResetCalls()
+		if stats, err := observer.Stats(t.Context(), ""); err != nil || len(stats) != 3 {
+			t.Errorf("observer's Stats: got %+v, %v; want 3 subjects", stats, err)
+		}
+		if got, want := noIO(oc.Calls()), map[string]int64{"List": 1}; !maps.Equal(got, want) {
+			t.Errorf("store calls of Stats: got %v, want %v", got, want)
 		}
 		for _, lk := range held {
 			lk.Release(t.Context())

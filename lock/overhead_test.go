@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -139,6 +140,42 @@ func TestBatchedLocksShareOneScheduler(t *testing.T) {
 		synctest.Wait()
 		if n := bubbleGoroutines(); n != base {
 			t.Errorf("goroutines after every lock was released: %d, want %d", n, base)
+		}
+	})
+}
+
+// TestPairIsTwoRoundTrips: a plain lock taken with TryAcquire or TryDo
+// costs two store calls, Acquire and Release, with no read-back (the
+// README: "costs two round trips"); Do subscribes to the key's watch first,
+// one call more.
+func TestPairIsTwoRoundTrips(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := client(t, store)
+		l := newLocker(t, c, "a", fastOpts())
+		nop := func(context.Context, *lock.Lock) error { return nil }
+		for _, tc := range []struct {
+			name string
+			f    func() error
+			want map[string]int64
+		}{
+			{"TryAcquire+Release", func() error {
+				lk, err := l.TryAcquire(t.Context(), "k", nil)
+				if err != nil {
+					return err
+				}
+				return lk.Release(t.Context())
+			}, map[string]int64{"Acquire": 1, "Release": 1}},
+			{"TryDo", func() error { return l.TryDo(t.Context(), "k", nil, nop) }, map[string]int64{"Acquire": 1, "Release": 1}},
+			{"Do", func() error { return l.Do(t.Context(), "k", nil, nop) }, map[string]int64{"Watch": 1, "Acquire": 1, "Release": 1}},
+		} {
+			c.ResetCalls()
+			if err := tc.f(); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if got := noIO(c.Calls()); !maps.Equal(got, tc.want) {
+				t.Errorf("store calls of %s: got %v, want %v", tc.name, got, tc.want)
+			}
 		}
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sovereign-go/sovereign/internal/testredis"
@@ -92,5 +93,22 @@ func TestWatchPingsOncePerSilence(t *testing.T) {
 	t.Logf("watch closed %v after the server froze", took.Round(time.Millisecond))
 	if took > 2*interval+5*time.Second {
 		t.Errorf("watch closed %v after the server froze, want within about two intervals (%v)", took, 2*interval)
+	}
+}
+
+// TestDefaultOptions: the defaults the README gives: prefix "sovereign:",
+// WaitTimeout 500 ms, a health-check interval of 15 s (a watch that hears
+// nothing is closed within two, 30 s) and TermRetention 1 minute.
+func TestDefaultOptions(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	defer c.Close()
+	b, err := New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if b.prefix != "sovereign:" || b.waitTimeout != 500*time.Millisecond || b.healthCheck != 15*time.Second || b.termKeep != time.Minute {
+		t.Errorf("defaults: got prefix %q, WaitTimeout %v, HealthCheckInterval %v, TermRetention %v; want \"sovereign:\", 500ms, 15s, 1m",
+			b.prefix, b.waitTimeout, b.healthCheck, b.termKeep)
 	}
 }

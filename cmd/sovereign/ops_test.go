@@ -147,6 +147,12 @@ func TestEtcd(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "holder     node-a") || !strings.Contains(out, "term       "+term) || !strings.Contains(out, "node-a (heartbeat") {
 		t.Fatalf("status: exit %d\n%s\n%s", code, out, stderr)
 	}
+	// The README: holder, since, term, TTL left, heartbeat, metadata, members.
+	for _, want := range []string{"\nsince      ", " ago)\n", "\nttl        ", " left\n", "\nheartbeat  ", "\nmetadata   cmd=", "\nmembers    node-a"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status: got\n%s\nwant it to contain %q", out, want)
+		}
+	}
 	code, out, _ = run(t, env, "members", "job")
 	if code != 0 || !strings.Contains(out, "node-a") || !strings.Contains(out, "holder") {
 		t.Fatalf("members: exit %d\n%s", code, out)

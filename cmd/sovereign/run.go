@@ -145,9 +145,11 @@ func (h *holdFlags) startHolding(ctx context.Context, env *env, b backend.Backen
 	return hs, nil
 }
 
-// close stops the forwarding of signals and cancels the campaign's context.
+// close stops the forwarding of signals, ends the supervisor's handle
+// goroutine and cancels the campaign's context.
 func (hs *holding) close() {
 	signal.Stop(hs.sigs)
+	close(hs.sigs) // no more sends once Stop has returned
 	hs.cancel()
 }
 

@@ -98,6 +98,7 @@ func TestUsageAndUnreachable(t *testing.T) {
 		{"grace too long", env, []string{"run", "--ttl", "10s", "--grace", "3s", "job", "--", "true"}, exitUsage},
 		{"renew deadline above ttl", env, []string{"run", "--ttl", "2s", "--renew-deadline", "3s", "job", "--", "true"}, exitUsage},
 		{"break without term", env, []string{"break", "job"}, exitUsage},
+		{"no password flag", env, []string{"--password", "x", "status", "x"}, exitUsage},
 		{"status unreachable", []string{dead}, []string{"--dial-timeout", "1s", "status", "x"}, exitUnavailable},
 		{"run unreachable", []string{dead}, []string{"--dial-timeout", "1s", "run", "job", "--", "true"}, exitUnavailable},
 		{"status free", env, []string{"status", "--exit-status", "nobody"}, exitFree},
@@ -389,5 +390,32 @@ func TestRedisURLKinds(t *testing.T) {
 				t.Fatalf("status from inside the command printed:\n%s\nwant holder x", out)
 			}
 		})
+	}
+}
+
+// TestCheckGrace: --grace defaults to half of ttl - renew-deadline; a grace
+// that would let the command outlive the lease is refused.
+func TestCheckGrace(t *testing.T) {
+	for _, tc := range []struct {
+		grace, ttl, renewDeadline time.Duration
+		want                      time.Duration // 0: refused
+	}{
+		{0, 10 * time.Second, 7 * time.Second, 1500 * time.Millisecond},
+		{0, 2 * time.Second, time.Second, 500 * time.Millisecond},
+		{time.Second, 10 * time.Second, 7 * time.Second, time.Second},
+		{3 * time.Second, 10 * time.Second, 7 * time.Second, 0},
+		{4 * time.Second, 10 * time.Second, 7 * time.Second, 0},
+		{-time.Second, 10 * time.Second, 7 * time.Second, 0},
+	} {
+		got, err := checkGrace(tc.grace, tc.ttl, tc.renewDeadline)
+		if tc.want == 0 {
+			if err == nil {
+				t.Errorf("checkGrace(%v, ttl %v, renew deadline %v): got %v, want refused", tc.grace, tc.ttl, tc.renewDeadline, got)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("checkGrace(%v, ttl %v, renew deadline %v): got %v, %v; want %v", tc.grace, tc.ttl, tc.renewDeadline, got, err, tc.want)
+		}
 	}
 }

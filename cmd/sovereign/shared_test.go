@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,6 +15,7 @@ import (
 	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/etcdbackend"
 	"github.com/sovereign-go/sovereign/internal/testetcd"
+	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
 // TestSharedLockRedis runs lock --shared --limit 2 on a real redis-server.
@@ -71,7 +75,7 @@ func testSharedLock(t *testing.T, env []string, b backend.Backend) {
 			name: "a third shared holder",
 			args: []string{"--shared", "--limit", "2"},
 			code: exitHeld,
-			want: []string{`lock "sem" is held by 2 holders:`, "reader-a (shared, limit 2, term", "reader-b (shared, limit 2, term", "job=a", "left)"},
+			want: []string{`lock "sem" is held by 2 holders:`, "reader-a (shared, limit 2, term", "reader-b (shared, limit 2, term", "job=a", " ago, ", "left)"},
 		},
 		{
 			name: "an exclusive holder",
@@ -232,5 +236,33 @@ func testSharedLock(t *testing.T, env []string, b backend.Backend) {
 	}
 	if code := waiter.wait(); code != 0 || waiter.stdoutText() != "served\n" {
 		t.Fatalf("got waiter exit %d, output %q; want 0 and \"served\"", code, waiter.stdoutText())
+	}
+}
+
+// noModes is a backend without backend.Modes (nor a watch).
+type noModes struct{ backend.Backend }
+
+// TestLockUnsupportedOptions: `lock` with an option the backend cannot
+// serve exits 64 (usage) and never runs the command: no silent exclusive
+// lock.
+func TestLockUnsupportedOptions(t *testing.T) {
+	store := memorybackend.NewStore()
+	c := store.Client()
+	defer c.Close()
+	for _, opt := range []string{"--shared", "--hierarchical", "--fair"} {
+		t.Run(opt, func(t *testing.T) {
+			marker := filepath.Join(t.TempDir(), "ran")
+			var errb bytes.Buffer
+			e := &env{stdout: io.Discard, stderr: &errb, openHook: func() (*opened, error) {
+				return &opened{Backend: noModes{c}, close: func() {}, redacted: "memory://"}, nil
+			}}
+			code := mainArgs(t.Context(), e, []string{"lock", "--try", opt, "files/set1", "--", "touch", marker})
+			if code != exitUsage || !strings.Contains(errb.String(), "the backend cannot serve") {
+				t.Errorf("got exit %d, stderr %q; want %d saying the backend cannot serve it", code, errb.String(), exitUsage)
+			}
+			if _, err := os.Stat(marker); err == nil {
+				t.Errorf("the command ran under a lock the backend cannot serve")
+			}
+		})
 	}
 }
