@@ -1004,7 +1004,12 @@ func (b *Backend) ValidateKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("redisbackend: %w: empty key", backend.ErrInvalid)
 	}
-	if i := strings.IndexAny(key, "{}"); i >= 0 {
+	// A loop, not strings.IndexAny, which builds its set of bytes at
+	// every call: this runs for every key of every call.
+	for i := 0; i < len(key); i++ {
+		if key[i] != '{' && key[i] != '}' {
+			continue
+		}
 		return fmt.Errorf("redisbackend: %w: key %q contains %q at byte %d, which would break the hash tag {key} that keeps its Redis keys in one Cluster slot",
 			backend.ErrInvalid, key, key[i], i)
 	}
