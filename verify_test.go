@@ -18,7 +18,7 @@ import (
 // verification reads the record back and checks holder, token and term
 // (README, "Safety model"). A read-back that differs in any one of them, or
 // that fails, fails the verification: the elector does not lead on that
-// acquisition, releases it, and leads only on a later, verified one.
+// acquisition, releases it at once, and leads only on a later, verified one.
 // (TestDoubleVerificationFailure covers another token.)
 func TestDoubleVerificationOfTheReadBack(t *testing.T) {
 	errRead := errors.New("test: read refused")
@@ -59,7 +59,9 @@ func TestDoubleVerificationOfTheReadBack(t *testing.T) {
 				if err := e.Start(t.Context()); err != nil {
 					t.Fatal(err)
 				}
-				time.Sleep(time.Second)
+				// Less than the TTL (1s): the failed acquisition must have
+				// been released, not left to expire, for the retry to lead.
+				time.Sleep(500 * time.Millisecond)
 				synctest.Wait()
 				var failed []error
 				var acquired []uint64
