@@ -55,3 +55,63 @@ func TestCallsOutOfTurn(t *testing.T) {
 		}
 	})
 }
+
+// An elector whose attempts fail (the store is down from the start) knows
+// of no leader and keeps trying: it is a candidate once its startup jitter
+// is over, not a follower, and after Close a follower again. An elector
+// that ran removes its heartbeat record when closed.
+func TestStateOfACandidateAndAfterClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		ca, cb, raw := store.Client(), store.Client(), store.Client()
+		defer ca.Close()
+		defer cb.Close()
+		defer raw.Close()
+		ca.Partition()
+		a, err := sovereign.New(ca, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		b, err := sovereign.New(cb, "election", "b", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		if got := a.State(); got != sovereign.Follower {
+			t.Errorf("State before Start: got %v, want follower", got)
+		}
+		for _, e := range []*sovereign.Elector{a, b} {
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := a.State(); got != sovereign.Candidate {
+			t.Errorf("State while every attempt fails: got %v, want candidate", got)
+		}
+		a.Close()
+		if got := a.State(); got != sovereign.Follower {
+			t.Errorf("State of the candidate after Close: got %v, want follower", got)
+		}
+		members := func() []string {
+			ms, err := raw.Members(t.Context(), "election")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, m := range ms {
+				ids = append(ids, m.ID)
+			}
+			return ids
+		}
+		if got := members(); !equal(got, []string{"b"}) {
+			t.Fatalf("Members while b runs: got %q, want [b]", got)
+		}
+		b.Close()
+		if got := members(); len(got) != 0 {
+			t.Errorf("Members after Close: got %q, want none (b's heartbeat record removed)", got)
+		}
+	})
+}
