@@ -3,11 +3,13 @@ package sovereign_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
@@ -112,6 +114,89 @@ func TestStateOfACandidateAndAfterClose(t *testing.T) {
 		b.Close()
 		if got := members(); len(got) != 0 {
 			t.Errorf("Members after Close: got %q, want none (b's heartbeat record removed)", got)
+		}
+	})
+}
+
+// slowWatch is a memory client whose subscriptions are established only
+// when their context ends, and take a while more to return (a client
+// tearing its connection down).
+type slowWatch struct {
+	*memorybackend.Backend
+	returned atomic.Bool
+}
+
+func (s *slowWatch) WatchNotify(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
+	<-ctx.Done()
+	time.Sleep(50 * time.Millisecond)
+	s.returned.Store(true)
+	return nil, ctx.Err()
+}
+
+// Close returns once every goroutine the elector started has ended,
+// including one still establishing the subscription to the key.
+func TestCloseWaitsForTheSubscription(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &slowWatch{Backend: memorybackend.NewStore().Client()}
+		defer s.Close()
+		e, err := sovereign.New(s, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		waitLeader(t, e, time.Second)
+		e.Close()
+		if !s.returned.Load() {
+			t.Error("Close returned while the subscription's establishment still ran")
+		}
+	})
+}
+
+// A Resign whose context ends before the elector took the request (here it
+// is busy with an attempt) returns the context's error, and the request is
+// withdrawn: it never ends the term that attempt then begins.
+func TestWithdrawnResignIsNeverActedOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.New()
+		defer mem.Close()
+		h := &hooked{Backend: mem}
+		var first atomic.Bool
+		inAttempt := make(chan struct{})
+		h.onAcquire = func(ctx context.Context, _ backend.AcquireRequest) {
+			if first.Swap(true) {
+				return
+			}
+			close(inAttempt)
+			select { // a slow store
+			case <-time.After(100 * time.Millisecond):
+			case <-ctx.Done():
+			}
+		}
+		e, err := sovereign.New(h, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		var rec events
+		rec.attach(e)
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		<-inAttempt
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
+		defer cancel()
+		if err := e.Resign(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Resign while the first attempt is in flight: got %v, want context.DeadlineExceeded", err)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if !e.IsLeader() || e.Term() != 1 {
+			t.Errorf("after the withdrawn Resign: got IsLeader %v, term %d; want still leading term 1", e.IsLeader(), e.Term())
+		}
+		if l, _, ok := rec.lost(); ok {
+			t.Errorf("term %d lost (%v): the withdrawn Resign was acted on", l.Term, l.Reason)
 		}
 	})
 }
