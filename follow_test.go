@@ -228,3 +228,33 @@ func TestFollowerSeesTheKeyFree(t *testing.T) {
 		})
 	})
 }
+
+// An instance's heartbeat record, sent by the elector itself (the memory
+// backend takes no batches; hbsched.go's scheduler has tests of its own),
+// lives HeartbeatTTL.
+func TestHeartbeatRecordLivesHeartbeatTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		cl, raw := store.Client(), store.Client()
+		defer cl.Close()
+		defer raw.Close()
+		o := fastOpts()
+		o.HeartbeatTTL = 4 * time.Second
+		e, err := sovereign.New(cl, "election", "a", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		ms, err := raw.Members(t.Context(), "election")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ms) != 1 || ms[0].ID != "a" || ms[0].TTL != o.HeartbeatTTL {
+			t.Errorf("Members just after the first heartbeat: got %+v, want a with TTL %v", ms, o.HeartbeatTTL)
+		}
+	})
+}
