@@ -1,7 +1,10 @@
 package sovereign_test
 
 import (
+	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -255,6 +258,54 @@ func TestHeartbeatRecordLivesHeartbeatTTL(t *testing.T) {
 		}
 		if len(ms) != 1 || ms[0].ID != "a" || ms[0].TTL != o.HeartbeatTTL {
 			t.Errorf("Members just after the first heartbeat: got %+v, want a with TTL %v", ms, o.HeartbeatTTL)
+		}
+	})
+}
+
+// watchOnce is a memory client whose first subscription works and every
+// later one fails: a watch that broke stays down.
+type watchOnce struct {
+	*memorybackend.Backend
+	n atomic.Int32
+}
+
+func (w *watchOnce) WatchNotify(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
+	if w.n.Add(1) > 1 {
+		return nil, errors.New("test: watch refused")
+	}
+	return w.Backend.WatchNotify(ctx, key, notify)
+}
+
+// A follower whose watch broke and cannot be established again no longer
+// counts on it to report the holder's expiry: it looks again when the
+// holder's lease expires, not ten TTLs later.
+func TestFollowerPollsWhileItsWatchIsDown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		raw := store.Client()
+		defer raw.Close()
+		// z crashes at once: its lease expires 5s from now.
+		if _, err := raw.Acquire(t.Context(), backend.AcquireRequest{Key: "election", HolderID: "z", TTL: 5 * time.Second}); err != nil {
+			t.Fatal(err)
+		}
+		expires := time.Now().Add(5 * time.Second)
+		w := &watchOnce{Backend: store.Client()}
+		defer w.Close()
+		e, err := sovereign.New(w, "election", "a", fastOpts()) // TTL 1s: looks every 10s while watching
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		store.Restart(&memorybackend.RestartOptions{KeepLeases: true}) // breaks every watch, keeps z's lease
+		for !e.IsLeader() {
+			if time.Now().After(expires.Add(100 * time.Millisecond)) {
+				t.Fatalf("not leader %v after z's lease expired, with the watch down: want the follower to look at the expiry", time.Since(expires))
+			}
+			time.Sleep(time.Millisecond)
 		}
 	})
 }
