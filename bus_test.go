@@ -3,6 +3,7 @@ package sovereign_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -36,15 +37,27 @@ func (g *blockedListener) events() []sovereign.Event {
 	return append([]sovereign.Event(nil), g.got...)
 }
 
+// droppedMetrics counts the events Metrics.EventsDropped reports.
+type droppedMetrics struct {
+	sovereign.NopMetrics
+	n atomic.Int64
+}
+
+func (m *droppedMetrics) EventsDropped(_ string, count int) { m.n.Add(int64(count)) }
+
 // A listener that falls more than 1024 events behind loses the oldest: the
 // events that came last (here the leadership taken once the store is back,
-// after ten minutes of failures) are still delivered, after an EventsDropped.
+// after ten minutes of failures) are still delivered, after an EventsDropped,
+// and Metrics.EventsDropped counts the events lost.
 func TestSlowListenerLosesTheOldest(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		mem := memorybackend.New()
 		defer mem.Close()
 		mem.Partition() // every attempt fails: a stream of ElectionFailed
-		e, err := sovereign.New(mem, "election", "a", fastOpts())
+		o := fastOpts()
+		m := &droppedMetrics{}
+		o.Metrics = m
+		e, err := sovereign.New(mem, "election", "a", o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,17 +72,21 @@ func TestSlowListenerLosesTheOldest(t *testing.T) {
 		close(g.gate)
 		synctest.Wait()
 		got := g.events()
-		dropped, acquired := -1, -1
+		dropped, acquired, count := -1, -1, 0
 		for i, ev := range got {
-			switch ev.(type) {
+			switch ev := ev.(type) {
 			case sovereign.EventsDropped:
 				dropped = i
+				count += ev.Count
 			case sovereign.LeadershipAcquired:
 				acquired = i
 			}
 		}
 		if dropped < 0 || acquired < dropped {
 			t.Errorf("EventsDropped at %d, LeadershipAcquired at %d of %d events: want both, the acquisition after the drop", dropped, acquired, len(got))
+		}
+		if n := m.n.Load(); n != int64(count) {
+			t.Errorf("Metrics.EventsDropped counted %d events, want %d (the EventsDropped counts delivered)", n, count)
 		}
 	})
 }
