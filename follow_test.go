@@ -189,6 +189,40 @@ func TestFollowerSeesTheKeyFree(t *testing.T) {
 			}
 		})
 	})
+	t.Run("sitting out, the store lost the key", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			store := memorybackend.NewStore()
+			cl, raw := store.Client(), store.Client()
+			defer cl.Close()
+			defer raw.Close()
+			o := fastOpts()
+			o.ResignSitOut = 300 * time.Millisecond
+			e, err := sovereign.New(cl, "election", "a", o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			waitLeader(t, e, time.Second)
+			if err := e.Resign(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := raw.Acquire(t.Context(), backend.AcquireRequest{Key: "election", HolderID: "z", TTL: time.Hour}); err != nil {
+				t.Fatal(err)
+			}
+			synctest.Wait()
+			if got := e.Status().Leader.HolderID; got != "z" {
+				t.Fatalf("Status().Leader while z leads: got %q, want z", got)
+			}
+			store.Restart(nil) // loses z's lease; a's watch breaks and comes back
+			synctest.Wait()
+			if got := e.Status().Leader; got.HolderID != "" {
+				t.Errorf("Status().Leader after the store lost z's lease, a still sitting out: got %s term %d, want none", got.HolderID, got.Term)
+			}
+		})
+	})
 	t.Run("losing candidate", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			c := newCluster(t, 3, fastOpts())
