@@ -192,6 +192,11 @@ func TestPausedLeaderIsNotLeaderAfterDeadline(t *testing.T) {
 			// (its release after stepping down frees the key, and a new
 			// term at the same instant as the checks below would race them).
 			h.onAcquire = func(context.Context, backend.AcquireRequest) { <-release }
+			// Nor can its loop step down: its next heartbeat (due 500ms
+			// after the first) hangs too, so only the clock checks of
+			// IsLeader, Term, State and Status stand between a caller and
+			// a stale answer.
+			h.onHB = func(context.Context) (error, bool) { <-release; return nil, false }
 		})
 		time.Sleep(400 * time.Millisecond)
 		if !e.IsLeader() {
@@ -207,6 +212,9 @@ func TestPausedLeaderIsNotLeaderAfterDeadline(t *testing.T) {
 		}
 		if got := e.State(); got != sovereign.Follower {
 			t.Errorf("State() = %v past the deadline, want follower", got)
+		}
+		if st := e.Status(); st.State != sovereign.Follower || st.Term != 0 || !st.Deadline.IsZero() {
+			t.Errorf("Status() past the deadline: got state %v, term %d, deadline %v; want follower, 0, zero", st.State, st.Term, st.Deadline)
 		}
 		if leaderCtx.Err() == nil {
 			t.Error("leader context not cancelled past the deadline while the loop is stuck")

@@ -77,11 +77,17 @@ func (e *Elector) watchReceived(ctx context.Context, ev backend.Event, ok bool) 
 	}
 	e.w.ch, e.w.notified = nil, false
 	e.watching.Store(false)
-	if rs := &e.rs; rs.phase == phaseCampaign && rs.ls.answered {
-		// The connection to the store broke: it may be restarting, so
-		// the wait of suspect begins now rather than when the watch is
-		// back (EventReset), and an attempt due meanwhile only reads.
-		e.suspect(&rs.ls)
+	if rs := &e.rs; rs.phase == phaseCampaign {
+		if rs.ls.answered {
+			// The connection to the store broke: it may be restarting, so
+			// the wait of suspect begins now rather than when the watch is
+			// back (EventReset), and an attempt due meanwhile only reads.
+			e.suspect(&rs.ls)
+		}
+		// The next look was scheduled counting on the watch to report the
+		// holder's release or expiry (quietRecheck): until a watch is
+		// back, look at least once a TTL, as without one.
+		rs.ls.nextAttempt = minTime(rs.ls.nextAttempt, time.Now().Add(e.opts.TTL))
 	}
 	e.startWatch(ctx)
 	return backend.Event{}, false
