@@ -212,9 +212,22 @@ func TestScenariosSmoke(t *testing.T) {
 	for _, l := range ls {
 		for _, m := range []lockMode{{2, false}, {2, true}} {
 			t.Run("lock/"+l.name+"/"+m.String(), func(t *testing.T) {
-				res, err := l.run(e.name("lock"), m.g, m.shared, 100*time.Millisecond)
-				if err != nil {
-					t.Fatal(err)
+				// A connection dialled mid-run (the warm-up's calls need not
+				// have overlapped, so it may have dialled fewer than the
+				// run uses) sends commands of its own: such a run cannot
+				// show requests per pair exactly, and is run again.
+				const attempts = 5
+				var res lockRun
+				for attempt := 1; ; attempt++ {
+					var err error
+					res, err = l.run(e.name("lock"), m.g, m.shared, 100*time.Millisecond)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if res.dials == 0 || attempt == attempts {
+						break
+					}
+					t.Logf("run %d dialled %d connections mid-run (%v requests per pair): starting over", attempt, res.dials, res.requestsPerPair)
 				}
 				if res.pairsPerSec <= 0 {
 					t.Errorf("got %v pairs/s, want > 0", res.pairsPerSec)
@@ -228,7 +241,7 @@ func TestScenariosSmoke(t *testing.T) {
 				switch {
 				case l.col == colSovRedis && l.contract, l.col == colRedsync, l.col == colRedislock, l.col == colMutex:
 					if math.Abs(res.requestsPerPair-2) > 0.01 {
-						t.Errorf("got %v requests per pair, want 2", res.requestsPerPair)
+						t.Errorf("got %v requests per pair (%d connections dialled mid-run), want 2", res.requestsPerPair, res.dials)
 					}
 				case res.requestsPerPair < 2:
 					t.Errorf("got %v requests per pair, want at least 2", res.requestsPerPair)

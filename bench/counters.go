@@ -20,12 +20,18 @@ import (
 // connection (SUBSCRIBE, its health-check PING) bypass hooks and are not
 // counted; the idle measurement counts at the server instead.
 type cmdCounter struct {
-	n atomic.Int64
+	n     atomic.Int64
+	dials atomic.Int64 // connections dialled; each sends commands of its own (HELLO), counted in n
 }
 
 var _ redis.Hook = (*cmdCounter)(nil)
 
-func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c.dials.Add(1)
+		return next(ctx, network, addr)
+	}
+}
 
 func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {

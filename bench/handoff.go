@@ -57,7 +57,7 @@ func (e *env) handoffImpls() []handoffImpl {
 			}()
 			var counters []func() int64
 			for i := range n {
-				b, requests, closeB, err := e.sovBackend(k, fmt.Sprintf("handoff-%d", i))
+				b, requests, _, closeB, err := e.sovBackend(k, fmt.Sprintf("handoff-%d", i))
 				if err != nil {
 					return ps, nil, err
 				}

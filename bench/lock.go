@@ -30,6 +30,8 @@ type lockImpl struct {
 	name     string // for progress lines and test names
 	server   int    // pid of the redis-server it talks to; 0 for etcd (embedded in this process)
 	requests func() int64
+	// dials returns the connections dialled so far; nil for etcd.
+	dials func() int64
 	// worker returns a function that acquires and releases key once, and a
 	// function that frees what the worker holds (an etcd session).
 	worker func(key string) (pair func(ctx context.Context) error, done func(), err error)
@@ -61,11 +63,11 @@ func (e *env) lockImpls() (_ []*lockImpl, err error) {
 	// alone, on each store.
 	for _, k := range []kind{kindRedis, kindEtcd} {
 		for _, contract := range []bool{false, true} {
-			b, requests, closeB, err := e.sovBackend(k, fmt.Sprintf("locks-%s-%v", k, contract))
+			b, requests, dials, closeB, err := e.sovBackend(k, fmt.Sprintf("locks-%s-%v", k, contract))
 			if err != nil {
 				return nil, err
 			}
-			l := &lockImpl{col: k.column(), contract: contract, requests: requests, close: closeB}
+			l := &lockImpl{col: k.column(), contract: contract, requests: requests, dials: dials, close: closeB}
 			if k == kindRedis {
 				l.server = e.redis.PID()
 			}
@@ -136,7 +138,7 @@ func (e *env) lockImpls() (_ []*lockImpl, err error) {
 	cli, ctr := e.redisLockClient(colRedsync)
 	rs := redsync.New(goredis.NewPool(cli))
 	ls = append(ls, &lockImpl{
-		col: colRedsync, name: colRedsync, requests: ctr.n.Load, server: e.redis.PID(),
+		col: colRedsync, name: colRedsync, requests: ctr.n.Load, dials: ctr.dials.Load, server: e.redis.PID(),
 		close: func() { cli.Close() },
 		held:  redsyncHeld,
 		worker: func(key string) (func(context.Context) error, func(), error) {
@@ -157,7 +159,7 @@ func (e *env) lockImpls() (_ []*lockImpl, err error) {
 	cli2, ctr2 := e.redisLockClient(colRedislock)
 	lc := redislock.New(cli2)
 	ls = append(ls, &lockImpl{
-		col: colRedislock, name: colRedislock, requests: ctr2.n.Load, server: e.redis.PID(),
+		col: colRedislock, name: colRedislock, requests: ctr2.n.Load, dials: ctr2.dials.Load, server: e.redis.PID(),
 		close: func() { cli2.Close() },
 		held:  func(err error) bool { return errors.Is(err, redislock.ErrNotObtained) },
 		worker: func(key string) (func(context.Context) error, func(), error) {
@@ -183,28 +185,28 @@ func redsyncHeld(err error) bool {
 // sovBackend returns a Sovereign backend of kind k with its own counted
 // client (named name on Redis), a function returning the requests it has
 // sent so far, and a function closing both.
-func (e *env) sovBackend(k kind, name string) (backend.Backend, func() int64, func(), error) {
+func (e *env) sovBackend(k kind, name string) (backend.Backend, func() int64, func() int64, func(), error) {
 	switch k {
 	case kindRedis:
 		cli, ctr := e.redisLockClient(name)
 		rb, err := redisbackend.New(cli, nil)
 		if err != nil {
 			cli.Close()
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
-		return rb, ctr.n.Load, func() { rb.Close(); cli.Close() }, nil
+		return rb, ctr.n.Load, ctr.dials.Load, func() { rb.Close(); cli.Close() }, nil
 	default:
 		ctr := &rpcCounter{}
 		cli, err := newEtcdClient(e.etcd, ctr)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		eb, err := etcdbackend.New(cli, nil)
 		if err != nil {
 			cli.Close()
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
-		return eb, ctr.requests, func() { eb.Close(); cli.Close() }, nil
+		return eb, ctr.requests, nil, func() { eb.Close(); cli.Close() }, nil
 	}
 }
 
@@ -215,6 +217,7 @@ type lockRun struct {
 	failedPerPair    float64 // attempts that found the key held, per pair
 	cpuPerPair       time.Duration
 	serverCPUPerPair time.Duration // redis-server; 0 for etcd
+	dials            int64         // Redis connections dialled during the run (their commands count as requests)
 }
 
 // run makes acquire+release pairs with g goroutines for d, each on its own
@@ -263,7 +266,13 @@ func (l *lockImpl) run(prefix string, g int, shared bool, d time.Duration) (lock
 	}
 	var pairs, failed, errs atomic.Int64
 	var firstErr atomic.Pointer[error]
-	c0, cpu0, srv0 := l.requests(), cpuTime(), l.serverCPU()
+	dialled := func() int64 {
+		if l.dials == nil {
+			return 0
+		}
+		return l.dials()
+	}
+	c0, cpu0, srv0, d0 := l.requests(), cpuTime(), l.serverCPU(), dialled()
 	start := time.Now()
 	stop := start.Add(d)
 	var wg sync.WaitGroup
@@ -300,6 +309,7 @@ func (l *lockImpl) run(prefix string, g int, shared bool, d time.Duration) (lock
 		failedPerPair:    float64(failed.Load()) / float64(n),
 		cpuPerPair:       cpu / time.Duration(n),
 		serverCPUPerPair: srv / time.Duration(n),
+		dials:            dialled() - d0,
 	}, nil
 }
 

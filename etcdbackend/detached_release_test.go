@@ -31,7 +31,7 @@ func TestDetachedReleaseDeletesOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := nextEvent(t, events, "acquisition", 10*time.Second); e.Type != backend.EventChanged {
+	if e := nextNonReset(t, events, "acquisition"); e.Type != backend.EventChanged {
 		t.Fatalf("acquisition: got %v, want %v", e.Type, backend.EventChanged)
 	}
 	// Every change under the prefix from the release on.
@@ -42,7 +42,7 @@ func TestDetachedReleaseDeletesOnly(t *testing.T) {
 	if err := b.Release(ctx, l); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if e := nextEvent(t, events, "release", 10*time.Second); e.Type != backend.EventReleased {
+	if e := nextNonReset(t, events, "release"); e.Type != backend.EventReleased {
 		t.Fatalf("release: got %v, want %v", e.Type, backend.EventReleased)
 	}
 	end, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -108,7 +108,7 @@ func TestEntryReleaseDeletesOnly(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, ch := range subs {
-				if e := nextEvent(t, ch, "acquisition", 10*time.Second); e.Type != backend.EventChanged {
+				if e := nextNonReset(t, ch, "acquisition"); e.Type != backend.EventChanged {
 					t.Fatalf("acquisition, watcher of %q: got %v, want %v", keys[i], e.Type, backend.EventChanged)
 				}
 			}
@@ -120,7 +120,7 @@ func TestEntryReleaseDeletesOnly(t *testing.T) {
 				t.Fatalf("Release: %v", err)
 			}
 			for i, ch := range subs {
-				if e := nextEvent(t, ch, "release", 10*time.Second); e.Type != backend.EventReleased {
+				if e := nextNonReset(t, ch, "release"); e.Type != backend.EventReleased {
 					t.Fatalf("release, watcher of %q: got %v, want %v", keys[i], e.Type, backend.EventReleased)
 				}
 			}
