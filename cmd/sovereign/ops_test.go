@@ -282,3 +282,32 @@ func TestWatchJSON(t *testing.T) {
 		t.Fatalf("got watch exit %d, want 0", code)
 	}
 }
+
+// TestLockExitStatus: lock exits with its command's status, or 127/126 when
+// the command cannot start, and in every case gives the lock up before it
+// exits (a command that never started must not leave the lock held for a
+// TTL).
+func TestLockExitStatus(t *testing.T) {
+	_, env, b := redisEnv(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want int
+	}{
+		{"exit 0", []string{"--", "true"}, 0},
+		{"exit 7", []string{"--", "sh", "-c", "exit 7"}, 7},
+		{"not found", []string{"--", "/nonexistent/command"}, exitNotFound},
+		{"not executable", []string{"--", "/etc/hostname"}, exitCannotExec},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"lock", "--ttl", "1m", "job"}, tc.args...)
+			code, _, stderr := run(t, env, args...)
+			if code != tc.want {
+				t.Fatalf("got exit %d, want %d; stderr:\n%s", code, tc.want, stderr)
+			}
+			if rec, held := getRecord(t, b, lockPrefix+"job"); held {
+				t.Fatalf("got lock job held by %q after sovereign exited, want it released", rec.HolderID)
+			}
+		})
+	}
+}
