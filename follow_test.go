@@ -3,6 +3,7 @@ package sovereign_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -44,18 +45,6 @@ func (l *leaders) list() []string {
 	return append([]string(nil), l.got...)
 }
 
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // A follower publishes LeaderChanged once for each holder and term it
 // learns of: not again for a holder and term it already knows (here it looks
 // every TTL, without a watch), and again for the same holder in a new term.
@@ -82,7 +71,7 @@ func TestLeaderChangedOncePerHolderAndTerm(t *testing.T) {
 		}
 		time.Sleep(3500 * time.Millisecond) // three more looks at z's term 1
 		synctest.Wait()
-		if got, want := l.list(), []string{"z/1"}; !equal(got, want) {
+		if got, want := l.list(), []string{"z/1"}; !slices.Equal(got, want) {
 			t.Fatalf("LeaderChanged while z holds term 1: got %q, want %q", got, want)
 		}
 		// z hands over to itself between two looks: same holder, new term.
@@ -94,7 +83,7 @@ func TestLeaderChangedOncePerHolderAndTerm(t *testing.T) {
 		}
 		time.Sleep(3 * time.Second)
 		synctest.Wait()
-		if got, want := l.list(), []string{"z/1", "z/2"}; !equal(got, want) {
+		if got, want := l.list(), []string{"z/1", "z/2"}; !slices.Equal(got, want) {
 			t.Errorf("LeaderChanged after z took term 2: got %q, want %q", got, want)
 		}
 		if st := e.Status(); st.Leader.HolderID != "z" || st.Leader.Term != 2 {
@@ -184,7 +173,7 @@ func TestFollowerSeesTheKeyFree(t *testing.T) {
 			if got := e.Status().Leader; got.HolderID != "" {
 				t.Errorf("Status().Leader after z released, a still sitting out: got %s term %d, want none", got.HolderID, got.Term)
 			}
-			if got, want := l.list(), []string{"a/1", "", "z/2", ""}; !equal(got, want) {
+			if got, want := l.list(), []string{"a/1", "", "z/2", ""}; !slices.Equal(got, want) {
 				t.Errorf("LeaderChanged: got %q, want %q", got, want)
 			}
 		})
@@ -258,7 +247,7 @@ func TestFollowerSeesTheKeyFree(t *testing.T) {
 				if i == ni {
 					want = []string{"follower>candidate", "candidate>leader"}
 				}
-				if got := states[e.ID()]; !equal(got, want) {
+				if got := states[e.ID()]; !slices.Equal(got, want) {
 					t.Errorf("%s's state changes after the release: got %q, want %q", e.ID(), got, want)
 				}
 			}

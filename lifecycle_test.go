@@ -3,6 +3,7 @@ package sovereign_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -108,7 +109,7 @@ func TestStateOfACandidateAndAfterClose(t *testing.T) {
 			}
 			return ids
 		}
-		if got := members(); !equal(got, []string{"b"}) {
+		if got := members(); !slices.Equal(got, []string{"b"}) {
 			t.Fatalf("Members while b runs: got %q, want [b]", got)
 		}
 		b.Close()

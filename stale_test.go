@@ -2,6 +2,7 @@ package sovereign_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -39,18 +40,6 @@ func (s *staleEvents) terms() []uint64 {
 	return ts
 }
 
-func equalTerms(a, b []uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // LeaderStale is published once per leader and term each time its
 // heartbeat record goes missing for longer than HeartbeatTTL, and Status
 // shows the current state: not again while the record stays missing, no
@@ -82,7 +71,7 @@ func TestLeaderStaleOncePerAbsence(t *testing.T) {
 		check := func(when string, wantTerms []uint64, wantStale bool) {
 			t.Helper()
 			synctest.Wait()
-			if got := s.terms(); !equalTerms(got, wantTerms) {
+			if got := s.terms(); !slices.Equal(got, wantTerms) {
 				t.Errorf("%s: LeaderStale for terms %v, want %v", when, got, wantTerms)
 			}
 			if st := e.Status(); st.LeaderStale != wantStale {

@@ -281,18 +281,28 @@ func testExpiry(t *testing.T, h *harness) {
 // testRenewExtends: a lease renewed every third of its TTL stays held across
 // several TTLs. In real time (no Env.Advance) a loaded machine may delay a
 // renewal, or the read after it, past what the TTL allows; such a run
-// proves nothing either way, so the case starts over with a new lease (up
-// to renewAttempts runs in all) instead of failing. A loss or a short
+// proves nothing either way, so the case starts over with a new lease
+// (untilConclusive) instead of failing. A loss or a short
 // remaining TTL that no delay explains fails at once.
 func testRenewExtends(t *testing.T, h *harness) {
 	a, b := h.open(), h.open()
-	const renewAttempts = 5
+	untilConclusive(t, func() string { return renewExtends(t, h, a, b) })
+}
+
+// untilConclusive calls run, which returns "" when it showed what it
+// checks, or what delayed it when a loaded machine delayed a call beyond
+// what a TTL allows (in real time only), so that the run showed nothing
+// either way: run starts over, up to 5 runs in all, and t fails if every
+// one was delayed.
+func untilConclusive(t *testing.T, run func() (late string)) {
+	t.Helper()
+	const attempts = 5
 	for attempt := 1; ; attempt++ {
-		late := renewExtends(t, h, a, b)
+		late := run()
 		if late == "" {
 			return
 		}
-		if attempt == renewAttempts {
+		if attempt == attempts {
 			t.Fatalf("%d runs all delayed beyond the TTL, the last: %s", attempt, late)
 		}
 		t.Logf("run %d inconclusive, starting over: %s", attempt, late)

@@ -1321,17 +1321,7 @@ func testModesContention(t *testing.T, h *harness) {
 func testModesIntentRenewed(t *testing.T, h *harness) {
 	m := h.openModes("Hierarchical")
 	b := h.openMore()
-	const attempts = 5
-	for attempt := 1; ; attempt++ {
-		late := intentRenewed(t, h, m, b)
-		if late == "" {
-			break
-		}
-		if attempt == attempts {
-			t.Fatalf("%d runs all delayed beyond the TTL, the last: %s", attempt, late)
-		}
-		t.Logf("run %d inconclusive, starting over: %s", attempt, late)
-	}
+	untilConclusive(t, func() string { return intentRenewed(t, h, m, b) })
 	h.release(m, h.acquireMode(m, exclusive(hRoot, "root-writer")))
 }
 
