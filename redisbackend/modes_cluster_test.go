@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,40 +18,15 @@ import (
 )
 
 // startCluster starts a Redis Cluster of n primaries, each serving an
-// equal range of slots, and returns a client of each node.
+// equal range of slots (testredis.StartCluster), and returns a client of
+// each node.
 func startCluster(t *testing.T, n int) []*redis.Client {
 	t.Helper()
-	ctx := ctxBound(t)
+	c := testredis.StartCluster(t, testredis.ClusterConfig{Masters: n})
 	var nodes []*redis.Client
-	for range n {
-		srv := testredis.StartConfig(t, testredis.Config{Args: []string{"--cluster-enabled", "yes"}})
-		if srv.External() {
-			t.Skip("REDIS_ADDR is set: cannot build a cluster of several nodes")
-		}
-		nodes = append(nodes, srv.NewClient(t, nil))
+	for _, addr := range c.Addrs() {
+		nodes = append(nodes, c.Node(addr).NewClient(t, nil))
 	}
-	for i, c := range nodes {
-		lo, hi := i*16384/n, (i+1)*16384/n-1
-		if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
-			t.Fatalf("CLUSTER ADDSLOTSRANGE: %v", err)
-		}
-		if i > 0 {
-			host, port, _ := net.SplitHostPort(nodes[0].Options().Addr)
-			if err := c.ClusterMeet(ctx, host, port).Err(); err != nil {
-				t.Fatalf("CLUSTER MEET: %v", err)
-			}
-		}
-	}
-	eventually(t, "cluster state ok on every node", func() bool {
-		for _, c := range nodes {
-			info, err := c.ClusterInfo(ctx).Result()
-			if err != nil || !strings.Contains(info, "cluster_state:ok") ||
-				!strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(n)) {
-				return false
-			}
-		}
-		return true
-	})
 	return nodes
 }
 

@@ -616,7 +616,34 @@ func (b *Backend) eval(ctx context.Context, s *redis.Script, wait bool, keys []s
 // serves the key (WAIT counts the replicas that have this connection's
 // writes), falling back to EVAL after NOSCRIPT. It returns the script's
 // reply, what went wrong with WAIT (see run), and the script's error.
+//
+// On a Cluster the pipeline goes to the key's master as the client's slot
+// map names it, on that node's own client, so the ClusterClient's
+// following of redirections does not apply: a MOVED reply (the slot has
+// moved: a failover, a resharding; the script did not run) makes the
+// client reload its slot map, and the call goes once more, to the master
+// the new map names. Without that the client would never learn of the
+// move, since every call with WaitReplicas bypasses it, and every later
+// call would fail with MOVED (TestClusterFailoverKeepsLease).
 func (b *Backend) runWait(ctx context.Context, s *redis.Script, keys []string, args []any) (v any, waitErr, err error) {
+	for redirects := 0; ; redirects++ {
+		v, waitErr, err := b.runWaitOnce(ctx, s, keys, args)
+		if b.cluster == nil || redirects == maxRedirects || !redis.HasErrorPrefix(err, "MOVED") {
+			return v, waitErr, err
+		}
+		// ForEachMaster reloads the slot map before it iterates.
+		if rerr := b.cluster.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); rerr != nil {
+			return nil, nil, fmt.Errorf("%w (then reloading the cluster's slots: %w)", err, rerr)
+		}
+	}
+}
+
+// maxRedirects bounds the MOVED replies runWait follows in one call: a
+// node that has not yet learnt of a move may name an old master once more.
+const maxRedirects = 2
+
+// runWaitOnce is runWait without following redirections.
+func (b *Backend) runWaitOnce(ctx context.Context, s *redis.Script, keys []string, args []any) (v any, waitErr, err error) {
 	var p redis.Pipeliner
 	if b.cluster != nil {
 		node, err := b.cluster.MasterForKey(ctx, keys[0])

@@ -27,13 +27,31 @@ const unsubscribeTimeout = 5 * time.Second
 // hubs holds the shared pub/sub connections of a Backend: one, or one per
 // Cluster shard with sharded pub/sub.
 type hubs struct {
-	mu      sync.Mutex // guards closed, byShard, and every hub's subs, started and dead, every sub and every watch
+	mu      sync.Mutex // guards closed, byShard, moved, movedAt, reloadedAt, and every hub's subs, started and dead, every sub and every watch
 	closed  bool
 	byShard map[string]*hub
 	wg      sync.WaitGroup // one per running receive loop
+
+	// On a Cluster with sharded pub/sub: moved maps a hash slot to the
+	// node that dropped our subscriptions of a channel of that slot (an
+	// SUNSUBSCRIBE it sent on its own: the slot moved away from it, in a
+	// failover or a resharding); movedAt is when the last such drop
+	// arrived, reloadedAt the movedAt that Watch last reloaded the
+	// client's slot map for (see clusterShard).
+	moved      map[uint16]string
+	movedAt    time.Time
+	reloadedAt time.Time
 }
 
-func (hs *hubs) init() { hs.byShard = make(map[string]*hub) }
+func (hs *hubs) init() {
+	hs.byShard = make(map[string]*hub)
+	hs.moved = make(map[uint16]string)
+}
+
+// errSlotMoving is wrapped by the error of a Watch on a Cluster whose
+// channel's slot a node has just given up while the client's slot map
+// still names that node: the caller watches again a little later.
+var errSlotMoving = errors.New("redisbackend: the slot moved away from the node the cluster's slot map names")
 
 // hub is one pub/sub connection and the subscriptions multiplexed on it.
 type hub struct {
@@ -94,11 +112,10 @@ func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<
 	channel := b.channel(key)
 	shard := ""
 	if b.pubsub == PubSubSharded && b.cluster != nil {
-		node, err := b.cluster.MasterForKey(ctx, channel)
-		if err != nil {
+		var err error
+		if shard, err = b.clusterShard(ctx, channel); err != nil {
 			return nil, fmt.Errorf("redisbackend: watch %q: %w", key, err)
 		}
-		shard = node.Options().Addr
 	}
 	h, err := b.hubFor(shard)
 	if err != nil {
@@ -152,6 +169,49 @@ func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<
 		b.hubs.mu.Unlock()
 	}
 	return w.ch, nil
+}
+
+// clusterShard returns the address of the master that serves channel's
+// slot, where a sharded subscription of channel must go: a replica accepts
+// one (SSUBSCRIBE) but does not deliver what is published on its master,
+// so a subscription sent there would stay silent. The client's slot map
+// may be out of date after a failover or a resharding; the nodes that gave
+// up a slot tell the subscribers they had there (SUNSUBSCRIBE, see
+// serverUnsubscribed). After such a drop the map is reloaded before the
+// next subscription (ForEachMaster reloads it), and a subscription of a
+// slot whose node dropped it is refused (errSlotMoving) while the map still
+// names that node, as it may for a moment when the node asked has not yet
+// learnt of the move (TestClusterWatchAcrossFailover).
+func (b *Backend) clusterShard(ctx context.Context, channel string) (string, error) {
+	slot := keySlot(channel)
+	b.hubs.mu.Lock()
+	from := b.hubs.moved[slot]
+	reload := b.hubs.movedAt.After(b.hubs.reloadedAt)
+	if reload {
+		b.hubs.reloadedAt = b.hubs.movedAt
+	}
+	b.hubs.mu.Unlock()
+	if reload || from != "" {
+		if err := b.cluster.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
+			return "", fmt.Errorf("reload the cluster's slots: %w", err)
+		}
+	}
+	node, err := b.cluster.MasterForKey(ctx, channel)
+	if err != nil {
+		return "", err
+	}
+	addr := node.Options().Addr
+	if from != "" {
+		if addr == from {
+			return "", fmt.Errorf("%w: slot %d left %s", errSlotMoving, slot, from)
+		}
+		b.hubs.mu.Lock()
+		if b.hubs.moved[slot] == from {
+			delete(b.hubs.moved, slot)
+		}
+		b.hubs.mu.Unlock()
+	}
+	return addr, nil
 }
 
 func (b *Backend) deadErr() error {
@@ -358,6 +418,10 @@ func (b *Backend) serverUnsubscribed(h *hub, channel string) {
 	s := h.subs[channel]
 	if s == nil || !s.confirmed {
 		return
+	}
+	if h.shard != "" {
+		b.hubs.moved[keySlot(channel)] = h.shard
+		b.hubs.movedAt = time.Now()
 	}
 	delete(h.subs, channel)
 	for w := range s.watches {

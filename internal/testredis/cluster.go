@@ -1,0 +1,326 @@
+package testredis
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// clusterBound is how long StartCluster waits for the cluster to be ready
+// and Cluster.Failover for a failover to complete.
+const clusterBound = 30 * time.Second
+
+// clusterManualFailoverWait is how long Cluster.Failover gives one CLUSTER
+// FAILOVER before it sends another: the server aborts a manual failover
+// that is not done within 5 s (CLUSTER_MF_TIMEOUT).
+const clusterManualFailoverWait = 6 * time.Second
+
+// ClusterConfig tunes the Redis Cluster StartCluster launches. The zero
+// value is three masters without replicas.
+type ClusterConfig struct {
+	// Masters is the number of masters; the slots are split evenly among
+	// them. default: 3
+	Masters int
+	// Replicas is the number of replicas of each master. default: 0
+	Replicas int
+	// Args are extra redis-server arguments of every node.
+	Args []string
+}
+
+// Cluster is a Redis Cluster started by StartCluster: every node a
+// redis-server in cluster mode on a free loopback port, with its own
+// directory. Its methods are safe for concurrent use.
+type Cluster struct {
+	nodes []*Server // masters first, then the replicas of each in turn
+	admin map[string]*redis.Client
+}
+
+// StartCluster starts a Redis Cluster of cfg.Masters masters, each with
+// cfg.Replicas replicas, and waits until every node reports
+// cluster_state:ok and every replica's link to its master is up. It stops
+// every node at the end of the test. It skips the test when REDIS_ADDR
+// names an external server (a cluster of several nodes cannot be built
+// from it) and, like Start, when redis-server is missing (failing on CI).
+func StartCluster(t testing.TB, cfg ClusterConfig) *Cluster {
+	t.Helper()
+	if cfg.Masters <= 0 {
+		cfg.Masters = 3
+	}
+	total := cfg.Masters * (1 + cfg.Replicas)
+	c := &Cluster{admin: make(map[string]*redis.Client)}
+	args := append([]string{"--cluster-enabled", "yes"}, cfg.Args...)
+	for range total {
+		s := StartConfig(t, Config{Args: args})
+		if s.External() {
+			t.Skip("testredis: REDIS_ADDR is set: cannot build a Redis Cluster of several nodes from it")
+		}
+		c.nodes = append(c.nodes, s)
+		a := redis.NewClient(&redis.Options{Addr: s.Addr()})
+		t.Cleanup(func() { _ = a.Close() })
+		c.admin[s.Addr()] = a
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), clusterBound)
+	defer cancel()
+	if err := c.build(ctx, cfg); err != nil {
+		t.Fatalf("testredis: start a cluster of %d masters and %d replicas each: %v", cfg.Masters, cfg.Replicas, err)
+	}
+	return c
+}
+
+// build assigns the slots, introduces the nodes to each other, makes the
+// replicas replicate, and waits until the cluster is ready.
+func (c *Cluster) build(ctx context.Context, cfg ClusterConfig) error {
+	first := c.nodes[0].Addr()
+	host, port, _ := net.SplitHostPort(first)
+	ids := make([]string, cfg.Masters)
+	for i, s := range c.nodes {
+		a := c.admin[s.Addr()]
+		if i < cfg.Masters {
+			lo, hi := i*16384/cfg.Masters, (i+1)*16384/cfg.Masters-1
+			if err := a.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+				return fmt.Errorf("CLUSTER ADDSLOTSRANGE on %s: %w", s.Addr(), err)
+			}
+			id, err := a.Do(ctx, "CLUSTER", "MYID").Text()
+			if err != nil {
+				return fmt.Errorf("CLUSTER MYID on %s: %w", s.Addr(), err)
+			}
+			ids[i] = id
+		}
+		if i > 0 {
+			if err := a.ClusterMeet(ctx, host, port).Err(); err != nil {
+				return fmt.Errorf("CLUSTER MEET from %s: %w", s.Addr(), err)
+			}
+		}
+	}
+	if err := poll(ctx, "every node knows every other", func() error {
+		for _, s := range c.nodes {
+			if err := c.infoHas(ctx, s.Addr(), "cluster_known_nodes:"+strconv.Itoa(len(c.nodes))); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for i, s := range c.nodes[cfg.Masters:] {
+		master := ids[i/cfg.Replicas]
+		if err := poll(ctx, "CLUSTER REPLICATE", func() error {
+			// Refused until the node has learnt through gossip that
+			// master is a master.
+			return c.admin[s.Addr()].Do(ctx, "CLUSTER", "REPLICATE", master).Err()
+		}); err != nil {
+			return fmt.Errorf("%s: %w", s.Addr(), err)
+		}
+	}
+	return poll(ctx, "the cluster ready", func() error {
+		for _, s := range c.nodes {
+			if err := c.infoHas(ctx, s.Addr(), "cluster_state:ok"); err != nil {
+				return err
+			}
+		}
+		for _, s := range c.nodes[cfg.Masters:] {
+			if err := c.replicaUp(ctx, s.Addr()); err != nil {
+				return err
+			}
+		}
+		// Every node knows every shard's replicas as online (Failover
+		// finds them there).
+		for _, s := range c.nodes {
+			shards, err := c.admin[s.Addr()].ClusterShards(ctx).Result()
+			if err != nil {
+				return fmt.Errorf("CLUSTER SHARDS on %s: %w", s.Addr(), err)
+			}
+			for _, sh := range shards {
+				online := 0
+				for _, n := range sh.Nodes {
+					if n.Health == "online" {
+						online++
+					}
+				}
+				if online != 1+cfg.Replicas {
+					return fmt.Errorf("CLUSTER SHARDS on %s: a shard of %d nodes online, want %d: %+v",
+						s.Addr(), online, 1+cfg.Replicas, sh)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// infoHas returns nil when CLUSTER INFO of addr contains want.
+func (c *Cluster) infoHas(ctx context.Context, addr, want string) error {
+	info, err := c.admin[addr].ClusterInfo(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("CLUSTER INFO on %s: %w", addr, err)
+	}
+	if !strings.Contains(info, want) {
+		return fmt.Errorf("CLUSTER INFO on %s: no %q", addr, want)
+	}
+	return nil
+}
+
+// replicaUp returns nil when addr is a replica whose link to its master is
+// up and whose first sync is done.
+func (c *Cluster) replicaUp(ctx context.Context, addr string) error {
+	info, err := c.admin[addr].Info(ctx, "replication").Result()
+	if err != nil {
+		return fmt.Errorf("INFO replication on %s: %w", addr, err)
+	}
+	if !strings.Contains(info, "role:slave") || !strings.Contains(info, "master_link_status:up") ||
+		strings.Contains(info, "master_sync_in_progress:1") {
+		return fmt.Errorf("%s: not a replica with its link up: %q", addr, info)
+	}
+	return nil
+}
+
+// Addrs returns the address of every node.
+func (c *Cluster) Addrs() []string {
+	addrs := make([]string, len(c.nodes))
+	for i, s := range c.nodes {
+		addrs[i] = s.Addr()
+	}
+	return addrs
+}
+
+// Node returns the node at addr, or nil.
+func (c *Cluster) Node(addr string) *Server {
+	for _, s := range c.nodes {
+		if s.Addr() == addr {
+			return s
+		}
+	}
+	return nil
+}
+
+// NewClusterClient returns a cluster client of every node, closed at the
+// end of the test. opts may be nil; its Addrs are overwritten.
+func (c *Cluster) NewClusterClient(t testing.TB, opts *redis.ClusterOptions) *redis.ClusterClient {
+	t.Helper()
+	var o redis.ClusterOptions
+	if opts != nil {
+		o = *opts
+	}
+	o.Addrs = c.Addrs()
+	cc := redis.NewClusterClient(&o)
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// Slot returns the hash slot of key, as the cluster computes it (CLUSTER
+// KEYSLOT).
+func (c *Cluster) Slot(ctx context.Context, key string) (int, error) {
+	n, err := c.admin[c.nodes[0].Addr()].ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		return 0, fmt.Errorf("CLUSTER KEYSLOT %q: %w", key, err)
+	}
+	return int(n), nil
+}
+
+// Shard returns the address of the master serving slot and of its
+// replicas, as the node at from sees them (CLUSTER SHARDS).
+func (c *Cluster) Shard(ctx context.Context, from string, slot int) (master string, replicas []string, err error) {
+	shards, err := c.admin[from].ClusterShards(ctx).Result()
+	if err != nil {
+		return "", nil, fmt.Errorf("CLUSTER SHARDS on %s: %w", from, err)
+	}
+	for _, sh := range shards {
+		if !slices.ContainsFunc(sh.Slots, func(r redis.SlotRange) bool { return int(r.Start) <= slot && slot <= int(r.End) }) {
+			continue
+		}
+		for _, n := range sh.Nodes {
+			addr := net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+			switch {
+			case n.Role == "master":
+				master = addr
+			case n.Health == "online":
+				replicas = append(replicas, addr)
+			}
+		}
+		if master == "" {
+			return "", nil, fmt.Errorf("CLUSTER SHARDS on %s: the shard of slot %d has no master: %+v", from, slot, sh)
+		}
+		return master, replicas, nil
+	}
+	return "", nil, fmt.Errorf("CLUSTER SHARDS on %s: slot %d is not served", from, slot)
+}
+
+// Failover fails the shard of slot over to its first replica with CLUSTER
+// FAILOVER, sent to the replica: a manual failover, in which the master
+// stops its clients until the replica has every write it acknowledged, so
+// that nothing is lost. It waits until it is done: the replica reports the
+// master role, the old master reports itself its replica with the link up
+// and the first sync done, and every node names the new master for slot.
+// It returns the old master's and the new master's addresses. It sends
+// CLUSTER FAILOVER again when one is not done within 6 s (the server
+// aborts a manual failover after 5 s), and gives up after 30 s or when ctx
+// ends.
+func (c *Cluster) Failover(ctx context.Context, slot int) (old, promoted string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, clusterBound)
+	defer cancel()
+	old, replicas, err := c.Shard(ctx, c.nodes[0].Addr(), slot)
+	if err != nil {
+		return "", "", fmt.Errorf("testredis: failover: %w", err)
+	}
+	if len(replicas) == 0 {
+		return "", "", fmt.Errorf("testredis: failover of slot %d: its master %s has no replica", slot, old)
+	}
+	promoted = replicas[0]
+	sent := 0
+	for {
+		if err := c.admin[promoted].Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
+			return "", "", fmt.Errorf("testredis: CLUSTER FAILOVER on %s: %w", promoted, err)
+		}
+		sent++
+		wait, cancelWait := context.WithTimeout(ctx, clusterManualFailoverWait)
+		err := poll(wait, "the failover", func() error {
+			role, err := c.admin[promoted].Do(wait, "ROLE").Slice()
+			if err != nil || len(role) == 0 || role[0] != "master" {
+				return fmt.Errorf("%s: ROLE %v, %v; want master", promoted, role, err)
+			}
+			if err := c.replicaUp(wait, old); err != nil {
+				return err
+			}
+			for _, s := range c.nodes {
+				m, _, err := c.Shard(wait, s.Addr(), slot)
+				if err != nil {
+					return err
+				}
+				if m != promoted {
+					return fmt.Errorf("%s names %s the master of slot %d, want %s", s.Addr(), m, slot, promoted)
+				}
+			}
+			return nil
+		})
+		cancelWait()
+		if err == nil {
+			return old, promoted, nil
+		}
+		if ctx.Err() != nil {
+			return "", "", fmt.Errorf("testredis: failover of slot %d from %s to %s (%d CLUSTER FAILOVER sent): %w\n%s log:\n%s",
+				slot, old, promoted, sent, err, promoted, c.Node(promoted).Log())
+		}
+	}
+}
+
+// poll calls cond until it returns nil, and returns its last error, with
+// what, once ctx ends.
+func poll(ctx context.Context, what string, cond func() error) error {
+	for {
+		err := cond()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w (last: %w)", what, ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond): // polling the servers' state
+		}
+	}
+}

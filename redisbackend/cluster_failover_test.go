@@ -1,0 +1,319 @@
+package redisbackend_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	sovereign "github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/electortest"
+	"github.com/sovereign-go/sovereign/internal/testredis"
+	"github.com/sovereign-go/sovereign/redisbackend"
+)
+
+// The tests of this file run the backend over a redis.ClusterClient of a
+// real Redis Cluster of two masters with one replica each
+// (testredis.StartCluster), and fail a shard over for real (CLUSTER
+// FAILOVER on its replica), as the Sentinel tests do with SENTINEL
+// FAILOVER: the lease survives with WaitReplicas, the client follows the
+// slot to the promoted replica, watches learn of the move (the old master
+// drops its sharded subscriptions), and an election never has two
+// leaders across it.
+
+// startReplicatedCluster starts two masters with one replica each.
+func startReplicatedCluster(t *testing.T) *testredis.Cluster {
+	t.Helper()
+	return testredis.StartCluster(t, testredis.ClusterConfig{Masters: 2, Replicas: 1})
+}
+
+// clusterClient returns a client of every node of c, with the options the
+// README shows, closed at the end of the test.
+func clusterClient(t testing.TB, c *testredis.Cluster) *redis.ClusterClient {
+	t.Helper()
+	return c.NewClusterClient(t, &redis.ClusterOptions{ContextTimeoutEnabled: true})
+}
+
+// slotOf returns the hash slot of the lease of key under prefix.
+func slotOf(t testing.TB, ctx context.Context, c *testredis.Cluster, prefix, key string) int {
+	t.Helper()
+	slot, err := c.Slot(ctx, prefix+"{"+key+"}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slot
+}
+
+// TestClusterFailoverKeepsLease: with WaitReplicas 1, a lease acquired
+// before a failover of its shard is still held on the promoted replica.
+// The holder's Renew succeeds once the client follows the slot, and lands
+// there; a competitor is told who holds it, under the same term; Release
+// frees it; and the next term is greater than every earlier one.
+func TestClusterFailoverKeepsLease(t *testing.T) {
+	c := startReplicatedCluster(t)
+	ctx := ctxBound(t)
+	opts := &redisbackend.Options{Prefix: "cf:", WaitReplicas: 1, WaitTimeout: sentinelWaitTimeout}
+	a := newBackend(t, clusterClient(t, c), opts)
+	b := newBackend(t, clusterClient(t, c), opts)
+	req := backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute}
+
+	var terms []uint64
+	for range 2 {
+		l, err := a.Acquire(ctx, req)
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		terms = append(terms, l.Term)
+		if err := a.Release(ctx, l); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+	l, err := a.Acquire(ctx, req)
+	if err != nil {
+		t.Fatalf("Acquire before the failover: %v", err)
+	}
+	terms = append(terms, l.Term)
+
+	old, promoted, err := c.Failover(ctx, slotOf(t, ctx, c, "cf:", "k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("failover: %s -> %s", old, promoted)
+	ctx = ctxBound(t) // a failover may take most of a bound on a loaded machine
+
+	if err := acrossSwitch(t, "Renew", func() error { return a.Renew(ctx, l) }); err != nil {
+		t.Fatalf("Renew after the failover: got %v, want nil", err)
+	}
+	// The renewal reached the promoted replica: it holds the lease, with the
+	// full TTL again.
+	direct := c.Node(promoted).NewClient(t, nil)
+	if got := direct.HGet(ctx, "cf:{k}", "token").Val(); got != l.Token {
+		t.Errorf("token on the promoted replica %s: got %q, want %q", promoted, got, l.Token)
+	}
+	if pttl := direct.PTTL(ctx, "cf:{k}").Val(); pttl < req.TTL-10*time.Second {
+		t.Errorf("PTTL of the lease on the promoted replica after Renew: got %v, want about %v", pttl, req.TTL)
+	}
+
+	err = acrossSwitch(t, "competitor's Acquire", func() error {
+		_, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "b", TTL: time.Minute})
+		return err
+	})
+	var held *backend.HeldError
+	if !errors.As(err, &held) {
+		t.Fatalf("competitor's Acquire after the failover: got %v, want a *backend.HeldError", err)
+	}
+	if held.Holder.HolderID != "a" || held.Holder.Term != l.Term || held.Holder.Token != l.Token {
+		t.Errorf("HeldError after the failover: got holder %q term %d token %q, want a, %d, %q",
+			held.Holder.HolderID, held.Holder.Term, held.Holder.Token, l.Term, l.Token)
+	}
+
+	if err := acrossSwitch(t, "Release", func() error { return a.Release(ctx, l) }); err != nil {
+		t.Fatalf("Release after the failover: got %v, want nil", err)
+	}
+	var lb backend.Lease
+	if err := acrossSwitch(t, "Acquire after Release", func() error {
+		var err error
+		lb, err = b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "b", TTL: time.Minute})
+		return err
+	}); err != nil {
+		t.Fatalf("Acquire after Release: got %v, want nil", err)
+	}
+	if last := terms[len(terms)-1]; lb.Term <= last {
+		t.Errorf("term after the failover: got %d, want > %d (terms before: %v)", lb.Term, last, terms)
+	}
+}
+
+// TestClusterWatchAcrossFailover: a watch open across a failover of its
+// key's shard is closed, because the old master drops its sharded
+// subscriptions of the slot when it becomes a replica (SUNSUBSCRIBE sent
+// by the server), or gets EventReset; a watch opened afterwards, on the
+// promoted replica, sees a release. A watch of a key on the other shard
+// keeps working throughout: it sees a release after the failover, on the
+// same channel.
+func TestClusterWatchAcrossFailover(t *testing.T) {
+	c := startReplicatedCluster(t)
+	ctx := ctxBound(t)
+	w := newBackend(t, clusterClient(t, c), &redisbackend.Options{Prefix: "cw:"})
+	b := newBackend(t, clusterClient(t, c), &redisbackend.Options{Prefix: "cw:"})
+	slot := slotOf(t, ctx, c, "cw:", "k")
+	// A key on the other shard.
+	other := ""
+	for i := 0; other == ""; i++ {
+		k := fmt.Sprintf("o%d", i)
+		if s := slotOf(t, ctx, c, "cw:", k); (s < 8192) != (slot < 8192) {
+			other = k
+		}
+	}
+	events, err := w.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	otherEvents, err := w.Watch(ctx, other)
+	if err != nil {
+		t.Fatalf("Watch %q: %v", other, err)
+	}
+	if _, _, err := c.Failover(ctx, slot); err != nil {
+		t.Fatal(err)
+	}
+	ctx = ctxBound(t) // a failover may take most of a bound on a loaded machine
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	for done := false; !done; {
+		select {
+		case e, ok := <-events:
+			done = !ok || e.Type == backend.EventReset
+			switch {
+			case !ok:
+				t.Log("watch open across the failover: closed")
+			case done:
+				t.Log("watch open across the failover: EventReset")
+			default:
+				t.Logf("watch open across the failover: %v before the reset", e.Type)
+			}
+		case <-timer.C:
+			t.Fatalf("watch open across the failover: neither closed nor EventReset within %v", bound)
+		}
+	}
+
+	var again <-chan backend.Event
+	if err := acrossSwitch(t, "Watch after the failover", func() error {
+		var err error
+		again, err = w.Watch(ctx, "k")
+		return err
+	}); err != nil {
+		t.Fatalf("Watch after the failover: %v", err)
+	}
+	for _, key := range []string{"k", other} {
+		var l backend.Lease
+		if err := acrossSwitch(t, "Acquire after the failover", func() error {
+			var err error
+			l, err = b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "b", TTL: time.Minute})
+			return err
+		}); err != nil {
+			t.Fatalf("Acquire %q after the failover: %v", key, err)
+		}
+		if err := b.Release(ctx, l); err != nil {
+			t.Fatalf("Release %q after the failover: %v", key, err)
+		}
+	}
+	for _, x := range []struct {
+		what string
+		ch   <-chan backend.Event
+	}{{"watch opened after the failover", again}, {"watch of the other shard's key", otherEvents}} {
+		timer.Reset(bound)
+		for released := false; !released; {
+			select {
+			case e, ok := <-x.ch:
+				if !ok {
+					t.Fatalf("%s: channel closed, want the release", x.what)
+				}
+				released = e.Type == backend.EventReleased
+			case <-timer.C:
+				t.Fatalf("%s: no EventReleased within %v", x.what, bound)
+			}
+		}
+	}
+}
+
+// clusterElectorTTL is the TTL of the elector test over a Cluster:
+// RenewDeadline 7 s, RequestTimeout 2 s, ResignSitOut 2 s.
+const clusterElectorTTL = 10 * time.Second
+
+// TestClusterElectorFailover: three candidates over ClusterClients with
+// WaitReplicas 1 and a failover of the election's shard while one leads.
+// At no moment do two lead (terms recorded by the leader functions), and
+// after the failover the election has a leader again whose lease is on the
+// promoted replica.
+func TestClusterElectorFailover(t *testing.T) {
+	c := startReplicatedCluster(t)
+	ctx := ctxBound(t)
+	const name = "cluster-daemon"
+	opts := &redisbackend.Options{WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond}
+	rec := &electortest.Recorder{}
+	reader := newBackend(t, clusterClient(t, c), nil)
+	var es []*sovereign.Elector
+	for _, id := range []string{"c1", "c2", "c3"} {
+		e, err := sovereign.New(newBackend(t, clusterClient(t, c), opts), name, id, &sovereign.Options{
+			TTL: clusterElectorTTL, NoStartupJitter: true, Logger: electortest.Logger(),
+		})
+		if err != nil {
+			t.Fatalf("sovereign.New: %v", err)
+		}
+		rec.Campaign(t, e)
+		es = append(es, e)
+	}
+	// waitLeaderOn waits until one candidate leads, the store holds its
+	// lease under its term, and so does the node at master.
+	waitLeaderOn := func(what, master string) *sovereign.Elector {
+		t.Helper()
+		direct := c.Node(master).NewClient(t, nil)
+		var leader *sovereign.Elector
+		electortest.Eventually(t, what, func() bool {
+			ls := electortest.Leaders(es...)
+			if len(ls) != 1 {
+				return false
+			}
+			leader = ls[0]
+			rec, err := reader.Get(ctx, name)
+			if err != nil || rec.HolderID != leader.ID() || rec.Term != leader.Term() {
+				return false
+			}
+			term, err := direct.HGet(ctx, "sovereign:{"+name+"}", "term").Uint64()
+			return err == nil && term == leader.Term()
+		})
+		return leader
+	}
+
+	slot := slotOf(t, ctx, c, "sovereign:", name)
+	master, _, err := c.Shard(ctx, c.Addrs()[0], slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := waitLeaderOn("a leader before the failover", master)
+	t.Logf("leader before the failover: %s, term %d", before.ID(), before.Term())
+	old, promoted, err := c.Failover(ctx, slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := time.Now()
+	ctx = ctxBound(t) // a failover may take most of a bound on a loaded machine
+	after := waitLeaderOn("a leader whose lease is on the promoted replica", promoted)
+	t.Logf("failover %s -> %s; leader after it: %s, term %d, %v after it completed",
+		old, promoted, after.ID(), after.Term(), time.Since(done))
+
+	// A graceful hand-over after the failover: the followers learn of the
+	// release from their watches, which the old master dropped and which
+	// must now be on the promoted replica. The one that resigned sits out
+	// for 2 s (ResignSitOut) and the others, with their watches live, look
+	// again only when the lease would expire (6.7 s after its last
+	// renewal): so the next leader is another candidate only if a watch
+	// carried the release.
+	term := after.Term()
+	resigned := time.Now()
+	if err := after.Resign(ctx); err != nil {
+		t.Fatalf("Resign: %v", err)
+	}
+	var next *sovereign.Elector
+	electortest.Eventually(t, "a new leader after the resignation", func() bool {
+		ls := electortest.Leaders(es...)
+		if len(ls) != 1 || ls[0].Term() <= term {
+			return false
+		}
+		next = ls[0]
+		return true
+	})
+	t.Logf("hand-over after the failover: %s resigned, %s leads (term %d) %v later", after.ID(), next.ID(), next.Term(), time.Since(resigned))
+	if next.ID() == after.ID() {
+		t.Errorf("after the resignation %s led again, want another candidate, woken by its watch", after.ID())
+	}
+	for _, e := range es {
+		_ = e.Close()
+	}
+	ivs := rec.Intervals()
+	t.Logf("terms: %v", ivs)
+	electortest.CheckNoOverlap(t, ivs)
+}
