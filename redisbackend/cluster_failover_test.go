@@ -317,3 +317,80 @@ func TestClusterElectorFailover(t *testing.T) {
 	t.Logf("terms: %v", ivs)
 	electortest.CheckNoOverlap(t, ivs)
 }
+
+// TestClusterWatchAfterUnseenFailover: a backend that had no subscription
+// on a shard when it failed over (its pub/sub connection to the old master
+// idle, its slot map out of date) gets no SUNSUBSCRIBE to learn of the
+// move from; a watch it opens afterwards must still end on the promoted
+// replica and see a release. It is refused, or opened on the old master
+// (now a replica, which accepts the subscription and delivers nothing)
+// and then closed once its silence is noticed; either way the caller
+// watches again, as the test does, and the release is seen within the
+// bound. (Without the role checks the watch stayed open and silent.)
+func TestClusterWatchAfterUnseenFailover(t *testing.T) {
+	c := startReplicatedCluster(t)
+	ctx := ctxBound(t)
+	opts := &redisbackend.Options{Prefix: "cu:", HealthCheckInterval: time.Second}
+	w := newBackend(t, clusterClient(t, c), opts)
+	b := newBackend(t, clusterClient(t, c), opts)
+	slot := slotOf(t, ctx, c, "cu:", "k")
+	master, _, err := c.Shard(ctx, c.Addrs()[0], slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A subscription on the shard, ended: the backend keeps its idle
+	// connection to the master and its slot map.
+	wctx, cancel := context.WithCancel(ctx)
+	if _, err := w.Watch(wctx, "k"); err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	cancel()
+	direct := c.Node(master).NewClient(t, nil)
+	eventually(t, "the watch unsubscribed", func() bool {
+		m, err := direct.Do(ctx, "PUBSUB", "SHARDNUMSUB", "cu:{k}:events").Slice()
+		return err == nil && len(m) == 2 && m[1] == int64(0)
+	})
+
+	if _, _, err := c.Failover(ctx, slot); err != nil {
+		t.Fatal(err)
+	}
+	ctx = ctxBound(t) // a failover may take most of a bound on a loaded machine
+	deadline := time.Now().Add(bound)
+	for attempt := 1; ; attempt++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("no release seen by a watch opened after the failover within %v (%d watches)", bound, attempt-1)
+		}
+		var events <-chan backend.Event
+		if err := acrossSwitch(t, "Watch after the failover", func() error {
+			var err error
+			events, err = w.Watch(ctx, "k")
+			return err
+		}); err != nil {
+			t.Fatalf("Watch after the failover: %v", err)
+		}
+		var l backend.Lease
+		if err := acrossSwitch(t, "Acquire after the failover", func() error {
+			var err error
+			l, err = b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "b", TTL: time.Minute})
+			return err
+		}); err != nil {
+			t.Fatalf("Acquire after the failover: %v", err)
+		}
+		if err := b.Release(ctx, l); err != nil {
+			t.Fatalf("Release after the failover: %v", err)
+		}
+		for closed := false; !closed; {
+			select {
+			case e, ok := <-events:
+				if ok && e.Type == backend.EventReleased {
+					t.Logf("release seen by watch %d after the failover", attempt)
+					return
+				}
+				closed = !ok
+			case <-ctx.Done():
+				t.Fatalf("watch %d after the failover: neither the release nor closed within %v", attempt, bound)
+			}
+		}
+		t.Logf("watch %d after the failover closed; watching again", attempt)
+	}
+}

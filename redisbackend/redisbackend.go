@@ -147,6 +147,17 @@
 // The caller then treats it as a reset (backend.EventReset): it re-reads
 // the state, since the server may have lost it, and watches again.
 //
+// On a Cluster a sharded subscription must be on the master of its slot: a
+// replica accepts one and delivers nothing. When a slot moves (a failover,
+// a resharding) its old node drops the subscriptions it had (SUNSUBSCRIBE),
+// which closes those watches; the next Watch reloads the client's slot map
+// first and is refused (the caller watches again) while the map still names
+// the node that dropped the slot. Watch also asks a node's role before
+// subscribing there (at most once a second per node), and a pub/sub
+// connection silent for its health-check period to a node that is no
+// longer a master is broken, so a subscription sent to a replica on an out
+// of date map is made again on the master.
+//
 // # Requirements
 //
 // Redis 5.0 or later (or a compatible server): the scripts read TIME before

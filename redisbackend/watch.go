@@ -41,12 +41,18 @@ type hubs struct {
 	moved      map[uint16]string
 	movedAt    time.Time
 	reloadedAt time.Time
+	roleAt     map[string]time.Time // node address → when Watch last asked its role (checkMaster)
 }
 
 func (hs *hubs) init() {
 	hs.byShard = make(map[string]*hub)
 	hs.moved = make(map[uint16]string)
+	hs.roleAt = make(map[string]time.Time)
 }
+
+// roleCheckEvery bounds how often Watch asks a Cluster node whether it is
+// still a master (checkMaster): at most once a second per node.
+const roleCheckEvery = time.Second
 
 // errSlotMoving is wrapped by the error of a Watch on a Cluster whose
 // channel's slot a node has just given up while the client's slot map
@@ -55,7 +61,8 @@ var errSlotMoving = errors.New("redisbackend: the slot moved away from the node 
 
 // hub is one pub/sub connection and the subscriptions multiplexed on it.
 type hub struct {
-	shard   string // node address on Cluster with sharded pub/sub, "" otherwise
+	shard   string        // node address on Cluster with sharded pub/sub, "" otherwise
+	node    *redis.Client // that node's client (for its role), nil otherwise
 	sharded bool
 	ps      *redis.PubSub
 
@@ -111,13 +118,14 @@ func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<
 	}
 	channel := b.channel(key)
 	shard := ""
+	var node *redis.Client
 	if b.pubsub == PubSubSharded && b.cluster != nil {
 		var err error
-		if shard, err = b.clusterShard(ctx, channel); err != nil {
+		if shard, node, err = b.clusterShard(ctx, channel); err != nil {
 			return nil, fmt.Errorf("redisbackend: watch %q: %w", key, err)
 		}
 	}
-	h, err := b.hubFor(shard)
+	h, err := b.hubFor(shard, node)
 	if err != nil {
 		return nil, fmt.Errorf("redisbackend: watch %q: %w", key, err)
 	}
@@ -181,8 +189,14 @@ func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<
 // next subscription (ForEachMaster reloads it), and a subscription of a
 // slot whose node dropped it is refused (errSlotMoving) while the map still
 // names that node, as it may for a moment when the node asked has not yet
-// learnt of the move (TestClusterWatchAcrossFailover).
-func (b *Backend) clusterShard(ctx context.Context, channel string) (string, error) {
+// learnt of the move (TestClusterWatchAcrossFailover). A node that had no
+// subscription of ours when it became a replica sends no such drop: the
+// node's role is checked before a subscription (checkMaster, at most once
+// a second), and while a subscription stays silent (see receive), so that
+// a subscription sent to a replica is noticed and made again on the master
+// (TestClusterWatchAfterUnseenFailover). It returns the node's address and
+// client.
+func (b *Backend) clusterShard(ctx context.Context, channel string) (string, *redis.Client, error) {
 	slot := keySlot(channel)
 	b.hubs.mu.Lock()
 	from := b.hubs.moved[slot]
@@ -193,17 +207,17 @@ func (b *Backend) clusterShard(ctx context.Context, channel string) (string, err
 	b.hubs.mu.Unlock()
 	if reload || from != "" {
 		if err := b.cluster.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
-			return "", fmt.Errorf("reload the cluster's slots: %w", err)
+			return "", nil, fmt.Errorf("reload the cluster's slots: %w", err)
 		}
 	}
 	node, err := b.cluster.MasterForKey(ctx, channel)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	addr := node.Options().Addr
 	if from != "" {
 		if addr == from {
-			return "", fmt.Errorf("%w: slot %d left %s", errSlotMoving, slot, from)
+			return "", nil, fmt.Errorf("%w: slot %d left %s", errSlotMoving, slot, from)
 		}
 		b.hubs.mu.Lock()
 		if b.hubs.moved[slot] == from {
@@ -211,7 +225,59 @@ func (b *Backend) clusterShard(ctx context.Context, channel string) (string, err
 		}
 		b.hubs.mu.Unlock()
 	}
-	return addr, nil
+	if err := b.checkMaster(ctx, addr, node, slot); err != nil {
+		return "", nil, err
+	}
+	return addr, node, nil
+}
+
+// checkMaster asks the node at addr (node) whether it is a master (ROLE),
+// unless it was asked less than roleCheckEvery ago. When it is not, the
+// slot map is out of date: the next Watch reloads it, and slot (whose
+// subscription was to go there) is treated as moved away from addr, so
+// that it returns errSlotMoving.
+func (b *Backend) checkMaster(ctx context.Context, addr string, node *redis.Client, slot uint16) error {
+	now := time.Now()
+	b.hubs.mu.Lock()
+	due := now.Sub(b.hubs.roleAt[addr]) >= roleCheckEvery
+	if due {
+		b.hubs.roleAt[addr] = now
+	}
+	b.hubs.mu.Unlock()
+	if !due {
+		return nil
+	}
+	master, err := isMaster(ctx, node)
+	if err != nil {
+		b.hubs.mu.Lock()
+		delete(b.hubs.roleAt, addr) // ask again next time
+		b.hubs.mu.Unlock()
+		return fmt.Errorf("the role of %s: %w", addr, err)
+	}
+	if master {
+		return nil
+	}
+	b.nodeDemoted(addr, slot)
+	return fmt.Errorf("%w: %s is no longer a master (slot %d)", errSlotMoving, addr, slot)
+}
+
+// isMaster reports whether the node of c answers ROLE with master.
+func isMaster(ctx context.Context, c *redis.Client) (bool, error) {
+	role, err := c.Do(ctx, "ROLE").Slice()
+	if err != nil {
+		return false, err
+	}
+	return len(role) > 0 && role[0] == "master", nil
+}
+
+// nodeDemoted notes that the node at addr is no longer a master: the next
+// Watch reloads the slot map, and one of slot refuses addr until the map
+// names another node.
+func (b *Backend) nodeDemoted(addr string, slot uint16) {
+	b.hubs.mu.Lock()
+	defer b.hubs.mu.Unlock()
+	b.hubs.moved[slot] = addr
+	b.hubs.movedAt = time.Now()
 }
 
 func (b *Backend) deadErr() error {
@@ -223,7 +289,7 @@ func (b *Backend) deadErr() error {
 
 // hubFor returns the live hub of shard, creating it (without connecting)
 // when there is none.
-func (b *Backend) hubFor(shard string) (*hub, error) {
+func (b *Backend) hubFor(shard string, node *redis.Client) (*hub, error) {
 	b.hubs.mu.Lock()
 	defer b.hubs.mu.Unlock()
 	if b.hubs.closed {
@@ -232,7 +298,7 @@ func (b *Backend) hubFor(shard string) (*hub, error) {
 	if h := b.hubs.byShard[shard]; h != nil {
 		return h, nil
 	}
-	h := &hub{shard: shard, sharded: b.pubsub == PubSubSharded, subs: make(map[string]*sub), wsem: make(chan struct{}, 1)}
+	h := &hub{shard: shard, node: node, sharded: b.pubsub == PubSubSharded, subs: make(map[string]*sub), wsem: make(chan struct{}, 1)}
 	// Without channels, neither call connects: the first (S)SUBSCRIBE does,
 	// to the node that serves its channel.
 	if h.sharded {
@@ -364,6 +430,9 @@ func (b *Backend) receive(h *hub) {
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() && pingedAt.IsZero() {
+				if b.demoted(h) {
+					return
+				}
 				pingedAt = time.Now()
 				ctx, cancel := context.WithTimeout(context.Background(), b.pingAnswer)
 				err = h.ps.Ping(ctx)
@@ -388,6 +457,32 @@ func (b *Backend) receive(h *hub) {
 			b.dispatch(h, m.Channel, m.Payload)
 		}
 	}
+}
+
+// demoted reports whether h's node, on a Cluster, answers that it is no
+// longer a master, and then breaks h and notes its channels' slots as moved
+// away from it (see clusterShard): a replica accepts subscriptions and
+// delivers nothing published on its master, so a silent connection to one
+// is a subscription that will stay silent. An error asking is not an
+// answer: the ping that follows checks the connection.
+func (b *Backend) demoted(h *hub) bool {
+	if h.node == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.pingAnswer)
+	master, err := isMaster(ctx, h.node)
+	cancel()
+	if err != nil || master {
+		return false
+	}
+	b.hubs.mu.Lock()
+	for channel := range h.subs {
+		b.hubs.moved[keySlot(channel)] = h.shard
+	}
+	b.hubs.movedAt = time.Now()
+	b.hubs.mu.Unlock()
+	b.breakHub(h, fmt.Errorf("%w: %s is no longer a master", errSlotMoving, h.shard))
+	return true
 }
 
 // confirm marks the subscription of channel as established and wakes the
