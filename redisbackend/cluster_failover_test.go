@@ -394,3 +394,92 @@ func TestClusterWatchAfterUnseenFailover(t *testing.T) {
 		t.Logf("watch %d after the failover closed; watching again", attempt)
 	}
 }
+
+// TestClusterCrashKeepsLease: with WaitReplicas 1, a lease the master
+// acknowledged is on its replica, so it survives the master's crash (a
+// SIGKILL, then CLUSTER FAILOVER TAKEOVER on the replica: with one master
+// of two left, no vote can promote it): the promoted replica holds it under
+// the same term, and a competitor is told so. Until the old master is back
+// (as the new master's replica) no write can be confirmed, so the holder's
+// Renew fails (no leader rather than two); then it succeeds on the new
+// master, and after the release the next term is greater.
+func TestClusterCrashKeepsLease(t *testing.T) {
+	c := startReplicatedCluster(t)
+	ctx := ctxBound(t)
+	opts := &redisbackend.Options{Prefix: "ck:", WaitReplicas: 1, WaitTimeout: sentinelWaitTimeout}
+	a := newBackend(t, clusterClient(t, c), opts)
+	b := newBackend(t, clusterClient(t, c), opts)
+	reader := newBackend(t, clusterClient(t, c), &redisbackend.Options{Prefix: "ck:"})
+	l, err := a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire before the crash: %v", err)
+	}
+	slot := slotOf(t, ctx, c, "ck:", "k")
+	master, _, err := c.Shard(ctx, c.Addrs()[0], slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Node(master).Kill(t)
+	old, promoted, err := c.Takeover(ctx, slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("crash of %s, takeover by %s", old, promoted)
+	ctx = ctxBound(t)
+
+	var rec backend.Record
+	if err := acrossSwitch(t, "Get after the takeover", func() error {
+		var err error
+		rec, err = reader.Get(ctx, "k")
+		return err
+	}); err != nil {
+		t.Fatalf("Get after the takeover: %v", err)
+	}
+	if rec.HolderID != "a" || rec.Term != l.Term {
+		t.Fatalf("record after the takeover: holder %q term %d, want a, %d", rec.HolderID, rec.Term, l.Term)
+	}
+	err = acrossSwitch(t, "competitor's Acquire", func() error {
+		_, err := reader.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "b", TTL: time.Minute})
+		return err
+	})
+	var held *backend.HeldError
+	if !errors.As(err, &held) || held.Holder.HolderID != "a" || held.Holder.Term != l.Term {
+		t.Fatalf("competitor's Acquire after the takeover: got %v, want a *backend.HeldError naming a, term %d", err, l.Term)
+	}
+	// The holder's client still names the dead node until its first call
+	// fails to reach it; then it reloads its slot map.
+	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		err := a.Renew(ctx, l)
+		if errors.Is(err, redisbackend.ErrNotReplicated) {
+			t.Logf("Renew reached the new master at attempt %d, %v after the takeover", attempt, time.Since(start))
+			break
+		}
+		if err == nil || !transient(err) || ctx.Err() != nil {
+			t.Fatalf("Renew while the new master has no replica (attempt %d): got %v, want an error wrapping ErrNotReplicated", attempt, err)
+		}
+		time.Sleep(20 * time.Millisecond) // retrying a call that raced the switch
+	}
+
+	c.Node(old).Start(t)
+	if err := c.ReplicaUp(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := acrossSwitch(t, "Renew", func() error { return a.Renew(ctx, l) }); err != nil {
+		t.Fatalf("Renew once the old master is back as a replica: got %v, want nil", err)
+	}
+	if err := acrossSwitch(t, "Release", func() error { return a.Release(ctx, l) }); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	var lb backend.Lease
+	if err := acrossSwitch(t, "Acquire after Release", func() error {
+		var err error
+		lb, err = b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "b", TTL: time.Minute})
+		return err
+	}); err != nil {
+		t.Fatalf("Acquire after Release: %v", err)
+	}
+	if lb.Term <= l.Term {
+		t.Errorf("term after the crash: got %d, want > %d", lb.Term, l.Term)
+	}
+}

@@ -635,10 +635,19 @@ func (b *Backend) eval(ctx context.Context, s *redis.Script, wait bool, keys []s
 // client reload its slot map, and the call goes once more, to the master
 // the new map names. Without that the client would never learn of the
 // move, since every call with WaitReplicas bypasses it, and every later
-// call would fail with MOVED (TestClusterFailoverKeepsLease).
+// call would fail with MOVED (TestClusterFailoverKeepsLease). A call that
+// gets no reply (the node is down) makes the client reload its map in the
+// background, for the caller's next attempt (TestClusterCrashKeepsLease).
 func (b *Backend) runWait(ctx context.Context, s *redis.Script, keys []string, args []any) (v any, waitErr, err error) {
 	for redirects := 0; ; redirects++ {
 		v, waitErr, err := b.runWaitOnce(ctx, s, keys, args)
+		var reply redis.Error
+		if b.cluster != nil && err != nil && !errors.As(err, &reply) {
+			// No reply from the node (down, unreachable): the slot map
+			// may name a master that is gone. The client reloads it
+			// meanwhile, for the caller's next attempt.
+			b.cluster.ReloadState(ctx)
+		}
 		if b.cluster == nil || redirects == maxRedirects || !redis.HasErrorPrefix(err, "MOVED") {
 			return v, waitErr, err
 		}

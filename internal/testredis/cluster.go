@@ -309,6 +309,70 @@ func (c *Cluster) Failover(ctx context.Context, slot int) (old, promoted string,
 	}
 }
 
+// Takeover makes the first replica of slot's shard its master with CLUSTER
+// FAILOVER TAKEOVER, sent to the replica: without the master's agreement
+// or the other masters' votes, as when the master is down (Kill it first)
+// and too few masters remain to vote. Writes the master acknowledged but
+// had not replicated are lost. It waits until the replica reports the
+// master role and every node that answers names it for slot, and returns
+// the old master's and the new master's addresses. It gives up after 30 s
+// or when ctx ends.
+func (c *Cluster) Takeover(ctx context.Context, slot int) (old, promoted string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, clusterBound)
+	defer cancel()
+	var replicas []string
+	for _, s := range c.nodes { // ask a node that answers
+		if old, replicas, err = c.Shard(ctx, s.Addr(), slot); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("testredis: takeover: %w", err)
+	}
+	if len(replicas) == 0 {
+		return "", "", fmt.Errorf("testredis: takeover of slot %d: its master %s has no replica", slot, old)
+	}
+	promoted = replicas[0]
+	if err := c.admin[promoted].Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
+		return "", "", fmt.Errorf("testredis: CLUSTER FAILOVER TAKEOVER on %s: %w", promoted, err)
+	}
+	err = poll(ctx, "the takeover", func() error {
+		role, err := c.admin[promoted].Do(ctx, "ROLE").Slice()
+		if err != nil || len(role) == 0 || role[0] != "master" {
+			return fmt.Errorf("%s: ROLE %v, %v; want master", promoted, role, err)
+		}
+		for _, s := range c.nodes {
+			if s.Addr() == old || c.admin[s.Addr()].Ping(ctx).Err() != nil {
+				continue
+			}
+			m, _, err := c.Shard(ctx, s.Addr(), slot)
+			if err != nil {
+				return err
+			}
+			if m != promoted {
+				return fmt.Errorf("%s names %s the master of slot %d, want %s", s.Addr(), m, slot, promoted)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("testredis: takeover of slot %d from %s by %s: %w", slot, old, promoted, err)
+	}
+	return old, promoted, nil
+}
+
+// ReplicaUp waits until the node at addr is a replica whose link to its
+// master is up and whose first sync is done (a restarted old master that
+// rejoined the cluster), for at most 30 s or until ctx ends.
+func (c *Cluster) ReplicaUp(ctx context.Context, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, clusterBound)
+	defer cancel()
+	if err := poll(ctx, "a replica with its link up", func() error { return c.replicaUp(ctx, addr) }); err != nil {
+		return fmt.Errorf("testredis: %w", err)
+	}
+	return nil
+}
+
 // poll calls cond until it returns nil, and returns its last error, with
 // what, once ctx ends.
 func poll(ctx context.Context, what string, cond func() error) error {
