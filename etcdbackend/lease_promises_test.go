@@ -334,7 +334,8 @@ func TestRenewBatchOfAnotherBackendsSession(t *testing.T) {
 // not forgotten by the local clock while it lives, though its grant is
 // older than its TTL. (A mutation that did not record the keep-alives of a
 // full session lease, which was then forgotten a TTL after its grant and
-// its keys renewed one by one, survived every test.)
+// its keys renewed one by one, and one forgetting it at half its TTL,
+// survived every test.)
 func TestSessionCapRetiredKeptAlive(t *testing.T) {
 	t.Cleanup(etcdbackend.SetSessionKeys(2))
 	ctx := testCtx(t)
@@ -360,12 +361,210 @@ func TestSessionCapRetiredKeptAlive(t *testing.T) {
 			t.Fatalf("RenewBatch: lease %d: %v", i, err)
 		}
 	}
-	// 5 s after that keep-alive, 13 s after its grant: still alive.
-	etcdbackend.AgeRetiredSessions(b, 5*time.Second)
+	// 8 s after that keep-alive, 16 s after its grant: still alive (and
+	// past half its TTL).
+	etcdbackend.AgeRetiredSessions(b, 8*time.Second)
 	if errs := b.RenewBatch(ctx, leases[2:]); errs[0] != nil {
 		t.Fatalf("RenewBatch of the current session's lease: %v", errs[0])
 	}
 	if !etcdbackend.KnowsLease(b, int64(full)) {
-		t.Error("a full session lease kept alive 5 s ago (TTL 11 s) was forgotten")
+		t.Error("a full session lease kept alive 8 s ago (TTL 11 s) was forgotten")
+	}
+}
+
+// brokenReplies makes, while it is set, the lease keep-alive streams of a
+// client fail when a reply arrives, as a stream broken by the connection
+// does after its request went out.
+type brokenReplies struct{ on atomic.Bool }
+
+// configure adds the breaking interceptor to cfg.
+func (f *brokenReplies) configure(cfg *clientv3.Config) {
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainStreamInterceptor(
+		func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			s, err := streamer(ctx, desc, cc, method, opts...)
+			if err != nil || path.Base(method) != "LeaseKeepAlive" {
+				return s, err
+			}
+			return &brokenRecv{ClientStream: s, f: f}, nil
+		}))
+}
+
+// brokenRecv fails each message received while brokenReplies is set.
+type brokenRecv struct {
+	grpc.ClientStream
+	f *brokenReplies
+}
+
+func (s *brokenRecv) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err == nil && s.f.on.Load() {
+		return errInjected
+	}
+	return err
+}
+
+// TestBrokenKeepAliveStreamFailsItsWaiters: a keep-alive whose stream
+// breaks while it awaits its reply fails at once with the stream's error,
+// instead of waiting for a reply that will never come until its context
+// ends (the request timeout): a renewal learns of the break while it can
+// still be retried. (A mutation leaving the waiters of a broken stream
+// waiting survived every test.)
+func TestBrokenKeepAliveStreamFailsItsWaiters(t *testing.T) {
+	ctx := testCtx(t)
+	var broken brokenReplies
+	b := newBackend(t, newClient(t, nil, broken.configure), &etcdbackend.Options{Prefix: newPrefix(), RequestTimeout: 5 * time.Second})
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := b.Renew(ctx, l); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	broken.on.Store(true)
+	err = b.Renew(ctx, l)
+	broken.on.Store(false)
+	if !errors.Is(err, errInjected) {
+		t.Errorf("Renew whose keep-alive stream broke before its reply: got %v, want the stream's error", err)
+	}
+	if err := b.Renew(ctx, l); err != nil {
+		t.Errorf("Renew on a new stream: %v", err)
+	}
+}
+
+// TestHeartbeatSessionCountsFromSendTime: a heartbeat session counts what
+// its lease has left from the send time of its last keep-alive, not from
+// the arrival of the reply: after a keep-alive whose reply came late, the
+// next batch sends a keep-alive when the lease, counted from that send
+// time, would have less than a quarter of its TTL left at the batch after
+// it. (A mutation recording the reply's arrival survived every test.)
+// Records of 8 s: a keep-alive answered 4 s late, then a batch at once,
+// the next expected 4 s later (the gap just seen): counted from the send
+// time, 8 − 4 − 4 = 0 s would be left then, less than 2 s; counted from
+// the reply, 4 s, and no keep-alive would be sent.
+func TestHeartbeatSessionCountsFromSendTime(t *testing.T) {
+	ctx := testCtx(t)
+	const ttl = 8 * time.Second
+	late := &lateReplies{lag: 4 * time.Second}
+	var n counter
+	b := newBackend(t, newClient(t, nil, func(cfg *clientv3.Config) {
+		n.configure(cfg)
+		late.configure(cfg)
+	}), &etcdbackend.Options{Prefix: newPrefix()})
+	reqs := hbReqs(1, ttl)
+	batch := func(what string) {
+		t.Helper()
+		for i, err := range b.HeartbeatBatch(ctx, reqs) {
+			if err != nil {
+				t.Fatalf("%s: heartbeat %d: %v", what, i, err)
+			}
+		}
+	}
+	batch("first batch")
+	// The next batch sends a keep-alive (8 − 7 − 1 = 0 s would be left at
+	// the one after it) and no look-up.
+	if !etcdbackend.SetHeartbeatClocks(b, 8, 7*time.Second, 0, time.Second) {
+		t.Fatal("no heartbeat session of 8 s")
+	}
+	late.kas.Store(true)
+	n.reset()
+	batch("batch with a keep-alive answered late")
+	late.kas.Store(false)
+	if got := n.byMethod()["LeaseKeepAlive"]; got != 1 {
+		t.Fatalf("batch with the lease's keep-alive due: %d keep-alives, want 1", got)
+	}
+	n.reset()
+	batch("batch after it")
+	if got := n.byMethod()["LeaseKeepAlive"]; got != 1 {
+		t.Errorf("batch after a keep-alive answered late: %d keep-alives, want 1 (%v)", got, n.byMethod())
+	}
+}
+
+// TestHeartbeatsLeaveASessionNotLookedUp: heartbeat records ride on a
+// session of plain acquisitions only while RenewBatch has looked its keys
+// up within half its TTL; once it has not (its keys are renewed otherwise,
+// or not at all), the next batch moves them back to the heartbeat
+// session's own lease, whose look-ups find a record deleted by hand. (A
+// mutation keeping them on a session not looked up for up to the records'
+// TTL survived every test.)
+func TestHeartbeatsLeaveASessionNotLookedUp(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	cli := newClient(t, nil, nil)
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "e", HolderID: "a", TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := sessionOf(t, cli, prefix+"e")
+	reqs := hbReqs(1, 15*time.Second)
+	batch := func() {
+		t.Helper()
+		etcdbackend.SetHeartbeatClocks(b, 15, 5*time.Second, 5*time.Second, 5*time.Second)
+		for i, err := range b.HeartbeatBatch(ctx, reqs) {
+			if err != nil {
+				t.Fatalf("heartbeat %d: %v", i, err)
+			}
+		}
+	}
+	for i, err := range b.HeartbeatBatch(ctx, reqs) {
+		if err != nil {
+			t.Fatalf("first batch: heartbeat %d: %v", i, err)
+		}
+	}
+	own := etcdbackend.HeartbeatSessionLease(b, 15)
+	if err := b.RenewBatch(ctx, []backend.Lease{l})[0]; err != nil {
+		t.Fatalf("RenewBatch: %v", err)
+	}
+	batch()
+	if got := sessionOf(t, cli, prefix+"hb/0/heartbeat/a"); got != host {
+		t.Fatalf("record on lease %x after a look-up of the held key's session, want that session %x", got, host)
+	}
+	// The session's keys last looked up 6 s ago: more than half its TTL
+	// (10 s), less than the records' TTL (15 s).
+	etcdbackend.AgeHostLookups(b, 6*time.Second)
+	batch()
+	if got := sessionOf(t, cli, prefix+"hb/0/heartbeat/a"); int64(got) != own {
+		t.Errorf("record on lease %x after the session went 6 s without a look-up, want the heartbeat session's own %x", got, own)
+	}
+}
+
+// TestHeartbeatBatchWriteFindsLeaseGone: a batch whose write finds its
+// heartbeat session's lease gone (revoked, or expired unnoticed, before
+// its keep-alive or look-up was due) grants a new lease and writes every
+// record of the batch on it, in the same batch, instead of failing until
+// a keep-alive or look-up is due. (A mutation that kept the lost lease
+// after such a write survived every test.)
+func TestHeartbeatBatchWriteFindsLeaseGone(t *testing.T) {
+	ctx := testCtx(t)
+	const ttl = 15 * time.Second
+	prefix := newPrefix()
+	cli := newClient(t, nil, nil)
+	opts := &etcdbackend.Options{Prefix: prefix}
+	b := newBackend(t, cli, opts)
+	other := newBackend(t, newClient(t, nil, nil), opts)
+	for i, err := range b.HeartbeatBatch(ctx, hbReqs(1, ttl)) {
+		if err != nil {
+			t.Fatalf("first batch: heartbeat %d: %v", i, err)
+		}
+	}
+	old := etcdbackend.HeartbeatSessionLease(b, 15)
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(old)); err != nil {
+		t.Fatal(err)
+	}
+	// Neither the keep-alive nor the look-up is due; hb/1 is new, to be
+	// written.
+	etcdbackend.SetHeartbeatClocks(b, 15, time.Second, time.Second, time.Second)
+	for i, err := range b.HeartbeatBatch(ctx, hbReqs(2, ttl)) {
+		if err != nil {
+			t.Errorf("batch after the lease was revoked: heartbeat %d: %v", i, err)
+		}
+	}
+	if got := etcdbackend.HeartbeatSessionLease(b, 15); got == old || got == 0 {
+		t.Errorf("heartbeat session lease after the batch: %x, want a new one (the old: %x)", got, old)
+	}
+	for _, key := range []string{"hb/0", "hb/1"} {
+		if ids := hbMembers(t, other, key); len(ids) != 1 {
+			t.Errorf("Members(%q) after the batch: got %v, want a", key, ids)
+		}
 	}
 }
