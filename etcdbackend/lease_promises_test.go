@@ -568,3 +568,60 @@ func TestHeartbeatBatchWriteFindsLeaseGone(t *testing.T) {
 		}
 	}
 }
+
+// TestRenewalDuringAnAcquisitionSparesItsKey: a RenewBatch whose look-up
+// of the session's keys runs after an acquisition's transaction committed,
+// but before the acquisition recorded its key as held, leaves that key
+// alone (it is in flight, not an orphan): the acquisition returns a lease
+// whose key is there and renews. The renewal runs from the acquisition's
+// transaction's reply, so the order does not depend on timing. (A
+// mutation that did not mark the acquisition in flight, whose key the
+// renewal then deleted as an orphan, survived every test.)
+func TestRenewalDuringAnAcquisitionSparesItsKey(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	var (
+		during atomic.Pointer[func()] // run once, after the next transaction's reply
+		b      *etcdbackend.Backend
+	)
+	cli := newClient(t, nil, func(cfg *clientv3.Config) {
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				err := invoker(ctx, method, req, reply, cc, opts...)
+				if path.Base(method) == "Txn" {
+					if f := during.Swap(nil); f != nil {
+						(*f)()
+					}
+				}
+				return err
+			}))
+	})
+	b = newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	held, err := b.Acquire(ctx, backend.AcquireRequest{Key: "held", HolderID: "a", TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	renewed := false
+	renew := func() {
+		renewed = true
+		if err := b.RenewBatch(ctx, []backend.Lease{held})[0]; err != nil {
+			t.Errorf("RenewBatch during the acquisition: %v", err)
+		}
+	}
+	during.Store(&renew)
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "new", HolderID: "a", TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if !renewed {
+		t.Fatal("no renewal ran during the acquisition")
+	}
+	if got := sessionOf(t, cli, prefix+"new"); int64(got) != etcdbackend.LeaseOfToken(held.Token) {
+		t.Fatalf("the new key is on lease %x, want the held key's session", got)
+	}
+	for i, err := range b.RenewBatch(ctx, []backend.Lease{held, l}) {
+		if err != nil {
+			t.Errorf("RenewBatch after the acquisition: lease %d: %v", i, err)
+		}
+	}
+}
