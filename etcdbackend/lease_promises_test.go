@@ -205,12 +205,13 @@ func (s *failingSends) SendMsg(m any) error {
 // TestFailedKeepAliveIsNoRenewal: a renewal or an acquisition on a session
 // whose keep-alive fails (the store cannot be reached for it) does not
 // succeed on the owner check alone: Renew and RenewBatch report the
-// failure (not backend.ErrLeaseLost: the lease may still be there), as
+// failure, for a plain key and an entry of backend.Modes alike (not
+// backend.ErrLeaseLost: the lease may still be there), as
 // does a Heartbeat whose record is in place, and an
 // acquisition that needed the keep-alive (the session had less than its TTL
 // left) fails and gives its key up. Once keep-alives go through again, the
-// lease renews. (Mutations making Renew or RenewBatch ignore a keep-alive
-// failure, the acquisition keep the key when its keep-alive failed, and
+// lease renews. (Mutations making Renew, of a key or an entry, or
+// RenewBatch ignore a keep-alive failure, the acquisition keep the key when its keep-alive failed, and
 // the keep-alive fall back to success when its stream cannot be opened,
 // survived every test.)
 func TestFailedKeepAliveIsNoRenewal(t *testing.T) {
@@ -230,6 +231,12 @@ func TestFailedKeepAliveIsNoRenewal(t *testing.T) {
 	if err := b.Heartbeat(ctx, "k", "a", ttl); err != nil {
 		t.Fatalf("Heartbeat: %v", err)
 	}
+	entry, err := b.AcquireMode(ctx, backend.ModeRequest{
+		AcquireRequest: backend.AcquireRequest{Key: "e", HolderID: "a", TTL: ttl}, Mode: backend.Shared, Limit: 2,
+	})
+	if err != nil {
+		t.Fatalf("AcquireMode: %v", err)
+	}
 	fail.on.Store(true)
 	renewed := func(what string, err error) {
 		t.Helper()
@@ -240,6 +247,8 @@ func TestFailedKeepAliveIsNoRenewal(t *testing.T) {
 	renewed("Renew", b.Renew(ctx, l))
 	renewed("RenewBatch", b.RenewBatch(ctx, []backend.Lease{l})[0])
 	renewed("Heartbeat", b.Heartbeat(ctx, "k", "a", ttl))
+	renewed("Renew of an entry", b.Renew(ctx, entry))
+	renewed("RenewBatch of an entry", b.RenewBatch(ctx, []backend.Lease{entry})[0])
 	// The session, as if last kept alive 5 s ago, has 6 s left: less than
 	// the TTL, so the acquisition sends a keep-alive with its transaction.
 	etcdbackend.AgeSessions(b, 5*time.Second)
@@ -253,6 +262,9 @@ func TestFailedKeepAliveIsNoRenewal(t *testing.T) {
 	fail.on.Store(false)
 	if err := b.Renew(ctx, l); err != nil {
 		t.Errorf("Renew once keep-alives go through: %v", err)
+	}
+	if err := b.Renew(ctx, entry); err != nil {
+		t.Errorf("Renew of the entry once keep-alives go through: %v", err)
 	}
 }
 
@@ -622,6 +634,64 @@ func TestRenewalDuringAnAcquisitionSparesItsKey(t *testing.T) {
 	for i, err := range b.RenewBatch(ctx, []backend.Lease{held, l}) {
 		if err != nil {
 			t.Errorf("RenewBatch after the acquisition: lease %d: %v", i, err)
+		}
+	}
+}
+
+// TestModesEntryLostIsOwnerChecked: Release of a Detached entry whose
+// holder key is gone (deleted by hand, the key taken by another holder
+// since) reports backend.ErrLeaseLost and leaves the new holder alone; and
+// SetMetadata of an entry that lost an intent (deleted by hand) reports
+// backend.ErrLeaseLost instead of writing the intent again: the entry no
+// longer protects its tree. (Mutations dropping the owner check of a
+// Detached entry's Release, and the intents from SetMetadata's check,
+// survived every test.)
+func TestModesEntryLostIsOwnerChecked(t *testing.T) {
+	ctx := testCtx(t)
+	prefix := newPrefix()
+	raw := newClient(t, nil, nil)
+	opts := &etcdbackend.Options{Prefix: prefix}
+	b := newBackend(t, newClient(t, nil, nil), opts)
+	other := newBackend(t, newClient(t, nil, nil), opts)
+
+	req := modeRequest("d", "a", backend.Exclusive)
+	req.Detached = true
+	l, err := b.AcquireMode(ctx, req)
+	if err != nil {
+		t.Fatalf("AcquireMode: %v", err)
+	}
+	if resp, err := raw.Delete(ctx, prefix+"d\x00", clientv3.WithPrefix()); err != nil || resp.Deleted != 1 {
+		t.Fatalf("deleting the holder entry by hand: %v, %v; want one deleted", resp, err)
+	}
+	newer, err := other.Acquire(ctx, backend.AcquireRequest{Key: "d", HolderID: "b", TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire by another holder: %v", err)
+	}
+	if err := b.Release(ctx, l); !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("Release of the lost Detached entry: got %v, want ErrLeaseLost", err)
+	}
+	if rec, err := other.Get(ctx, "d"); err != nil || rec.Token != newer.Token {
+		t.Errorf("Get after the stale Release: got %+v, %v; want the new holder's record", rec, err)
+	}
+
+	for _, detached := range []bool{false, true} {
+		key := fmt.Sprintf("p%v/c", detached)
+		req := modeRequest(key, "a", backend.Exclusive)
+		req.Ancestors = []string{fmt.Sprintf("p%v", detached)}
+		req.Detached = detached
+		e, err := b.AcquireMode(ctx, req)
+		if err != nil {
+			t.Fatalf("AcquireMode: %v", err)
+		}
+		intents := prefix + req.Ancestors[0] + "\x00i"
+		if resp, err := raw.Delete(ctx, intents, clientv3.WithPrefix()); err != nil || resp.Deleted != 1 {
+			t.Fatalf("deleting the intent by hand: %v, %v; want one deleted", resp, err)
+		}
+		if err := b.SetMetadata(ctx, e, map[string]string{"stale": "yes"}); !errors.Is(err, backend.ErrLeaseLost) {
+			t.Errorf("SetMetadata of an entry (Detached: %v) without its intent: got %v, want ErrLeaseLost", detached, err)
+		}
+		if resp, err := raw.Get(ctx, intents, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+			t.Errorf("intents after SetMetadata of an entry (Detached: %v) without its intent: %v, %v; want none", detached, resp, err)
 		}
 	}
 }
