@@ -483,3 +483,90 @@ func TestClusterCrashKeepsLease(t *testing.T) {
 		t.Errorf("term after the crash: got %d, want > %d", lb.Term, l.Term)
 	}
 }
+
+// TestClusterReshardKeepsElection: the slot of an election moves to
+// another master (MIGRATE of its keys, as redis-cli --cluster reshard
+// does) while one of three candidates leads. The leader keeps leading
+// under the same term, its renewals following the keys; the lease is then
+// on the new master; the followers' watches, dropped by the old master,
+// are made again on the new one, so that a hand-over right after the move
+// is carried by them (the candidate that resigns sits out 2 s, and the
+// others would otherwise look again only when the lease would expire).
+// Never two leaders.
+func TestClusterReshardKeepsElection(t *testing.T) {
+	c := testredis.StartCluster(t, testredis.ClusterConfig{Masters: 2})
+	ctx := ctxBound(t)
+	const name = "reshard-daemon"
+	rec := &electortest.Recorder{}
+	reader := newBackend(t, clusterClient(t, c), nil)
+	var es []*sovereign.Elector
+	for _, id := range []string{"r1", "r2", "r3"} {
+		e, err := sovereign.New(newBackend(t, clusterClient(t, c), nil), name, id, &sovereign.Options{
+			TTL: clusterElectorTTL, NoStartupJitter: true, Logger: electortest.Logger(),
+		})
+		if err != nil {
+			t.Fatalf("sovereign.New: %v", err)
+		}
+		rec.Campaign(t, e)
+		es = append(es, e)
+	}
+	var leader *sovereign.Elector
+	electortest.Eventually(t, "a leader", func() bool {
+		ls := electortest.Leaders(es...)
+		if len(ls) != 1 {
+			return false
+		}
+		leader = ls[0]
+		return true
+	})
+	term := leader.Term()
+	slot := slotOf(t, ctx, c, "sovereign:", name)
+	from, _, err := c.Shard(ctx, c.Addrs()[0], slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := c.Addrs()[0]
+	if to == from {
+		to = c.Addrs()[1]
+	}
+	if _, err := c.MigrateSlot(ctx, slot, to); err != nil {
+		t.Fatal(err)
+	}
+	moved := time.Now()
+	ctx = ctxBound(t)
+	direct := c.Node(to).NewClient(t, nil)
+	electortest.Eventually(t, "the lease on the new master, renewed by the same leader", func() bool {
+		r, err := reader.Get(ctx, name)
+		if err != nil || r.HolderID != leader.ID() || r.Term != term {
+			return false
+		}
+		got, err := direct.HGet(ctx, "sovereign:{"+name+"}", "term").Uint64()
+		return err == nil && got == term && direct.PTTL(ctx, "sovereign:{"+name+"}").Val() > clusterElectorTTL/2
+	})
+	if !leader.IsLeader() || leader.Term() != term {
+		t.Fatalf("after the move: %s leads %v under term %d, want it still leading under %d", leader.ID(), leader.IsLeader(), leader.Term(), term)
+	}
+	t.Logf("slot %d moved from %s to %s; %s still leads under term %d, %v later", slot, from, to, leader.ID(), term, time.Since(moved))
+
+	resigned := time.Now()
+	if err := leader.Resign(ctx); err != nil {
+		t.Fatalf("Resign: %v", err)
+	}
+	var next *sovereign.Elector
+	electortest.Eventually(t, "a new leader after the resignation", func() bool {
+		ls := electortest.Leaders(es...)
+		if len(ls) != 1 || ls[0].Term() <= term {
+			return false
+		}
+		next = ls[0]
+		return true
+	})
+	t.Logf("hand-over after the move: %s resigned, %s leads (term %d) %v later", leader.ID(), next.ID(), next.Term(), time.Since(resigned))
+	if next.ID() == leader.ID() {
+		t.Errorf("after the resignation %s led again, want another candidate, woken by its watch", leader.ID())
+	}
+	for _, e := range es {
+		_ = e.Close()
+	}
+	electortest.CheckNoOverlap(t, rec.Intervals())
+}

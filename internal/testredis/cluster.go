@@ -373,6 +373,92 @@ func (c *Cluster) ReplicaUp(ctx context.Context, addr string) error {
 	return nil
 }
 
+// MigrateSlot moves slot, with its keys, from the master that serves it to
+// the master at to, as redis-cli --cluster reshard does: CLUSTER SETSLOT
+// IMPORTING on the target and MIGRATING on the source, MIGRATE of its keys
+// (with their TTLs) a hundred at a time, then CLUSTER SETSLOT NODE on the
+// target, the source and every other master. Meanwhile a command on a key
+// of the slot may get ASK or TRYAGAIN (some of its keys moved, not all),
+// which clients follow or retry. It waits until every node names the
+// target for slot, and returns the source's address. It gives up after
+// 30 s or when ctx ends.
+func (c *Cluster) MigrateSlot(ctx context.Context, slot int, to string) (from string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, clusterBound)
+	defer cancel()
+	from, _, err = c.Shard(ctx, to, slot)
+	if err != nil {
+		return "", fmt.Errorf("testredis: migrate slot %d: %w", slot, err)
+	}
+	if from == to {
+		return "", fmt.Errorf("testredis: migrate slot %d: %s serves it already", slot, to)
+	}
+	ids := make(map[string]string)
+	for _, addr := range []string{from, to} {
+		id, err := c.admin[addr].Do(ctx, "CLUSTER", "MYID").Text()
+		if err != nil {
+			return "", fmt.Errorf("testredis: CLUSTER MYID on %s: %w", addr, err)
+		}
+		ids[addr] = id
+	}
+	src, dst := c.admin[from], c.admin[to]
+	if err := dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[from]).Err(); err != nil {
+		return "", fmt.Errorf("testredis: CLUSTER SETSLOT IMPORTING on %s: %w", to, err)
+	}
+	if err := src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[to]).Err(); err != nil {
+		return "", fmt.Errorf("testredis: CLUSTER SETSLOT MIGRATING on %s: %w", from, err)
+	}
+	host, port, _ := net.SplitHostPort(to)
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 100).Result()
+		if err != nil {
+			return "", fmt.Errorf("testredis: CLUSTER GETKEYSINSLOT on %s: %w", from, err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		if err := src.Do(ctx, args...).Err(); err != nil {
+			return "", fmt.Errorf("testredis: MIGRATE from %s to %s: %w", from, to, err)
+		}
+	}
+	// The target first, so that the slot is never without a node that
+	// claims it.
+	order := []string{to, from}
+	for _, s := range c.nodes {
+		a := s.Addr()
+		if a == to || a == from {
+			continue
+		}
+		if role, err := c.admin[a].Do(ctx, "ROLE").Slice(); err == nil && len(role) > 0 && role[0] == "master" {
+			order = append(order, a)
+		}
+	}
+	for _, addr := range order {
+		if err := c.admin[addr].Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[to]).Err(); err != nil {
+			return "", fmt.Errorf("testredis: CLUSTER SETSLOT NODE on %s: %w", addr, err)
+		}
+	}
+	err = poll(ctx, "the migration", func() error {
+		for _, s := range c.nodes {
+			m, _, err := c.Shard(ctx, s.Addr(), slot)
+			if err != nil {
+				return err
+			}
+			if m != to {
+				return fmt.Errorf("%s names %s the master of slot %d, want %s", s.Addr(), m, slot, to)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("testredis: migrate slot %d from %s to %s: %w", slot, from, to, err)
+	}
+	return from, nil
+}
+
 // poll calls cond until it returns nil, and returns its last error, with
 // what, once ctx ends.
 func poll(ctx context.Context, what string, cond func() error) error {
