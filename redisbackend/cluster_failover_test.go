@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -569,4 +570,42 @@ func TestClusterReshardKeepsElection(t *testing.T) {
 		_ = e.Close()
 	}
 	electortest.CheckNoOverlap(t, rec.Intervals())
+}
+
+// TestClusterWatchWithoutRole: an ACL user that may not run ROLE still
+// watches on a Cluster. Watch asks a node's role before subscribing there
+// (see TestClusterWatchAfterUnseenFailover); a refusal is an answer, not a
+// failure: the check is skipped and the subscription goes where the slot
+// map says.
+func TestClusterWatchWithoutRole(t *testing.T) {
+	srv := testredis.StartConfig(t, testredis.Config{Cluster: true})
+	if srv.External() {
+		t.Skip("REDIS_ADDR is set: the test creates an ACL user on the server")
+	}
+	ctx := ctxBound(t)
+	admin := srv.NewClient(t, nil)
+	if err := admin.Do(ctx, "ACL", "SETUSER", "norole", "on", ">pw", "~*", "&*", "+@all", "-role").Err(); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+	c := srv.NewClusterClient(t, &redis.ClusterOptions{Username: "norole", Password: "pw", ContextTimeoutEnabled: true})
+	if err := c.Do(ctx, "ROLE").Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("ROLE as the ACL user: got %v, want NOPERM", err)
+	}
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "nr:"})
+	events, err := b.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch as a user without ROLE: %v", err)
+	}
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if e := next(t, events); e.Type == backend.EventReleased {
+			return
+		}
+	}
 }

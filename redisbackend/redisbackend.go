@@ -380,7 +380,8 @@ type Backend struct {
 
 	closed atomic.Bool
 	hubs   hubs
-	beats  beats // what HeartbeatBatch last wrote (batchrenew.go)
+	noRole atomic.Bool // a Cluster node answered ROLE with an error (ACL): Watch does not ask again (see checkMaster)
+	beats  beats       // what HeartbeatBatch last wrote (batchrenew.go)
 }
 
 var (

@@ -237,6 +237,9 @@ func (b *Backend) clusterShard(ctx context.Context, channel string) (string, *re
 // subscription was to go there) is treated as moved away from addr, so
 // that it returns errSlotMoving.
 func (b *Backend) checkMaster(ctx context.Context, addr string, node *redis.Client, slot uint16) error {
+	if b.noRole.Load() {
+		return nil
+	}
 	now := time.Now()
 	b.hubs.mu.Lock()
 	due := now.Sub(b.hubs.roleAt[addr]) >= roleCheckEvery
@@ -248,7 +251,15 @@ func (b *Backend) checkMaster(ctx context.Context, addr string, node *redis.Clie
 		return nil
 	}
 	master, err := isMaster(ctx, node)
-	if err != nil {
+	var refused redis.Error
+	switch {
+	case errors.As(err, &refused):
+		// An answer, but not the role: an ACL user without ROLE, or a
+		// server without it. The check is skipped from now on, and
+		// subscriptions go where the slot map says.
+		b.noRole.Store(true)
+		return nil
+	case err != nil:
 		b.hubs.mu.Lock()
 		delete(b.hubs.roleAt, addr) // ask again next time
 		b.hubs.mu.Unlock()
@@ -466,7 +477,7 @@ func (b *Backend) receive(h *hub) {
 // is a subscription that will stay silent. An error asking is not an
 // answer: the ping that follows checks the connection.
 func (b *Backend) demoted(h *hub) bool {
-	if h.node == nil {
+	if h.node == nil || b.noRole.Load() {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.pingAnswer)
