@@ -209,3 +209,32 @@ func TestTermsAboveCounter(t *testing.T) {
 		})
 	}
 }
+
+// TestEntryRenewedAt: an entry of backend.Modes keeps the time of its last
+// renewal (the field r of the entry, not derived from an expiry): after a
+// Renew, every record of it says it was renewed then, by the server's
+// clock.
+func TestEntryRenewedAt(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	b := newBackend(t, c, nil)
+	const key = "lock/renewed"
+	from := serverTime(t, ctx, c)
+	l, err := b.AcquireMode(ctx, backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: key, HolderID: "a", TTL: 30 * time.Second},
+		Mode: backend.Shared})
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := serverTime(t, ctx, c)
+	waitServerPast(t, ctx, c, to.Add(20*time.Millisecond))
+	checkRenewedAt(t, ctx, b, key, from, to)
+
+	from = serverTime(t, ctx, c)
+	if err := b.Renew(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	to = serverTime(t, ctx, c)
+	waitServerPast(t, ctx, c, to.Add(20*time.Millisecond))
+	checkRenewedAt(t, ctx, b, key, from, to)
+}
