@@ -177,6 +177,33 @@ func TestList(t *testing.T) {
 		t.Errorf("commands List sent: want SCAN and never KEYS, got commandstats:\n%s", stats)
 	}
 
+	t.Run("glob characters below a root", func(t *testing.T) {
+		// A prefix below a lock root's segment is matched inside the
+		// tree's names, escaped there too.
+		b := newBackend(t, c, &redisbackend.Options{Prefix: "below:"})
+		for _, key := range []string{"lock/t/*", "lock/t/*x", "lock/t/?x", "lock/t/[ab]", `lock/t/\`, `lock/t/\x`, "lock/t/ab"} {
+			acquire(b, key, "h", nil)
+		}
+		for _, tt := range []struct {
+			prefix string
+			want   []string
+		}{
+			{"lock/t/*", []string{"lock/t/*", "lock/t/*x"}},
+			{"lock/t/?", []string{"lock/t/?x"}},
+			{"lock/t/[", []string{"lock/t/[ab]"}},
+			{"lock/t/[ab]", []string{"lock/t/[ab]"}},
+			{`lock/t/\`, []string{`lock/t/\`, `lock/t/\x`}},
+		} {
+			recs, err := b.List(ctx, tt.prefix)
+			if err != nil {
+				t.Fatalf("List(%q): %v", tt.prefix, err)
+			}
+			if got := listedKeys(recs); !slices.Equal(got, tt.want) {
+				t.Errorf("List(%q): got keys %q, want %q", tt.prefix, got, tt.want)
+			}
+		}
+	})
+
 	t.Run("many keys", func(t *testing.T) {
 		b := newBackend(t, c, &redisbackend.Options{Prefix: "many:"})
 		const n = 1500 // several SCAN batches

@@ -207,6 +207,8 @@ func TestWrongType(t *testing.T) {
 		{"integer 2^53-1 at term", ":term", func(k string) error { return c.Set(ctx, k, "9007199254740991", 0).Err() }, []op{acquire}},
 		{"string at heartbeat", ":heartbeat:a", func(k string) error { return c.Set(ctx, k, "user data", 0).Err() },
 			[]op{heartbeat, remove}},
+		{"foreign hash at heartbeat", ":heartbeat:a", func(k string) error { return c.HSet(ctx, k, "name", "user").Err() },
+			[]op{heartbeat, remove}},
 		{"string at members", ":members", func(k string) error { return c.Set(ctx, k, "user data", 0).Err() },
 			[]op{heartbeat, members, remove}},
 	}
