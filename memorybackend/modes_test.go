@@ -243,3 +243,47 @@ func TestConformanceRestrictedModes(t *testing.T) {
 		})
 	}
 }
+
+// A waiter's registration that expires, and one withdrawn with CancelWait,
+// send EventChanged to the key's watchers, so that the waiters behind it
+// look again; a registration itself sends nothing.
+func TestModesWaiterEndIsReported(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		a, w := store.Client(), store.Client()
+		defer a.Close()
+		defer w.Close()
+		ctx := t.Context()
+		acquireMode(t, a, modeReq("lock/w", "reader", backend.Shared, time.Hour))
+		events, err := w.Watch(ctx, "lock/w")
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		register := func(waitID string) {
+			t.Helper()
+			r := modeReq("lock/w", "writer", backend.Exclusive, time.Second)
+			r.WaitID = waitID
+			if _, err := a.AcquireMode(ctx, r); !errors.Is(err, backend.ErrHeld) {
+				t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+			}
+		}
+		register("w1")
+		time.Sleep(999 * time.Millisecond)
+		synctest.Wait()
+		if got := pending(events); len(got) != 0 {
+			t.Fatalf("events before the registration expired: got %v, want none", got)
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if got := pending(events); len(got) != 1 || got[0] != backend.EventChanged {
+			t.Fatalf("events when the registration expired: got %v, want [changed]", got)
+		}
+		register("w2")
+		if err := a.CancelWait(ctx, "lock/w", "w2"); err != nil {
+			t.Fatalf("CancelWait: %v", err)
+		}
+		if got := pending(events); len(got) != 1 || got[0] != backend.EventChanged {
+			t.Fatalf("events after CancelWait: got %v, want [changed]", got)
+		}
+	})
+}
