@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -286,4 +287,67 @@ func TestModesWaiterEndIsReported(t *testing.T) {
 			t.Fatalf("events after CancelWait: got %v, want [changed]", got)
 		}
 	})
+}
+
+// The release of an entry is reported as EventReleased, both to the
+// watchers of its key and to those of its ancestors (an expiry as
+// EventExpired: TestModesEntryExpiryInVirtualTime).
+func TestModesReleaseReported(t *testing.T) {
+	store := memorybackend.NewStore()
+	a, w := store.Client(), store.Client()
+	defer a.Close()
+	defer w.Close()
+	ctx := t.Context()
+	onKey, err := w.Watch(ctx, "lock/a/b")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	onAncestor, err := w.Watch(ctx, "lock/a")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	r := modeReq("lock/a/b", "a", backend.Shared, time.Minute)
+	r.Ancestors = []string{"lock/a"}
+	l := acquireMode(t, a, r)
+	if got := pending(onKey); !slices.Equal(got, []backend.EventType{backend.EventChanged}) {
+		t.Fatalf("events on the key after AcquireMode: got %v, want [changed]", got)
+	}
+	if err := a.Release(ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if got := pending(onKey); !slices.Equal(got, []backend.EventType{backend.EventReleased}) {
+		t.Fatalf("events on the key after Release: got %v, want [released]", got)
+	}
+	if got := pending(onAncestor); !slices.Equal(got, []backend.EventType{backend.EventReleased}) {
+		t.Fatalf("events on the ancestor after Release: got %v, want [released]", got)
+	}
+}
+
+// A waiter that registers again with the same WaitID in another mode is
+// counted in its new mode: a Fair Shared waiter that retries as Exclusive
+// then blocks new Shared holders (writer preference).
+func TestModesWaiterChangesMode(t *testing.T) {
+	store := memorybackend.NewStore()
+	a, b := store.Client(), store.Client()
+	defer a.Close()
+	defer b.Close()
+	ctx := t.Context()
+	x := acquireMode(t, a, modeReq("lock/m", "x", backend.Exclusive, time.Minute))
+	r := modeReq("lock/m", "w", backend.Shared, time.Minute)
+	r.Fair, r.WaitID = true, "w"
+	if _, err := b.AcquireMode(ctx, r); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Fair Shared AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	r.Mode, r.Fair = backend.Exclusive, false
+	if _, err := b.AcquireMode(ctx, r); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Exclusive AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	if err := a.Release(ctx, x); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	_, err := a.AcquireMode(ctx, modeReq("lock/m", "reader", backend.Shared, time.Minute))
+	var held *backend.HeldError
+	if !errors.As(err, &held) || held.Waiting != 1 {
+		t.Fatalf("Shared AcquireMode with the waiter now Exclusive: got %v, want a HeldError with Waiting 1", err)
+	}
 }
