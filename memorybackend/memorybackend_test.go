@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -529,6 +530,78 @@ func TestListAppliesExpiry(t *testing.T) {
 		recs, err = b.List(ctx, "")
 		if err != nil || len(recs) != 1 || recs[0].HasHeartbeat() {
 			t.Fatalf("List once the heartbeat expired: got %+v, %v; want one record without a heartbeat", recs, err)
+		}
+	})
+}
+
+// A watch buffers 16 events and drops the rest without ever blocking the
+// store, and WatchNotify calls notify for every event, sent or dropped.
+func TestWatchBufferFull(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		a, w := store.Client(), store.Client()
+		defer a.Close()
+		defer w.Close()
+		ctx := t.Context()
+		events, err := w.Watch(ctx, "k")
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		var notified atomic.Int64
+		notifying, err := w.WatchNotify(ctx, "k", func() { notified.Add(1) })
+		if err != nil {
+			t.Fatalf("WatchNotify: %v", err)
+		}
+		const cycles = 20 // 40 events, nobody reading
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for range cycles {
+				if err := a.Release(ctx, acquire(t, a, "k", "a", time.Minute)); err != nil {
+					t.Errorf("Release: %v", err)
+					return
+				}
+			}
+		}()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Error("acquisitions and releases with full watch buffers still blocked after a minute")
+			for { // unblock the store, so that the bubble can end
+				select {
+				case <-events:
+				case <-notifying:
+				case <-done:
+					t.FailNow()
+				}
+			}
+		}
+		for name, ch := range map[string]<-chan backend.Event{"Watch": events, "WatchNotify": notifying} {
+			if got := pending(ch); len(got) != 16 || got[0] != backend.EventChanged || got[1] != backend.EventReleased {
+				t.Errorf("%s: events buffered: got %v, want the first 16 ([changed released ...])", name, got)
+			}
+		}
+		if got := notified.Load(); got != 2*cycles {
+			t.Errorf("notify calls: got %d, want %d (one per event, sent or dropped)", got, 2*cycles)
+		}
+	})
+}
+
+// Partition makes a call blocked by Hang fail at once.
+func TestPartitionEndsHungCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := memorybackend.New()
+		defer a.Close()
+		a.Hang()
+		results := make(chan error, 1)
+		go func() {
+			_, err := a.Get(t.Context(), "k")
+			results <- err
+		}()
+		synctest.Wait()
+		a.Partition()
+		if err := <-results; !errors.Is(err, memorybackend.ErrPartitioned) {
+			t.Fatalf("hung Get after Partition: got %v, want ErrPartitioned", err)
 		}
 	})
 }

@@ -119,6 +119,12 @@ func TestRestartLoseTerms(t *testing.T) {
 	if l := acquire(t, a, "k", "a", time.Minute); l.Term != 1 {
 		t.Errorf("term after a restart that lost the terms: got %d, want 1 again", l.Term)
 	}
+	// LoseTerms applies to a restart that keeps the leases too.
+	acquire(t, a, "other", "a", time.Minute)
+	store.Restart(&memorybackend.RestartOptions{KeepLeases: true, LoseTerms: true})
+	if l := acquire(t, a, "third", "a", time.Minute); l.Term != 1 {
+		t.Errorf("term after a restart that kept the leases and lost the terms: got %d, want 1 again", l.Term)
+	}
 }
 
 func TestRestartKeepLeases(t *testing.T) {
