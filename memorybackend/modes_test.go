@@ -351,3 +351,23 @@ func TestModesWaiterChangesMode(t *testing.T) {
 		t.Fatalf("Shared AcquireMode with the waiter now Exclusive: got %v, want a HeldError with Waiting 1", err)
 	}
 }
+
+// A waiter's own Exclusive registration does not block it: retrying as
+// Shared with the same WaitID, it gets in beside the Shared holder.
+func TestModesOwnRegistrationDoesNotBlock(t *testing.T) {
+	store := memorybackend.NewStore()
+	a, b := store.Client(), store.Client()
+	defer a.Close()
+	defer b.Close()
+	ctx := t.Context()
+	acquireMode(t, a, modeReq("lock/o", "reader", backend.Shared, time.Minute))
+	r := modeReq("lock/o", "w", backend.Exclusive, time.Minute)
+	r.WaitID = "w"
+	if _, err := b.AcquireMode(ctx, r); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Exclusive AcquireMode beside a Shared holder: got %v, want ErrHeld", err)
+	}
+	r.Mode = backend.Shared
+	acquireMode(t, b, r)
+	// Its success removed the registration: other readers get in too.
+	acquireMode(t, a, modeReq("lock/o", "reader-2", backend.Shared, time.Minute))
+}

@@ -232,12 +232,16 @@ func TestStateForgotten(t *testing.T) {
 		wantLen("the heartbeat expired", 1)
 		a.Close()
 		wantLen("Close", 0)
-		// Heartbeats with an expired holder's lease, and no Len or other
-		// call touching the key: the expiry timer forgets the key.
+		// Heartbeats with an expired holder's lease, or with no lease at
+		// all, and no Len or other call touching the key: the expiry timer
+		// forgets the key.
 		b := store.Client()
 		defer b.Close()
 		acquire(t, b, "k", "b", time.Second)
 		if err := b.Heartbeat(ctx, "k", "b", 2*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Heartbeat(ctx, "only-beats", "b", time.Second); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(2 * time.Second)
