@@ -3,6 +3,8 @@ package memorybackend_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -344,4 +346,262 @@ func TestCloseClosesWatches(t *testing.T) {
 	if _, err := b.Watch(context.Background(), "k"); !errors.Is(err, backend.ErrClosed) {
 		t.Fatalf("Watch after Close: got %v, want ErrClosed", err)
 	}
+}
+
+// A watch tells a release from an expiry, and reports neither a renewal nor
+// SetMetadata (the package doc's Watch section).
+func TestWatchEventKinds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		a, w := store.Client(), store.Client()
+		defer a.Close()
+		defer w.Close()
+		ctx := t.Context()
+		events, err := w.Watch(ctx, "k")
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		l := acquire(t, a, "k", "a", time.Second)
+		if err := a.Renew(ctx, l); err != nil {
+			t.Fatalf("Renew: %v", err)
+		}
+		if err := a.SetMetadata(ctx, l, map[string]string{"x": "y"}); err != nil {
+			t.Fatalf("SetMetadata: %v", err)
+		}
+		if got := pending(events); !slices.Equal(got, []backend.EventType{backend.EventChanged}) {
+			t.Fatalf("events after acquire, renew and SetMetadata: got %v, want [changed]", got)
+		}
+		if err := a.Release(ctx, l); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		if got := pending(events); !slices.Equal(got, []backend.EventType{backend.EventReleased}) {
+			t.Fatalf("events after release: got %v, want [released]", got)
+		}
+		acquire(t, a, "k", "a", time.Second)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := pending(events); !slices.Equal(got, []backend.EventType{backend.EventChanged, backend.EventExpired}) {
+			t.Fatalf("events after acquire and expiry: got %v, want [changed expired]", got)
+		}
+	})
+}
+
+// Metadata is copied in and out: changing a map after passing it to
+// Acquire, AcquireMode or SetMetadata, or the metadata of a record read from
+// the store, changes neither the store nor later records.
+func TestMetadataIsCopied(t *testing.T) {
+	store := memorybackend.NewStore()
+	a, b := store.Client(), store.Client()
+	defer a.Close()
+	defer b.Close()
+	ctx := t.Context()
+	given := map[string]string{"v": "1"}
+	plain := backend.AcquireRequest{Key: "plain", HolderID: "a", TTL: time.Minute, Metadata: given}
+	if _, err := a.Acquire(ctx, plain); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	entry := modeReq("entry", "a", backend.Shared, time.Minute)
+	entry.Metadata = given
+	acquireMode(t, a, entry)
+	set := map[string]string{"v": "1"}
+	plain.Key = "plain-set"
+	lp, err := a.Acquire(ctx, plain)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	entry.Key = "entry-set"
+	le := acquireMode(t, a, entry)
+	for _, l := range []backend.Lease{lp, le} {
+		if err := a.SetMetadata(ctx, l, set); err != nil {
+			t.Fatalf("SetMetadata(%q): %v", l.Key, err)
+		}
+	}
+	given["v"] = "changed by the caller after Acquire"
+	set["v"] = "changed by the caller after SetMetadata"
+	keys := []string{"plain", "entry", "plain-set", "entry-set"}
+
+	// Each read returns the records of every key.
+	reads := map[string]func() []backend.Record{
+		"Get": func() (recs []backend.Record) {
+			for _, k := range keys {
+				rec, err := b.Get(ctx, k)
+				if err != nil {
+					t.Fatalf("Get(%q): %v", k, err)
+				}
+				recs = append(recs, rec)
+			}
+			return recs
+		},
+		"List": func() []backend.Record {
+			recs, err := b.List(ctx, "")
+			if err != nil || len(recs) != len(keys) {
+				t.Fatalf("List: got %d records, error %v; want %d", len(recs), err, len(keys))
+			}
+			return recs
+		},
+		"Holders": func() (recs []backend.Record) {
+			for _, k := range keys {
+				hs, err := b.Holders(ctx, k)
+				if err != nil || len(hs) != 1 {
+					t.Fatalf("Holders(%q): got %v, %v; want one record", k, hs, err)
+				}
+				recs = append(recs, hs...)
+			}
+			return recs
+		},
+		"HeldError": func() (recs []backend.Record) {
+			for _, k := range keys {
+				_, err := b.Acquire(ctx, backend.AcquireRequest{Key: k, HolderID: "b", TTL: time.Minute})
+				var held *backend.HeldError
+				if !errors.As(err, &held) {
+					t.Fatalf("Acquire(%q) of a held key: got %v, want *HeldError", k, err)
+				}
+				recs = append(recs, held.Holder)
+			}
+			return recs
+		},
+	}
+	for name, read := range reads {
+		for _, rec := range read() {
+			if got := rec.Metadata["v"]; got != "1" {
+				t.Errorf("%s: metadata of %q after the caller changed the map it passed: got %q, want %q", name, rec.Key, got, "1")
+			}
+		}
+	}
+	for name, read := range reads {
+		for _, rec := range read() {
+			rec.Metadata["v"] = "scribbled on a record from " + name
+		}
+	}
+	for name, read := range reads {
+		for _, rec := range read() {
+			if got := rec.Metadata["v"]; got != "1" {
+				t.Errorf("%s: metadata of %q after the caller changed an earlier record: got %q, want %q", name, rec.Key, got, "1")
+			}
+		}
+	}
+}
+
+// A fault set while a call waits out its latency applies to that call: it
+// fails and never reaches the store.
+func TestFaultDuringLatency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		a, b := store.Client(), store.Client()
+		defer a.Close()
+		defer b.Close()
+		a.SetLatency(time.Second)
+		results := make(chan error, 1)
+		go func() {
+			_, err := a.Acquire(t.Context(), backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+			results <- err
+		}()
+		synctest.Wait() // the Acquire waits out its latency
+		a.Partition()
+		if err := <-results; !errors.Is(err, memorybackend.ErrPartitioned) {
+			t.Fatalf("Acquire partitioned during its latency: got %v, want ErrPartitioned", err)
+		}
+		if _, err := b.Get(t.Context(), "k"); !errors.Is(err, backend.ErrNotHeld) {
+			t.Fatalf("Get after the partitioned Acquire: got %v, want ErrNotHeld", err)
+		}
+	})
+}
+
+// List applies expiry as Get does: a holder whose heartbeat record expired
+// is listed without a heartbeat, although nothing else touched the key (its
+// expiry timer waits for the lease).
+func TestListAppliesExpiry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		a, b := store.Client(), store.Client()
+		defer a.Close()
+		defer b.Close()
+		ctx := t.Context()
+		acquire(t, a, "k", "a", time.Hour)
+		if err := a.Heartbeat(ctx, "k", "a", time.Second); err != nil {
+			t.Fatalf("Heartbeat: %v", err)
+		}
+		recs, err := b.List(ctx, "")
+		if err != nil || len(recs) != 1 || !recs[0].HasHeartbeat() {
+			t.Fatalf("List with a live heartbeat: got %+v, %v; want one record with its heartbeat", recs, err)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		recs, err = b.List(ctx, "")
+		if err != nil || len(recs) != 1 || recs[0].HasHeartbeat() {
+			t.Fatalf("List once the heartbeat expired: got %+v, %v; want one record without a heartbeat", recs, err)
+		}
+	})
+}
+
+// A watch buffers 16 events and drops the rest without ever blocking the
+// store, and WatchNotify calls notify for every event, sent or dropped.
+func TestWatchBufferFull(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		a, w := store.Client(), store.Client()
+		defer a.Close()
+		defer w.Close()
+		ctx := t.Context()
+		events, err := w.Watch(ctx, "k")
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		var notified atomic.Int64
+		notifying, err := w.WatchNotify(ctx, "k", func() { notified.Add(1) })
+		if err != nil {
+			t.Fatalf("WatchNotify: %v", err)
+		}
+		const cycles = 20 // 40 events, nobody reading
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for range cycles {
+				if err := a.Release(ctx, acquire(t, a, "k", "a", time.Minute)); err != nil {
+					t.Errorf("Release: %v", err)
+					return
+				}
+			}
+		}()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Error("acquisitions and releases with full watch buffers still blocked after a minute")
+			for { // unblock the store, so that the bubble can end
+				select {
+				case <-events:
+				case <-notifying:
+				case <-done:
+					t.FailNow()
+				}
+			}
+		}
+		for name, ch := range map[string]<-chan backend.Event{"Watch": events, "WatchNotify": notifying} {
+			if got := pending(ch); len(got) != 16 || got[0] != backend.EventChanged || got[1] != backend.EventReleased {
+				t.Errorf("%s: events buffered: got %v, want the first 16 ([changed released ...])", name, got)
+			}
+		}
+		if got := notified.Load(); got != 2*cycles {
+			t.Errorf("notify calls: got %d, want %d (one per event, sent or dropped)", got, 2*cycles)
+		}
+	})
+}
+
+// Partition makes a call blocked by Hang fail at once.
+func TestPartitionEndsHungCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := memorybackend.New()
+		defer a.Close()
+		a.Hang()
+		results := make(chan error, 1)
+		go func() {
+			_, err := a.Get(t.Context(), "k")
+			results <- err
+		}()
+		synctest.Wait()
+		a.Partition()
+		if err := <-results; !errors.Is(err, memorybackend.ErrPartitioned) {
+			t.Fatalf("hung Get after Partition: got %v, want ErrPartitioned", err)
+		}
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -242,4 +243,131 @@ func TestConformanceRestrictedModes(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A waiter's registration that expires, and one withdrawn with CancelWait,
+// send EventChanged to the key's watchers, so that the waiters behind it
+// look again; a registration itself sends nothing.
+func TestModesWaiterEndIsReported(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		a, w := store.Client(), store.Client()
+		defer a.Close()
+		defer w.Close()
+		ctx := t.Context()
+		acquireMode(t, a, modeReq("lock/w", "reader", backend.Shared, time.Hour))
+		events, err := w.Watch(ctx, "lock/w")
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		register := func(waitID string) {
+			t.Helper()
+			r := modeReq("lock/w", "writer", backend.Exclusive, time.Second)
+			r.WaitID = waitID
+			if _, err := a.AcquireMode(ctx, r); !errors.Is(err, backend.ErrHeld) {
+				t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+			}
+		}
+		register("w1")
+		time.Sleep(999 * time.Millisecond)
+		synctest.Wait()
+		if got := pending(events); len(got) != 0 {
+			t.Fatalf("events before the registration expired: got %v, want none", got)
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if got := pending(events); len(got) != 1 || got[0] != backend.EventChanged {
+			t.Fatalf("events when the registration expired: got %v, want [changed]", got)
+		}
+		register("w2")
+		if err := a.CancelWait(ctx, "lock/w", "w2"); err != nil {
+			t.Fatalf("CancelWait: %v", err)
+		}
+		if got := pending(events); len(got) != 1 || got[0] != backend.EventChanged {
+			t.Fatalf("events after CancelWait: got %v, want [changed]", got)
+		}
+	})
+}
+
+// The release of an entry is reported as EventReleased, both to the
+// watchers of its key and to those of its ancestors (an expiry as
+// EventExpired: TestModesEntryExpiryInVirtualTime).
+func TestModesReleaseReported(t *testing.T) {
+	store := memorybackend.NewStore()
+	a, w := store.Client(), store.Client()
+	defer a.Close()
+	defer w.Close()
+	ctx := t.Context()
+	onKey, err := w.Watch(ctx, "lock/a/b")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	onAncestor, err := w.Watch(ctx, "lock/a")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	r := modeReq("lock/a/b", "a", backend.Shared, time.Minute)
+	r.Ancestors = []string{"lock/a"}
+	l := acquireMode(t, a, r)
+	if got := pending(onKey); !slices.Equal(got, []backend.EventType{backend.EventChanged}) {
+		t.Fatalf("events on the key after AcquireMode: got %v, want [changed]", got)
+	}
+	if err := a.Release(ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if got := pending(onKey); !slices.Equal(got, []backend.EventType{backend.EventReleased}) {
+		t.Fatalf("events on the key after Release: got %v, want [released]", got)
+	}
+	if got := pending(onAncestor); !slices.Equal(got, []backend.EventType{backend.EventReleased}) {
+		t.Fatalf("events on the ancestor after Release: got %v, want [released]", got)
+	}
+}
+
+// A waiter that registers again with the same WaitID in another mode is
+// counted in its new mode: a Fair Shared waiter that retries as Exclusive
+// then blocks new Shared holders (writer preference).
+func TestModesWaiterChangesMode(t *testing.T) {
+	store := memorybackend.NewStore()
+	a, b := store.Client(), store.Client()
+	defer a.Close()
+	defer b.Close()
+	ctx := t.Context()
+	x := acquireMode(t, a, modeReq("lock/m", "x", backend.Exclusive, time.Minute))
+	r := modeReq("lock/m", "w", backend.Shared, time.Minute)
+	r.Fair, r.WaitID = true, "w"
+	if _, err := b.AcquireMode(ctx, r); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Fair Shared AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	r.Mode, r.Fair = backend.Exclusive, false
+	if _, err := b.AcquireMode(ctx, r); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Exclusive AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	if err := a.Release(ctx, x); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	_, err := a.AcquireMode(ctx, modeReq("lock/m", "reader", backend.Shared, time.Minute))
+	var held *backend.HeldError
+	if !errors.As(err, &held) || held.Waiting != 1 {
+		t.Fatalf("Shared AcquireMode with the waiter now Exclusive: got %v, want a HeldError with Waiting 1", err)
+	}
+}
+
+// A waiter's own Exclusive registration does not block it: retrying as
+// Shared with the same WaitID, it gets in beside the Shared holder.
+func TestModesOwnRegistrationDoesNotBlock(t *testing.T) {
+	store := memorybackend.NewStore()
+	a, b := store.Client(), store.Client()
+	defer a.Close()
+	defer b.Close()
+	ctx := t.Context()
+	acquireMode(t, a, modeReq("lock/o", "reader", backend.Shared, time.Minute))
+	r := modeReq("lock/o", "w", backend.Exclusive, time.Minute)
+	r.WaitID = "w"
+	if _, err := b.AcquireMode(ctx, r); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Exclusive AcquireMode beside a Shared holder: got %v, want ErrHeld", err)
+	}
+	r.Mode = backend.Shared
+	acquireMode(t, b, r)
+	// Its success removed the registration: other readers get in too.
+	acquireMode(t, a, modeReq("lock/o", "reader-2", backend.Shared, time.Minute))
 }

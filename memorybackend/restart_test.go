@@ -119,6 +119,12 @@ func TestRestartLoseTerms(t *testing.T) {
 	if l := acquire(t, a, "k", "a", time.Minute); l.Term != 1 {
 		t.Errorf("term after a restart that lost the terms: got %d, want 1 again", l.Term)
 	}
+	// LoseTerms applies to a restart that keeps the leases too.
+	acquire(t, a, "other", "a", time.Minute)
+	store.Restart(&memorybackend.RestartOptions{KeepLeases: true, LoseTerms: true})
+	if l := acquire(t, a, "third", "a", time.Minute); l.Term != 1 {
+		t.Errorf("term after a restart that kept the leases and lost the terms: got %d, want 1 again", l.Term)
+	}
 }
 
 func TestRestartKeepLeases(t *testing.T) {
@@ -226,12 +232,16 @@ func TestStateForgotten(t *testing.T) {
 		wantLen("the heartbeat expired", 1)
 		a.Close()
 		wantLen("Close", 0)
-		// Heartbeats with an expired holder's lease, and no Len or other
-		// call touching the key: the expiry timer forgets the key.
+		// Heartbeats with an expired holder's lease, or with no lease at
+		// all, and no Len or other call touching the key: the expiry timer
+		// forgets the key.
 		b := store.Client()
 		defer b.Close()
 		acquire(t, b, "k", "b", time.Second)
 		if err := b.Heartbeat(ctx, "k", "b", 2*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Heartbeat(ctx, "only-beats", "b", time.Second); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(2 * time.Second)

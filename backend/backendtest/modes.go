@@ -938,6 +938,15 @@ func testModesAncestorWaiters(t *testing.T, h *harness) {
 		t.Fatalf("CancelWait: %v", err)
 	}
 	blockedBy("one writer withdrew", page(hPage2, "page-2", backend.Exclusive), hSet, 1, nil)
+	// With Exclusive waiters on two ancestors, only those of the outermost
+	// one count, and the HeldError names that ancestor.
+	rootWriter := exclusive(hRoot, "root-writer")
+	rootWriter.WaitID = "root-writer-wait"
+	h.heldBy(m, rootWriter, p1)
+	blockedBy("writers waiting on two ancestors", page(hPage2, "page-2", backend.Exclusive), hRoot, 1, nil)
+	if err := m.CancelWait(h.ctx, hRoot, rootWriter.WaitID); err != nil {
+		t.Fatalf("CancelWait: %v", err)
+	}
 
 	// Outside the file set's subtree, without Ancestors, by plain Acquire
 	// or in a Fair line of its own: not affected.
