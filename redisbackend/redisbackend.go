@@ -634,11 +634,12 @@ func (b *Backend) eval(ctx context.Context, s *redis.Script, wait bool, keys []s
 // following of redirections does not apply: a MOVED reply (the slot has
 // moved: a failover, a resharding; the script did not run) makes the
 // client reload its slot map, and the call goes once more, to the master
-// the new map names. Without that the client would never learn of the
-// move, since every call with WaitReplicas bypasses it, and every later
-// call would fail with MOVED (TestClusterFailoverKeepsLease). A call that
-// gets no reply (the node is down) makes the client reload its map in the
-// background, for the caller's next attempt (TestClusterCrashKeepsLease).
+// the new map names. Without that the client would not learn of the move
+// from these calls, which bypass it, and every call would fail with MOVED
+// until it reloads its map on its own (ClusterStateReloadInterval, a minute
+// by default; TestClusterFailoverKeepsLease). A call that gets no reply
+// (the node is down) makes the client reload its map in the background,
+// for the caller's next attempt (TestClusterCrashKeepsLease).
 func (b *Backend) runWait(ctx context.Context, s *redis.Script, keys []string, args []any) (v any, waitErr, err error) {
 	for redirects := 0; ; redirects++ {
 		v, waitErr, err := b.runWaitOnce(ctx, s, keys, args)
