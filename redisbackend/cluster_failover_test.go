@@ -50,82 +50,23 @@ func slotOf(t testing.TB, ctx context.Context, c *testredis.Cluster, prefix, key
 }
 
 // TestClusterFailoverKeepsLease: with WaitReplicas 1, a lease acquired
-// before a failover of its shard is still held on the promoted replica.
-// The holder's Renew succeeds once the client follows the slot, and lands
-// there; a competitor is told who holds it, under the same term; Release
-// frees it; and the next term is greater than every earlier one.
+// before a failover of its shard is still held on the promoted replica
+// (keepsLeaseAcrossFailover): the holder's client must follow the slot
+// although its calls with WaitReplicas bypass the Cluster client's
+// redirections.
 func TestClusterFailoverKeepsLease(t *testing.T) {
 	c := startReplicatedCluster(t)
-	ctx := ctxBound(t)
 	opts := &redisbackend.Options{Prefix: "cf:", WaitReplicas: 1, WaitTimeout: sentinelWaitTimeout}
 	a := newBackend(t, clusterClient(t, c), opts)
 	b := newBackend(t, clusterClient(t, c), opts)
-	req := backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute}
-
-	var terms []uint64
-	for range 2 {
-		l, err := a.Acquire(ctx, req)
+	keepsLeaseAcrossFailover(t, a, b, "cf:", func(ctx context.Context) string {
+		old, promoted, err := c.Failover(ctx, slotOf(t, ctx, c, "cf:", "k"))
 		if err != nil {
-			t.Fatalf("Acquire: %v", err)
+			t.Fatal(err)
 		}
-		terms = append(terms, l.Term)
-		if err := a.Release(ctx, l); err != nil {
-			t.Fatalf("Release: %v", err)
-		}
-	}
-	l, err := a.Acquire(ctx, req)
-	if err != nil {
-		t.Fatalf("Acquire before the failover: %v", err)
-	}
-	terms = append(terms, l.Term)
-
-	old, promoted, err := c.Failover(ctx, slotOf(t, ctx, c, "cf:", "k"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("failover: %s -> %s", old, promoted)
-	ctx = ctxBound(t) // a failover may take most of a bound on a loaded machine
-
-	if err := acrossSwitch(t, "Renew", func() error { return a.Renew(ctx, l) }); err != nil {
-		t.Fatalf("Renew after the failover: got %v, want nil", err)
-	}
-	// The renewal reached the promoted replica: it holds the lease, with the
-	// full TTL again.
-	direct := c.Node(promoted).NewClient(t, nil)
-	if got := direct.HGet(ctx, "cf:{k}", "token").Val(); got != l.Token {
-		t.Errorf("token on the promoted replica %s: got %q, want %q", promoted, got, l.Token)
-	}
-	if pttl := direct.PTTL(ctx, "cf:{k}").Val(); pttl < req.TTL-10*time.Second {
-		t.Errorf("PTTL of the lease on the promoted replica after Renew: got %v, want about %v", pttl, req.TTL)
-	}
-
-	err = acrossSwitch(t, "competitor's Acquire", func() error {
-		_, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "b", TTL: time.Minute})
-		return err
-	})
-	var held *backend.HeldError
-	if !errors.As(err, &held) {
-		t.Fatalf("competitor's Acquire after the failover: got %v, want a *backend.HeldError", err)
-	}
-	if held.Holder.HolderID != "a" || held.Holder.Term != l.Term || held.Holder.Token != l.Token {
-		t.Errorf("HeldError after the failover: got holder %q term %d token %q, want a, %d, %q",
-			held.Holder.HolderID, held.Holder.Term, held.Holder.Token, l.Term, l.Token)
-	}
-
-	if err := acrossSwitch(t, "Release", func() error { return a.Release(ctx, l) }); err != nil {
-		t.Fatalf("Release after the failover: got %v, want nil", err)
-	}
-	var lb backend.Lease
-	if err := acrossSwitch(t, "Acquire after Release", func() error {
-		var err error
-		lb, err = b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "b", TTL: time.Minute})
-		return err
-	}); err != nil {
-		t.Fatalf("Acquire after Release: got %v, want nil", err)
-	}
-	if last := terms[len(terms)-1]; lb.Term <= last {
-		t.Errorf("term after the failover: got %d, want > %d (terms before: %v)", lb.Term, last, terms)
-	}
+		t.Logf("failover: %s -> %s", old, promoted)
+		return promoted
+	}, func(addr string) *redis.Client { return c.Node(addr).NewClient(t, nil) })
 }
 
 // TestClusterWatchAcrossFailover: a watch open across a failover of its
@@ -234,19 +175,8 @@ func TestClusterElectorFailover(t *testing.T) {
 	ctx := ctxBound(t)
 	const name = "cluster-daemon"
 	opts := &redisbackend.Options{WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond}
-	rec := &electortest.Recorder{}
 	reader := newBackend(t, clusterClient(t, c), nil)
-	var es []*sovereign.Elector
-	for _, id := range []string{"c1", "c2", "c3"} {
-		e, err := sovereign.New(newBackend(t, clusterClient(t, c), opts), name, id, &sovereign.Options{
-			TTL: clusterElectorTTL, NoStartupJitter: true, Logger: electortest.Logger(),
-		})
-		if err != nil {
-			t.Fatalf("sovereign.New: %v", err)
-		}
-		rec.Campaign(t, e)
-		es = append(es, e)
-	}
+	es, rec := startClusterElectors(t, c, name, opts, "c1", "c2", "c3")
 	// waitLeaderOn waits until one candidate leads, the store holds its
 	// lease under its term, and so does the node at master.
 	waitLeaderOn := func(what, master string) *sovereign.Elector {
@@ -286,16 +216,43 @@ func TestClusterElectorFailover(t *testing.T) {
 	t.Logf("failover %s -> %s; leader after it: %s, term %d, %v after it completed",
 		old, promoted, after.ID(), after.Term(), time.Since(done))
 
-	// A graceful hand-over after the failover: the followers learn of the
-	// release from their watches, which the old master dropped and which
-	// must now be on the promoted replica. The one that resigned sits out
-	// for 2 s (ResignSitOut) and the others, with their watches live, look
-	// again only when the lease would expire (6.7 s after its last
-	// renewal): so the next leader is another candidate only if a watch
-	// carried the release.
-	term := after.Term()
+	// The followers' watches, which the old master dropped, must now be on
+	// the promoted replica.
+	handOverToAnother(t, ctx, es, after, "the failover")
+	closeAndCheckElectors(t, es, rec)
+}
+
+// startClusterElectors starts a candidate of election name for each of ids,
+// each over a ClusterClient of c of its own with opts, at
+// clusterElectorTTL, recorded by the returned Recorder.
+func startClusterElectors(t *testing.T, c *testredis.Cluster, name string, opts *redisbackend.Options, ids ...string) ([]*sovereign.Elector, *electortest.Recorder) {
+	t.Helper()
+	rec := &electortest.Recorder{}
+	var es []*sovereign.Elector
+	for _, id := range ids {
+		e, err := sovereign.New(newBackend(t, clusterClient(t, c), opts), name, id, &sovereign.Options{
+			TTL: clusterElectorTTL, NoStartupJitter: true, Logger: electortest.Logger(),
+		})
+		if err != nil {
+			t.Fatalf("sovereign.New: %v", err)
+		}
+		rec.Campaign(t, e)
+		es = append(es, e)
+	}
+	return es, rec
+}
+
+// handOverToAnother makes leader, one of es, resign after event, and checks
+// that another candidate leads next: a graceful hand-over carried by the
+// followers' watches. The one that resigned sits out for 2 s
+// (ResignSitOut), and the others, with their watches live, look again only
+// when the lease would expire (6.7 s after its last renewal): so the next
+// leader is another candidate only if a watch carried the release.
+func handOverToAnother(t *testing.T, ctx context.Context, es []*sovereign.Elector, leader *sovereign.Elector, event string) {
+	t.Helper()
+	term := leader.Term()
 	resigned := time.Now()
-	if err := after.Resign(ctx); err != nil {
+	if err := leader.Resign(ctx); err != nil {
 		t.Fatalf("Resign: %v", err)
 	}
 	var next *sovereign.Elector
@@ -307,16 +264,23 @@ func TestClusterElectorFailover(t *testing.T) {
 		next = ls[0]
 		return true
 	})
-	t.Logf("hand-over after the failover: %s resigned, %s leads (term %d) %v later", after.ID(), next.ID(), next.Term(), time.Since(resigned))
-	if next.ID() == after.ID() {
-		t.Errorf("after the resignation %s led again, want another candidate, woken by its watch", after.ID())
+	t.Logf("hand-over after %s: %s resigned, %s leads (term %d) %v later", event, leader.ID(), next.ID(), next.Term(), time.Since(resigned))
+	if next.ID() == leader.ID() {
+		t.Errorf("after the resignation %s led again, want another candidate, woken by its watch", leader.ID())
 	}
+}
+
+// closeAndCheckElectors stops every candidate, checks that no two terms
+// overlapped, and returns the terms.
+func closeAndCheckElectors(t *testing.T, es []*sovereign.Elector, rec *electortest.Recorder) []electortest.Interval {
+	t.Helper()
 	for _, e := range es {
 		_ = e.Close()
 	}
 	ivs := rec.Intervals()
 	t.Logf("terms: %v", ivs)
 	electortest.CheckNoOverlap(t, ivs)
+	return ivs
 }
 
 // TestClusterWatchAfterUnseenFailover: a backend that had no subscription
@@ -498,19 +462,8 @@ func TestClusterReshardKeepsElection(t *testing.T) {
 	c := testredis.StartCluster(t, testredis.ClusterConfig{Masters: 2})
 	ctx := ctxBound(t)
 	const name = "reshard-daemon"
-	rec := &electortest.Recorder{}
 	reader := newBackend(t, clusterClient(t, c), nil)
-	var es []*sovereign.Elector
-	for _, id := range []string{"r1", "r2", "r3"} {
-		e, err := sovereign.New(newBackend(t, clusterClient(t, c), nil), name, id, &sovereign.Options{
-			TTL: clusterElectorTTL, NoStartupJitter: true, Logger: electortest.Logger(),
-		})
-		if err != nil {
-			t.Fatalf("sovereign.New: %v", err)
-		}
-		rec.Campaign(t, e)
-		es = append(es, e)
-	}
+	es, rec := startClusterElectors(t, c, name, nil, "r1", "r2", "r3")
 	var leader *sovereign.Elector
 	electortest.Eventually(t, "a leader", func() bool {
 		ls := electortest.Leaders(es...)
@@ -549,27 +502,8 @@ func TestClusterReshardKeepsElection(t *testing.T) {
 	}
 	t.Logf("slot %d moved from %s to %s; %s still leads under term %d, %v later", slot, from, to, leader.ID(), term, time.Since(moved))
 
-	resigned := time.Now()
-	if err := leader.Resign(ctx); err != nil {
-		t.Fatalf("Resign: %v", err)
-	}
-	var next *sovereign.Elector
-	electortest.Eventually(t, "a new leader after the resignation", func() bool {
-		ls := electortest.Leaders(es...)
-		if len(ls) != 1 || ls[0].Term() <= term {
-			return false
-		}
-		next = ls[0]
-		return true
-	})
-	t.Logf("hand-over after the move: %s resigned, %s leads (term %d) %v later", leader.ID(), next.ID(), next.Term(), time.Since(resigned))
-	if next.ID() == leader.ID() {
-		t.Errorf("after the resignation %s led again, want another candidate, woken by its watch", leader.ID())
-	}
-	for _, e := range es {
-		_ = e.Close()
-	}
-	electortest.CheckNoOverlap(t, rec.Intervals())
+	handOverToAnother(t, ctx, es, leader, "the move")
+	closeAndCheckElectors(t, es, rec)
 }
 
 // TestClusterWatchWithoutRole: an ACL user that may not run ROLE still

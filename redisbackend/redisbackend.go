@@ -643,21 +643,33 @@ func (b *Backend) eval(ctx context.Context, s *redis.Script, wait bool, keys []s
 func (b *Backend) runWait(ctx context.Context, s *redis.Script, keys []string, args []any) (v any, waitErr, err error) {
 	for redirects := 0; ; redirects++ {
 		v, waitErr, err := b.runWaitOnce(ctx, s, keys, args)
+		if b.cluster == nil || err == nil {
+			return v, waitErr, err
+		}
 		var reply redis.Error
-		if b.cluster != nil && err != nil && !errors.As(err, &reply) {
+		if !errors.As(err, &reply) {
 			// No reply from the node (down, unreachable): the slot map
 			// may name a master that is gone. The client reloads it
 			// meanwhile, for the caller's next attempt.
 			b.cluster.ReloadState(ctx)
-		}
-		if b.cluster == nil || redirects == maxRedirects || !redis.HasErrorPrefix(err, "MOVED") {
 			return v, waitErr, err
 		}
-		// ForEachMaster reloads the slot map before it iterates.
-		if rerr := b.cluster.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); rerr != nil {
-			return nil, nil, fmt.Errorf("%w (then reloading the cluster's slots: %w)", err, rerr)
+		if redirects == maxRedirects || !redis.HasErrorPrefix(err, "MOVED") {
+			return v, waitErr, err
+		}
+		if rerr := b.reloadSlots(ctx); rerr != nil {
+			return nil, nil, fmt.Errorf("%w (then %w)", err, rerr)
 		}
 	}
+}
+
+// reloadSlots reloads the Cluster client's slot map now (ForEachMaster
+// reloads it before it iterates; ReloadState only schedules a reload).
+func (b *Backend) reloadSlots(ctx context.Context) error {
+	if err := b.cluster.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
+		return fmt.Errorf("reload the cluster's slots: %w", err)
+	}
+	return nil
 }
 
 // maxRedirects bounds the MOVED replies runWait follows in one call: a
@@ -1056,11 +1068,10 @@ func (b *Backend) ValidateKey(key string) error {
 	// A loop, not strings.IndexAny, which builds its set of bytes at
 	// every call: this runs for every key of every call.
 	for i := 0; i < len(key); i++ {
-		if key[i] != '{' && key[i] != '}' {
-			continue
+		if key[i] == '{' || key[i] == '}' {
+			return fmt.Errorf("redisbackend: %w: key %q contains %q at byte %d, which would break the hash tag {key} that keeps its Redis keys in one Cluster slot",
+				backend.ErrInvalid, key, key[i], i)
 		}
-		return fmt.Errorf("redisbackend: %w: key %q contains %q at byte %d, which would break the hash tag {key} that keeps its Redis keys in one Cluster slot",
-			backend.ErrInvalid, key, key[i], i)
 	}
 	return nil
 }

@@ -27,7 +27,7 @@ const unsubscribeTimeout = 5 * time.Second
 // hubs holds the shared pub/sub connections of a Backend: one, or one per
 // Cluster shard with sharded pub/sub.
 type hubs struct {
-	mu      sync.Mutex // guards closed, byShard, moved, movedAt, reloadedAt, and every hub's subs, started and dead, every sub and every watch
+	mu      sync.Mutex // guards closed, byShard, moved, movedAt, reloadedAt, roleAt, and every hub's subs, started and dead, every sub and every watch
 	closed  bool
 	byShard map[string]*hub
 	wg      sync.WaitGroup // one per running receive loop
@@ -206,8 +206,8 @@ func (b *Backend) clusterShard(ctx context.Context, channel string) (string, *re
 	}
 	b.hubs.mu.Unlock()
 	if reload || from != "" {
-		if err := b.cluster.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
-			return "", nil, fmt.Errorf("reload the cluster's slots: %w", err)
+		if err := b.reloadSlots(ctx); err != nil {
+			return "", nil, err
 		}
 	}
 	node, err := b.cluster.MasterForKey(ctx, channel)
@@ -268,7 +268,9 @@ func (b *Backend) checkMaster(ctx context.Context, addr string, node *redis.Clie
 	if master {
 		return nil
 	}
-	b.nodeDemoted(addr, slot)
+	b.hubs.mu.Lock()
+	b.movedLocked(slot, addr)
+	b.hubs.mu.Unlock()
 	return fmt.Errorf("%w: %s is no longer a master (slot %d)", errSlotMoving, addr, slot)
 }
 
@@ -281,12 +283,11 @@ func isMaster(ctx context.Context, c *redis.Client) (bool, error) {
 	return len(role) > 0 && role[0] == "master", nil
 }
 
-// nodeDemoted notes that the node at addr is no longer a master: the next
+// movedLocked notes that slot has moved away from the node at addr (it
+// dropped our subscriptions there, or is no longer a master): the next
 // Watch reloads the slot map, and one of slot refuses addr until the map
-// names another node.
-func (b *Backend) nodeDemoted(addr string, slot uint16) {
-	b.hubs.mu.Lock()
-	defer b.hubs.mu.Unlock()
+// names another node (see clusterShard). The caller holds b.hubs.mu.
+func (b *Backend) movedLocked(slot uint16, addr string) {
 	b.hubs.moved[slot] = addr
 	b.hubs.movedAt = time.Now()
 }
@@ -488,9 +489,8 @@ func (b *Backend) demoted(h *hub) bool {
 	}
 	b.hubs.mu.Lock()
 	for channel := range h.subs {
-		b.hubs.moved[keySlot(channel)] = h.shard
+		b.movedLocked(keySlot(channel), h.shard)
 	}
-	b.hubs.movedAt = time.Now()
 	b.hubs.mu.Unlock()
 	b.breakHub(h, fmt.Errorf("%w: %s is no longer a master", errSlotMoving, h.shard))
 	return true
@@ -526,8 +526,7 @@ func (b *Backend) serverUnsubscribed(h *hub, channel string) {
 		return
 	}
 	if h.shard != "" {
-		b.hubs.moved[keySlot(channel)] = h.shard
-		b.hubs.movedAt = time.Now()
+		b.movedLocked(keySlot(channel), h.shard)
 	}
 	delete(h.subs, channel)
 	for w := range s.watches {
