@@ -94,7 +94,10 @@
 // expired. The old leader renews at once when its watch
 // breaks, and when its lease is gone acquires again straight away (nobody
 // else can have taken the key meanwhile). A candidate that never heard from
-// the store has no lease to wait for. A store that deletes a live lease
+// the store has no lease to wait for, unless the store refuses for it:
+// redisbackend's Options.RestartGuard refuses every free key until the
+// server has been up for a TTL (a backend.HeldError with MayBeHeld; the
+// candidate attempts again when the refusal ends). A store that deletes a live lease
 // without any sign (an evicted key, a delete by hand) breaks the first
 // proviso: the old leader learns of it from its next renewal, within
 // RenewInterval + RequestTimeout. Fencing terms increase across a loss on

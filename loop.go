@@ -303,6 +303,13 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 		if !e.watching.Load() {
 			ls.nextAttempt = minTime(ls.nextAttempt, time.Now().Add(o.TTL))
 		}
+		if held.MayBeHeld {
+			// No holder to hear from: the store refuses the free key for
+			// rec.TTL more (it restarted, and may have lost a live
+			// lease), and no release will come to wake the elector.
+			ls.expiring = 0
+			ls.nextAttempt = time.Now().Add(max(rec.TTL, minRetry))
+		}
 	default:
 		if ctx.Err() != nil {
 			break

@@ -367,10 +367,20 @@ type HeldError struct {
 	// the failed acquisition had to yield to (writer preference, fair
 	// order); 0 when none or when the backend does not say.
 	Waiting int
+	// MayBeHeld reports a refusal without a holder: the store found the
+	// key free but may have lost a live lease of it (it restarted less than
+	// a TTL ago; see redisbackend's Options.RestartGuard), so it does not
+	// hand it out yet. Holder then has only Key and TTL, the time until it
+	// stops refusing, and Holders is nil.
+	MayBeHeld bool
 }
 
 // Error returns a message naming the holder, its term and since when it holds.
 func (e *HeldError) Error() string {
+	if e.MayBeHeld {
+		return fmt.Sprintf("backend: %q may be held: the store restarted less than a TTL ago and may have lost its lease; refused for %v more",
+			e.Holder.Key, e.Holder.TTL)
+	}
 	return fmt.Sprintf("backend: %q held by %q (term %d) since %s",
 		e.Holder.Key, e.Holder.HolderID, e.Holder.Term, e.Holder.AcquiredAt.Format(time.RFC3339Nano))
 }

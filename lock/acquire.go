@@ -346,6 +346,13 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 					continue // a release before the watch began would be missed
 				}
 			}
+			if held.MayBeHeld {
+				// No holder whose release would wake this waiter: the
+				// store refuses the key for Holder.TTL more.
+				wait = max(held.Holder.TTL, minRetry)
+				expiring = 0
+				break
+			}
 			ttl, ok := minTTL(held)
 			if !ok {
 				// Only waiters ahead: they hold no lease to wait out, and
@@ -638,8 +645,10 @@ var errCrossed = errors.New("lock: the watch broke while the acquisition was in 
 
 // heldError turns the backend's HeldError into the package's, with lock keys.
 func heldError(key string, held *backend.HeldError) *HeldError {
-	e := &HeldError{Key: key, Holder: userRecord(held.Holder), Waiting: held.Waiting}
+	e := &HeldError{Key: key, Holder: userRecord(held.Holder), Waiting: held.Waiting, MayBeHeld: held.MayBeHeld}
 	switch {
+	case held.MayBeHeld:
+		// No holder: the store may have lost it (see MayBeHeld).
 	case len(held.Holders) > 0:
 		e.Holders = make([]backend.Record, len(held.Holders))
 		for i, r := range held.Holders {

@@ -95,8 +95,11 @@
 // attempts again at once when it finds a lease it saw before there (the
 // store kept its data). An acquisition during which its watch broke is
 // released, never returned, and waited out the same way. TryAcquire and
-// TryDo make one attempt and cannot wait. See "When the store loses data"
-// in the README.
+// TryDo make one attempt and cannot wait, unless the store refuses for them:
+// redisbackend's Options.RestartGuard refuses every free key until the
+// server has been up for the caller's TTL, and the refusal is a HeldError
+// with MayBeHeld (Acquire attempts again when it ends). See "When the store
+// loses data" in the README.
 //
 // No lock can stop a paused process from acting late on a decision it took
 // before the pause. Pass Lock.Term, the fencing term, with every write to a

@@ -84,6 +84,11 @@ type HeldError struct {
 	// ancestor ahead of a hierarchical acquisition (not Fair) or, with
 	// Fair, earlier waiters; 0 when none or when the backend does not say.
 	Waiting int
+	// MayBeHeld reports that no holder was seen: the store found the lock
+	// free but may have lost a live lease of it, because it restarted less
+	// than a TTL ago (redisbackend's Options.RestartGuard), and refuses it
+	// until Holder.TTL has passed. Holder then has only Key and TTL.
+	MayBeHeld bool
 	// Err is why a wait ended (ctx.Err()), or nil for a single attempt.
 	Err error
 }
@@ -91,7 +96,9 @@ type HeldError struct {
 // Error returns a message such as
 // `lock "tally/42" held by "alice@host" (term 7) since 10:02:03`, or for
 // Shared holders
-// `lock "schema" held by 3 shared holders, the oldest "r1" (term 4) since 10:02:03`.
+// `lock "schema" held by 3 shared holders, the oldest "r1" (term 4) since 10:02:03`,
+// or, when MayBeHeld,
+// `lock "tally/42" may be held: the store restarted less than a TTL ago and may have lost its holder's lease; refused for 8.2s more`.
 func (e *HeldError) Error() string {
 	var b strings.Builder
 	h := e.Holder
@@ -103,6 +110,10 @@ func (e *HeldError) Error() string {
 	}
 	fmt.Fprintf(&b, "lock %q", e.Key)
 	switch {
+	case e.MayBeHeld:
+		fmt.Fprintf(&b, " may be held: the store restarted less than a TTL ago and may have lost its holder's lease; refused for %v more",
+			h.TTL.Round(time.Millisecond))
+		h = backend.Record{}
 	case len(e.Holders) == 0 && e.Waiting > 0 && h.Key != "" && h.Key != e.Key:
 		fmt.Fprintf(&b, " has %d exclusive waiting ahead on lock %q", e.Waiting, h.Key)
 		h = backend.Record{}

@@ -126,6 +126,8 @@ type Store struct {
 	keys map[string]*keyState // keys with a lease, heartbeat records or watches
 	peak int                  // largest len(keys) since keys was last rebuilt
 	term uint64               // last term handed out, for any key
+	// guardUntil is when the refusal of RestartOptions.Guard ends.
+	guardUntil time.Time
 	// dirty holds keys whose entries or intents changed while another key
 	// was being worked on; flushLocked settles them at the end of the
 	// operation, so that no key is forgotten while a caller still uses it.
@@ -203,6 +205,13 @@ type RestartOptions struct {
 	// key's terms no longer strictly increase across the restart. Use it to
 	// show what fencing cannot protect against.
 	LoseTerms bool
+	// Guard makes the store refuse every free key for this long after the
+	// restart, as redisbackend's Options.RestartGuard does for a TTL after
+	// a Redis server starts: Acquire and AcquireMode fail with a
+	// *backend.HeldError whose MayBeHeld is set, with no holder and the
+	// time the refusal still lasts as Holder.TTL. Use it to test how your
+	// code handles that refusal. 0: none.
+	Guard time.Duration
 }
 
 // Restart simulates a restart of the store, or of the whole simulated
@@ -230,6 +239,7 @@ func (s *Store) Restart(opts *RestartOptions) {
 	if opts.LoseTerms {
 		s.term = 0
 	}
+	s.guardUntil = time.Now().Add(opts.Guard)
 	if opts.KeepLeases {
 		s.shrinkLocked() // closing the watches forgot the keys that only had one
 		return
@@ -821,6 +831,10 @@ func (s *Store) acquire(req backend.AcquireRequest) (backend.Lease, error) {
 		s.flushLocked()
 		return backend.Lease{}, held
 	}
+	if err := s.guardLocked(req.Key, now); err != nil {
+		s.settleLocked(ks, now)
+		return backend.Lease{}, err
+	}
 	s.term++
 	l := &lease{
 		holder:     req.HolderID,
@@ -835,6 +849,15 @@ func (s *Store) acquire(req backend.AcquireRequest) (backend.Lease, error) {
 	s.settleLocked(ks, now)
 	s.notifyLocked(ks, backend.EventChanged)
 	return backend.Lease{Key: req.Key, HolderID: l.holder, Token: l.token, Term: l.term, TTL: req.TTL}, nil
+}
+
+// guardLocked returns the refusal of RestartOptions.Guard for a free key,
+// or nil once it has ended. s.mu must be held.
+func (s *Store) guardLocked(key string, now time.Time) error {
+	if d := s.guardUntil.Sub(now); d > 0 {
+		return &backend.HeldError{Holder: backend.Record{Key: key, TTL: d}, MayBeHeld: true}
+	}
+	return nil
 }
 
 // ownedLocked returns the key state of l when the store holds exactly l.

@@ -451,6 +451,9 @@ func (s *Store) acquireMode(req backend.ModeRequest, writerFirst, ancestorWaiter
 		return backend.Lease{}, held
 	}
 
+	if err := s.guardLocked(req.Key, now); err != nil {
+		return backend.Lease{}, err
+	}
 	if own >= 0 {
 		ks.m().waiters = slices.Delete(ks.waiters(), own, own+1)
 	}

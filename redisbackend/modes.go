@@ -97,7 +97,7 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 	}
 	keys := make([]string, 0, 3+2*len(req.Ancestors))
 	keys = append(keys, base, base+":term", base+":waiters")
-	args := make([]any, 0, 12+len(req.Ancestors)+2*len(req.Metadata))
+	args := make([]any, 0, 13+len(req.Ancestors)+2*len(req.Metadata))
 	args = append(args, req.HolderID, token, ttl, ttlMillis(b.termKeep), mode, strconv.Itoa(req.Limit), fair,
 		req.WaitID, b.publishCmd, b.channel(req.Key), req.Key, len(req.Ancestors))
 	for _, a := range req.Ancestors {
@@ -110,12 +110,16 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
 	}
+	args = append(args, b.guardArg)
 	reply, waitErr, err := b.run(ctx, acquireModeScript, b.waitN > 0, keys, args...)
 	if err != nil {
 		return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
 	}
 	status, err := checkStatus("acquire", req.Key, reply)
 	if err != nil {
+		return backend.Lease{}, err
+	}
+	if err, ok := restartRefusal(req.Key, status, reply); ok {
 		return backend.Lease{}, err
 	}
 	switch status {

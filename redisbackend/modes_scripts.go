@@ -276,8 +276,9 @@ end
 // ancestor's lease hash, then each ancestor's waiters hash; ARGV holder,
 // token, ttl ms, TermRetention ms, mode (x or s), limit, fair (1 or 0), wait
 // ID (empty: none), publish command (empty: none), channel, the key, the
-// number of ancestors, the ancestors' keys, then metadata name/value pairs.
-// Returns OK and the term; HELD, the number of waiters yielded to, the
+// number of ancestors, the ancestors' keys, metadata name/value pairs, then
+// the RestartGuard flag (1 or empty). Returns OK and the term; RESTARTED and
+// the milliseconds of the refusal (see luaRestartWait) or NOINFO; HELD, the number of waiters yielded to, the
 // number of conflicting records, those records in term order, then, when no
 // record conflicts, the record of the key's oldest holder or, when the
 // acquisition yielded to the Exclusive waiters of an ancestor, that
@@ -383,6 +384,12 @@ if #conflicts > 0 or waiting > 0 then
   end
   return out
 end
+if ARGV[#ARGV] == '1' then
+` + luaRestartWait + `
+  local rw, rwerr = restart_wait(tonumber(ARGV[3]))
+  if rwerr then return rwerr end
+  if rw > 0 then return {'RESTARTED', rw} end
+end
 local cur = redis.pcall('GET', KEYS[2])
 if failed(cur) then return foreign(KEYS[2]) end
 local n = 0
@@ -400,7 +407,7 @@ redis.call('SET', KEYS[2], term, 'PX', ARGV[4])
 local exp = now + tonumber(ARGV[3])
 local e = {tok = ARGV[2], id = ARGV[1], t = term, m = mode, l = limit, a = fmt(now), r = fmt(now),
   d = ARGV[3], e = exp, md = {}}
-for i = 13 + na, #ARGV do e.md[#e.md + 1] = ARGV[i] end
+for i = 13 + na, #ARGV - 1 do e.md[#e.md + 1] = ARGV[i] end
 if #st.dead > 0 then call_chunked('HDEL', KEYS[1], st.dead) end
 redis.call('HSET', KEYS[1], 'modes', '1', 'h:' .. ARGV[2], holder_enc(e))
 redis.call('PEXPIREAT', KEYS[1], fmt(math.max(st.maxe, exp)))

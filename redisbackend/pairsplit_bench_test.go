@@ -100,7 +100,7 @@ func BenchmarkPairSplit(b *testing.B) {
 		{"redislock+20µs", redislock("split:rl20", 20)},
 		{"scripts", func() error {
 			tok := backend.NewToken()
-			if err := acquireScript.Run(ctx, c, []string{lease, lease + ":term"}, holder, tok, int64(10000), be.termKeepArg, be.publishArg).Err(); err != nil {
+			if err := acquireScript.Run(ctx, c, []string{lease, lease + ":term"}, holder, tok, int64(10000), be.termKeepArg, be.publishArg, be.guardArg).Err(); err != nil {
 				return err
 			}
 			return releaseScript.Run(ctx, c, []string{lease}, holder, tok, be.publishArg).Err()

@@ -116,11 +116,14 @@ const luaPrelude = luaBase + luaChunked + luaCheckOwner + luaHeartbeatState
 
 // acquireScript: KEYS lease, term; ARGV holder, token,
 // ttl ms, term counter lifetime ms (TermRetention), publish command (empty
-// for none), then metadata name/value pairs. The watch channel is the lease
-// hash's name followed by ":events", the holder's heartbeat record its name
-// followed by ":heartbeat:<holder>" (only read). Returns the new term (an
-// integer reply: below 2^53, so the Lua number converts exactly), or HELD
-// and the holder's record.
+// for none), the RestartGuard flag (1 or empty), then metadata name/value
+// pairs. The watch channel is the lease hash's name followed by ":events",
+// the holder's heartbeat record its name followed by ":heartbeat:<holder>"
+// (only read). Returns the new term (an integer reply: below 2^53, so the
+// Lua number converts exactly), or HELD and the holder's record, or, with
+// the flag, RESTARTED and the milliseconds of the refusal, or NOINFO (see
+// luaRestartWait). The flag adds LASTSAVE, TIME and at times INFO to the
+// free path.
 //
 // On a free key it makes seven calls: HGETALL (the key is free), GET (the
 // counter), TIME, SET PX (the counter), HSET (every field at once; no
@@ -218,6 +221,12 @@ if h['err'] or #h > 0 then
   -- Every entry expired this very millisecond, before the hash did.
   redis.call('DEL', KEYS[1])
 end
+if ARGV[6] == '1' then
+` + luaRestartWait + `
+  local w, werr = restart_wait(tonumber(ARGV[3]))
+  if werr then return werr end
+  if w > 0 then return {'RESTARTED', w} end
+end
 local cur = redis.pcall('GET', KEYS[2])
 local n = 0
 if cur then
@@ -245,13 +254,13 @@ local tn = math.max(n + 1, sec * 1000000 + usec)
 local term = string.format('%d', tn)
 local now = string.format('%d', sec * 1000 + math.floor(usec / 1000))
 redis.call('SET', KEYS[2], term, 'PX', ARGV[4])
-if #ARGV == 5 then
+if #ARGV == 6 then
   redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', ARGV[2], 'term', term,
     'acquired_at', now, 'ttl', ARGV[3])
 else
   local fields = {'holder', ARGV[1], 'token', ARGV[2], 'term', term,
     'acquired_at', now, 'ttl', ARGV[3]}
-  for i = 6, #ARGV, 2 do
+  for i = 7, #ARGV, 2 do
     fields[#fields + 1] = 'meta:' .. ARGV[i]
     fields[#fields + 1] = ARGV[i + 1]
   end
@@ -263,6 +272,32 @@ end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 if ARGV[5] ~= '' then redis.call(ARGV[5], KEYS[1] .. ':events', 'acquired:' .. term) end
 return tn
+`
+
+// luaRestartWait defines restart_wait(ttl) for Options.RestartGuard: how
+// many milliseconds the server still refuses a free key to an acquisition
+// of TTL ttl ms (0: it does not), or nil and a NOINFO reply when it cannot
+// tell. The server refuses until its uptime reaches the TTL: every lease
+// it could have lost was renewed at the latest before it started, so each
+// has expired by then (if its TTL was at most this one). LASTSAVE, cheap,
+// is the time of the server's start or of a later save: when that is more
+// than a TTL ago, so is the start. Otherwise INFO tells the two apart; its
+// uptime is in whole seconds, counted from a start time in whole seconds,
+// so it may run ahead by up to a second, which the wait adds back.
+const luaRestartWait = `
+local function restart_wait(ttl)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local ls = redis.pcall('LASTSAVE')
+  if type(ls) == 'number' and (ls + 1) * 1000 + ttl <= now then return 0 end
+  local s = redis.pcall('INFO', 'server')
+  if type(s) ~= 'string' then
+    return nil, {'NOINFO', type(s) == 'table' and s['err'] or 'no reply'}
+  end
+  local up = tonumber(string.match(s, 'uptime_in_seconds:(%d+)'))
+  if not up then return nil, {'NOINFO', 'no uptime_in_seconds in its reply'} end
+  return math.max(ttl + 1000 - up * 1000, 0)
+end
 `
 
 // renewScript: KEYS lease; ARGV holder, token, ttl ms. Two calls: HMGET

@@ -274,7 +274,7 @@ func acquireVariants(b *testing.B) map[string]*redis.Script {
 		// 6.2), the term taken from the clock and corrected (a second SET)
 		// only when the counter is at or above it. Foreign data in the
 		// counter is not restored: a measurement only.
-		"setget": variant(acquireSrc[strings.Index(acquireSrc, "local cur = redis.pcall('GET', KEYS[2])"):strings.Index(acquireSrc, "if #ARGV == 5 then")], `
+		"setget": variant(acquireSrc[strings.Index(acquireSrc, "local cur = redis.pcall('GET', KEYS[2])"):strings.Index(acquireSrc, "if #ARGV == 6 then")], `
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
 local tn = sec * 1000000 + usec
@@ -342,7 +342,7 @@ func BenchmarkAcquireVariantsServerCPU(b *testing.B) {
 			}
 		}
 	}
-	acquire := func(v *variant) { run(v, v.script, holder, token, 10000, 60000, "PUBLISH") }
+	acquire := func(v *variant) { run(v, v.script, holder, token, 10000, 60000, "PUBLISH", "") }
 	release := func(v *variant) { run(v, releaseScript, holder, token, "PUBLISH") }
 	for _, v := range variants { // load the scripts, create the counters
 		for _, s := range []*redis.Script{v.script, releaseScript} {

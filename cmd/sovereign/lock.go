@@ -130,6 +130,9 @@ func describeHeld(e *lock.HeldError) string {
 	var b strings.Builder
 	r := e.Holder
 	switch {
+	case e.MayBeHeld:
+		fmt.Fprintf(&b, "lock %q may be held: the store restarted less than a TTL ago and may have lost its holder's lease; it refuses the lock for %s more",
+			e.Key, round(r.TTL))
 	case len(e.Holders) == 0 && e.Waiting > 0 && r.Key != "" && r.Key != e.Key:
 		fmt.Fprintf(&b, "lock %q has %d exclusive waiting ahead on lock %q (an exclusive lock waiting above keeps new --hierarchical locks below it out)", e.Key, e.Waiting, r.Key)
 	case len(e.Holders) == 0 && e.Waiting > 0:
