@@ -138,6 +138,26 @@ func TestChaosRedisLock(t *testing.T) {
 	})
 }
 
+// TestChaosRedisTryLockGuard runs the checker in the trylock mode against a
+// real redis-server with RestartGuard: the candidates loop on
+// lock.Locker.TryDo, which neither waits nor waits out a possible data loss,
+// so after a restart that lost the holder's lease nothing but the server's
+// refusal keeps another candidate from taking the lock beside the holder.
+// No overlap is allowed, not even inside the data-loss windows that other
+// runs excuse.
+func TestChaosRedisTryLockGuard(t *testing.T) {
+	addr, kinds, restartLost := redisFaults(t)
+	r := runSpec(t, spec{mode: "trylock", backend: "redis", target: addr, dur: *flagLockDuration, kinds: kinds, guard: true,
+		first: []planned{{kind: restartLost, short: true}, {kind: kill}, {kind: restartLost}, {kind: stop, long: true}}})
+	if r != nil && r.DataLossOverlaps > 0 {
+		t.Errorf("chaos redis-trylock with RestartGuard: %d overlaps inside data-loss windows (longest %v), want none",
+			r.DataLossOverlaps, r.DataLossOverlapMax)
+	}
+	if r != nil && r.DataLossFaults == 0 {
+		t.Errorf("chaos redis-trylock: no fault lost the store's data: the guard was not exercised")
+	}
+}
+
 // TestChaosRedisSemaphore runs the checker in the semaphore mode against a
 // real redis-server: the candidates loop on lock.Locker.Do with a Shared
 // lock of 2 permits on one key, each holding a permit for 0.5 to 3 s, while
@@ -340,9 +360,10 @@ type proc struct {
 type harness struct {
 	t       *testing.T
 	backend string
-	mode    string // the candidates' -mode: elect, lock or semaphore
+	mode    string // the candidates' -mode: elect, lock, trylock or semaphore
 	limit   int    // the candidates' -limit (semaphore)
 	check   int    // the permits the run is checked against (1 unless semaphore)
+	guard   bool   // the candidates' -restart-guard
 	bin     string
 	logs    string
 	store   *chaos.Store
@@ -381,6 +402,8 @@ type spec struct {
 	// wantViolations expects the analysis to find violations: they are
 	// then not errors, and the report is returned for the caller to check.
 	wantViolations bool
+	// guard runs the candidates with redisbackend's RestartGuard.
+	guard bool
 }
 
 // runSpec runs the checker as s says and returns its report (nil when the
@@ -408,7 +431,7 @@ func runSpec(t *testing.T, s spec) *chaos.Report {
 	if mode == "semaphore" {
 		t.Logf("chaos %s: candidates with %d permits, checked against %d", name, s.limit, check)
 	}
-	h := &harness{t: t, backend: backendName, mode: mode, limit: s.limit, check: check,
+	h := &harness{t: t, backend: backendName, mode: mode, limit: s.limit, check: check, guard: s.guard,
 		rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), cur: map[int]*proc{}}
 	h.bin = buildCandidate(t)
 	h.logs = logDir(t, name)
@@ -485,11 +508,18 @@ func runSpec(t *testing.T, s spec) *chaos.Report {
 	runEnd := chaos.Now()
 	h.stopAll()
 
+	sb := serverBound
+	if s.guard {
+		// The server refuses every free key until it has been up for the
+		// TTL, counted in whole seconds: up to TTL + 1 s after it started
+		// (which is before it answered), then the candidates' next attempt.
+		sb += time.Second
+	}
 	run := chaos.Run{
 		Faults: faults, Writes: store.Writes(), End: runEnd,
 		Bound:          ttl + (ttl - renewDeadline) + *flagSlack,
 		DataLossWindow: dataLossWindow,
-		ServerBound:    serverBound,
+		ServerBound:    sb,
 		Handover:       mode != "elect",
 		Limit:          check,
 	}
@@ -616,6 +646,9 @@ func (h *harness) start(slot int, instance string) *proc {
 	)
 	if h.mode == "semaphore" {
 		p.cmd.Args = append(p.cmd.Args, "-limit", fmt.Sprint(h.limit))
+	}
+	if h.guard {
+		p.cmd.Args = append(p.cmd.Args, "-restart-guard")
 	}
 	p.cmd.Stderr = stderr
 	// Die with the test process, should it die without cleaning up.

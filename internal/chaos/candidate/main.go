@@ -68,11 +68,13 @@ type config struct {
 	holdMin       time.Duration
 	holdMax       time.Duration
 	limit         int
+	restartGuard  bool
 }
 
 func main() {
 	var c config
-	flag.StringVar(&c.mode, "mode", "elect", "elect (campaign with sovereign.Elector), lock (loop on lock.Locker.Do) or semaphore (loop on Do with a Shared lock of -limit permits)")
+	flag.StringVar(&c.mode, "mode", "elect", "elect (campaign with sovereign.Elector), lock (loop on lock.Locker.Do), trylock (loop on lock.Locker.TryDo: no waiting, so no data-loss wait) or semaphore (loop on Do with a Shared lock of -limit permits)")
+	flag.BoolVar(&c.restartGuard, "restart-guard", false, "redis: redisbackend.Options.RestartGuard (the server refuses free keys for a TTL after it starts)")
 	flag.StringVar(&c.backend, "backend", "redis", "redis or etcd")
 	flag.StringVar(&c.addr, "addr", "", "host:port of the backend (the candidate's fault proxy)")
 	flag.StringVar(&c.store, "store", "", "base URL of the fenced store")
@@ -92,8 +94,8 @@ func main() {
 	flag.IntVar(&c.limit, "limit", 2, "permits of the Shared lock (-mode semaphore)")
 	flag.Parse()
 	if c.addr == "" || c.store == "" || c.id == "" || (c.backend != "redis" && c.backend != "etcd") ||
-		(c.mode != "elect" && c.mode != "lock" && c.mode != "semaphore") || c.holdMin <= 0 || c.holdMax < c.holdMin || c.limit < 1 {
-		fmt.Fprintln(os.Stderr, "candidate: -addr, -store, -id, -backend redis|etcd and -mode elect|lock|semaphore are required, 0 < -hold-min <= -hold-max and -limit >= 1")
+		(c.mode != "elect" && c.mode != "lock" && c.mode != "trylock" && c.mode != "semaphore") || c.holdMin <= 0 || c.holdMax < c.holdMin || c.limit < 1 {
+		fmt.Fprintln(os.Stderr, "candidate: -addr, -store, -id, -backend redis|etcd and -mode elect|lock|trylock|semaphore are required, 0 < -hold-min <= -hold-max and -limit >= 1")
 		os.Exit(exitUsage)
 	}
 	if c.instance == "" {
@@ -122,7 +124,7 @@ func run(c config) int {
 
 	var code int
 	switch c.mode {
-	case "lock", "semaphore":
+	case "lock", "trylock", "semaphore":
 		code = lockLoop(ctx, c, lg)
 	default:
 		code = campaign(ctx, c, lg)
@@ -220,7 +222,7 @@ func newBackend(c config) (backend.Backend, func(), error) {
 			DialTimeout:           c.renewInterval,
 			PoolSize:              4,
 		})
-		b, err := redisbackend.New(cli, nil)
+		b, err := redisbackend.New(cli, &redisbackend.Options{RestartGuard: c.restartGuard})
 		if err != nil {
 			cli.Close()
 			return nil, nil, err
@@ -302,13 +304,20 @@ func lockLoop(ctx context.Context, c config, lg *chaos.Logger) int {
 		defer t.Stop()
 		return w.work(ctx, l.Term(), l.Held, t.C)
 	}
+	do := locker.Do
+	if c.mode == "trylock" {
+		// One attempt at a time, as a cron job's replicas make: TryDo
+		// neither waits nor waits out a possible data loss.
+		do = locker.TryDo
+	}
 	for ctx.Err() == nil {
-		err := locker.Do(ctx, c.lockKey, ao, fn)
+		err := do(ctx, c.lockKey, ao, fn)
 		if err == nil || ctx.Err() != nil {
 			continue
 		}
-		// The store is unreachable or the lock was lost: back off briefly
-		// (this is the candidate's loop, not a synchronisation).
+		// The lock is held, the store is unreachable or the lock was
+		// lost: back off briefly (this is the candidate's loop, not a
+		// synchronisation).
 		select {
 		case <-ctx.Done():
 		case <-time.After(50*time.Millisecond + rand.N(100*time.Millisecond)):
