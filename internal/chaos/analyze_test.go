@@ -1,6 +1,7 @@
 package chaos_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -226,6 +227,54 @@ func TestAnalyzeDataLoss(t *testing.T) {
 				r.Writes = r.Writes[:2]
 			},
 		},
+		{
+			// The window ends at 1000 + 1050 = 2050: a belief that ends
+			// there is inside it, one a nanosecond later outlasts it.
+			name: "the old leader's belief ends exactly at the window's end",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines[8] = lost(1, 2050, "lease lost")
+			},
+		},
+		{
+			name: "the old leader's belief ends just past the window's end",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines[8].T = msT(2050) + 1
+			},
+			want: "overlap outlasting the data-loss window: b term 2",
+		},
+		{
+			// b acquired between the restart and the store seen answering,
+			// so from the store that came back: c overlapping b is not
+			// explained by data loss (both began after the restart).
+			name: "an overlap of two leaderships begun after the restart",
+			modify: func(r *chaos.Run) {
+				r.Handover = true
+				r.Procs[1].Lines = []chaos.Line{
+					startLine("b"), hb(0, 5), acquire(2, 992, 995), lead(2, 1000), lost(2, 1200, "resigned"), release(2, 1201),
+				}
+				r.Procs = append(r.Procs, chaos.Proc{ID: "c", Lines: []chaos.Line{
+					startLine("c"), hb(0, 5), acquire(3, 1090, 1100), lead(3, 1105),
+				}})
+				r.Writes = r.Writes[:1]
+			},
+			want: "overlap: c term 3 started at 1100.0ms, 100.0ms before b term 2 ended",
+		},
+		{
+			// An Acquire that returned at the restart itself was answered by
+			// the store that came back.
+			name: "an overlap with a leadership begun at the restart",
+			modify: func(r *chaos.Run) {
+				r.Handover = true
+				r.Procs[1].Lines = []chaos.Line{
+					startLine("b"), hb(0, 5), acquire(2, 985, 990), lead(2, 1000), lost(2, 1200, "resigned"), release(2, 1201),
+				}
+				r.Procs = append(r.Procs, chaos.Proc{ID: "c", Lines: []chaos.Line{
+					startLine("c"), hb(0, 5), acquire(3, 1090, 1100), lead(3, 1105),
+				}})
+				r.Writes = r.Writes[:1]
+			},
+			want: "overlap: c term 3 started at 1100.0ms, 100.0ms before b term 2 ended",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -272,6 +321,15 @@ func TestAnalyzeDataLossCounts(t *testing.T) {
 	}
 	if s := r.String(); !strings.Contains(s, "overlaps inside data-loss windows: 1, max length 160ms") {
 		t.Fatalf("summary lacks the data-loss window's figures:\n%s", s)
+	}
+	// An overlap lasts until the first of the two ends: b resigning at 1100,
+	// before a steps down at 1210, makes it 50 ms long.
+	run := dataLoss()
+	run.Procs[1].Lines = append(run.Procs[1].Lines, lost(2, 1100, "resigned"), release(2, 1101))
+	r = chaos.Analyze(run)
+	if !r.OK() || r.DataLossOverlaps != 1 || r.DataLossOverlapMax != 50*time.Millisecond {
+		t.Fatalf("b resigning first: got data-loss overlaps %d (max %v), violations %q; want 1 (max 50ms), none",
+			r.DataLossOverlaps, r.DataLossOverlapMax, r.Violations)
 	}
 }
 
@@ -402,6 +460,224 @@ func TestAnalyzeCatches(t *testing.T) {
 				r.Faults = []chaos.Fault{{Kind: "stop", Target: "a", At: msT(450), Healed: msT(3000)}}
 			},
 		},
+		{
+			// Intervals are [start, end): a successor whose Acquire returns
+			// at the very moment the old leadership ends does not overlap it.
+			name: "successor acquires exactly when the old leadership ends",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].Lines[2] = acquire(2, 990, 1000)
+			},
+		},
+		{
+			// a never steps down; b comes and goes inside a's leadership,
+			// then c begins: c overlaps a although not b, the interval just
+			// before it.
+			name: "an overlap with an interval two before",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = []chaos.Line{
+					startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25),
+					renew(1, 400, 410), renew(1, 800, 810), renew(1, 1200, 1210),
+				}
+				r.Procs[1].Lines = []chaos.Line{
+					startLine("b"), hb(0, 5), acquire(2, 1010, 1020), lead(2, 1025), lost(2, 1100, "resigned"), release(2, 1101),
+				}
+				r.Procs = append(r.Procs, chaos.Proc{ID: "c", Lines: []chaos.Line{
+					startLine("c"), hb(0, 5), acquire(3, 1490, 1500), lead(3, 1505),
+				}})
+				r.Writes = nil
+			},
+			want: "overlap: c term 3 started at 1500.0ms, 1100.0ms before a term 1 ended",
+		},
+		{
+			// Two processes campaigning as one instance ID are still two
+			// leaders.
+			name: "two processes of one ID lead at once",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].ID = "a"
+				r.Procs[1].Lines[2] = acquire(2, 890, 900)
+				r.Writes[2].ID = "a"
+			},
+			want: "overlap: a term 2 started at 900.0ms, 100.0ms before a term 1 ended",
+		},
+		{
+			// An acquisition that failed double verification (the leader
+			// function never ran) lasts until its Release like any other.
+			name: "an acquisition that never led overlaps the next one",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = []chaos.Line{startLine("a"), hb(0, 5), acquire(1, 10, 20), release(1, 1000)}
+				r.Procs[1].Lines[2] = acquire(2, 890, 900)
+				r.Writes = r.Writes[2:]
+			},
+			want: "overlap: b term 2 started at 900.0ms, 100.0ms before a term 1 ended (release)",
+		},
+		{
+			name: "an acquisition that never led, released before the next one",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = []chaos.Line{startLine("a"), hb(0, 5), acquire(1, 10, 20), release(1, 1000)}
+				r.Writes = r.Writes[2:]
+			},
+		},
+		{
+			// Concurrent calls may log out of order: a's renewal sent at 800
+			// is logged before the one sent at 400, and a leads until 2200.
+			name: "renewals logged out of order",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = []chaos.Line{
+					startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25), renew(1, 800, 810), renew(1, 400, 410),
+				}
+				r.Procs[1].Lines[2] = acquire(2, 1990, 2000)
+				r.Writes = nil
+			},
+			want: "overlap: b term 2 started at 2000.0ms, 200.0ms before a term 1 ended (renew deadline)",
+		},
+		{
+			// The renewal sent at 400 sets the deadline at 1800: a check that
+			// begins at 1800 is late.
+			name: "a check that begins exactly at the deadline",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = []chaos.Line{
+					startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25),
+					renew(1, 400, 1300), write(1, 1, 1800), lost(1, 2700, "renew deadline passed"),
+				}
+				r.Procs[1].Lines[2] = acquire(2, 2800, 2810)
+				r.Procs[1].Lines[4] = write(2, 1, 2820)
+				r.Writes = []chaos.Write{storeWrite("a", 1, 1, 1820, true), storeWrite("b", 2, 1, 2840, true)}
+			},
+			want: "past deadline: a term 1 seq 1 passed its leadership check at 1800.0ms",
+		},
+		{
+			name: "a check that begins just before the deadline",
+			modify: func(r *chaos.Run) {
+				w := write(1, 1, 1800)
+				w.Pre--
+				r.Procs[0].Lines = []chaos.Line{
+					startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25),
+					renew(1, 400, 1300), w, lost(1, 2700, "renew deadline passed"),
+				}
+				r.Procs[1].Lines[2] = acquire(2, 2800, 2810)
+				r.Procs[1].Lines[4] = write(2, 1, 2820)
+				r.Writes = []chaos.Write{storeWrite("a", 1, 1, 1820, true), storeWrite("b", 2, 1, 2840, true)}
+			},
+		},
+		{
+			// The renewal returns at the deadline (1410), not before it: the
+			// elector has stepped down, so a successor at 1410 is fine.
+			name: "a renewal returning exactly at the deadline does not extend it",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = []chaos.Line{
+					startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25), renew(1, 1000, 1410),
+				}
+				r.Procs[1].Lines[2] = acquire(2, 1400, 1410)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 1415), write(2, 1, 1420)
+				r.Writes = []chaos.Write{storeWrite("b", 2, 1, 1440, true)}
+			},
+		},
+		{
+			// a renews every 400 ms but its heartbeat, sent at 0, bounds its
+			// deadline at 0 + 7 s - 600 ms = 6400: a check at 6500 is late.
+			name: "a check past the heartbeat's bound",
+			modify: func(r *chaos.Run) {
+				lines := []chaos.Line{startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25)}
+				for s := int64(400); s <= 6400; s += 400 {
+					lines = append(lines, renew(1, s, s+10))
+				}
+				r.Procs[0].Lines = append(lines, write(1, 1, 6500))
+				r.Procs[1].Lines[2] = acquire(2, 6990, 7000)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 7005), write(2, 1, 7010)
+				r.Writes = nil
+				r.End = msT(8000)
+			},
+			want: "past deadline: a term 1 seq 1 passed its leadership check at 6500.0ms, 100.0ms after",
+		},
+		{
+			// The store granted a TTL of 1 s, not 2: the deadline is
+			// 10 + 1 s - 600 ms = 410, and a check at 500 is late.
+			name: "a check past the granted TTL's bound",
+			modify: func(r *chaos.Run) {
+				acq := acquire(1, 10, 20)
+				acq.TTL = int64(time.Second)
+				r.Procs[0].Lines = []chaos.Line{
+					startLine("a"), hb(0, 5), acq, lead(1, 25), write(1, 1, 500), lost(1, 1000, "resigned"), release(1, 1002),
+				}
+				r.Writes = r.Writes[2:]
+			},
+			want: "past deadline: a term 1 seq 1 passed its leadership check at 500.0ms, 90.0ms after",
+		},
+		{
+			// A renewal of term 1 does not extend term 3: term 3's deadline
+			// is 2000 + 1.4 s = 3400, and a check at 3500 is late.
+			name: "a renewal of another term does not extend this one",
+			modify: func(r *chaos.Run) {
+				r.Procs = []chaos.Proc{{ID: "a", Lines: []chaos.Line{
+					startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25), lost(1, 500, "resigned"), release(1, 501),
+					acquire(3, 2000, 2010), lead(3, 2015), renew(1, 2500, 2510), write(3, 1, 3500),
+				}}}
+				r.Writes = nil
+				r.End = msT(4000)
+			},
+			want: "past deadline: a term 3 seq 1 passed its leadership check at 3500.0ms, 100.0ms after",
+		},
+		{
+			name: "a write checked before its Acquire returned",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines[4] = write(1, 1, 15)
+			},
+			want: "early write: a term 1 seq 1 checked at 15.0ms",
+		},
+		{
+			// A stale write is one below any write that arrived before it,
+			// rejected ones included (here one the store should not have
+			// rejected).
+			name: "a stale write accepted after a rejected higher term",
+			modify: func(r *chaos.Run) {
+				r.Writes = slices.Insert(r.Writes, 2, storeWrite("c", 7, 1, 600, false))
+			},
+			want: "stale write accepted: b term 2 seq 1 after a write of term 7",
+		},
+		{
+			// a resigns at 1000, a latency fault on it heals at 1001, and b
+			// leads only at 6000: 5 s without a leader.
+			name: "no leader long after a fault healed",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].Lines[2] = acquire(2, 5990, 6000)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 6005), write(2, 1, 6010)
+				r.Writes[2] = storeWrite("b", 2, 1, 6030, true)
+				r.End = msT(7000)
+				r.Faults = []chaos.Fault{{Kind: "latency", Target: "a", At: msT(800), Healed: msT(1001)}}
+			},
+			want: "no leader for 4.999s after latency of a healed at 1001.0ms",
+		},
+		{
+			// The checker waits for a leader before the next fault: the
+			// first leader after the fault that healed at 1001 begins at
+			// 3500, after the next fault at 3000.
+			name: "no leader before the next fault",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].Lines[2] = acquire(2, 3490, 3500)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 3505), write(2, 1, 3510)
+				r.Writes[2] = storeWrite("b", 2, 1, 3530, true)
+				r.Faults = []chaos.Fault{
+					{Kind: "latency", Target: "a", At: msT(800), Healed: msT(1001)},
+					{Kind: "latency", Target: "b", At: msT(3000), Healed: msT(3100)},
+				}
+				r.End = msT(5000)
+			},
+			want: "no leader after latency of a healed at 1001.0ms",
+		},
+		{
+			name: "no leader before the next fault, faults listed out of order",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].Lines[2] = acquire(2, 3490, 3500)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 3505), write(2, 1, 3510)
+				r.Writes[2] = storeWrite("b", 2, 1, 3530, true)
+				r.Faults = []chaos.Fault{
+					{Kind: "latency", Target: "b", At: msT(3000), Healed: msT(3100)},
+					{Kind: "latency", Target: "a", At: msT(800), Healed: msT(1001)},
+				}
+				r.End = msT(5000)
+			},
+			want: "no leader after latency of a healed at 1001.0ms",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -531,6 +807,46 @@ func TestAnalyzeSemaphore(t *testing.T) {
 				r.Procs[1].Lines[1] = acquire(2, 12, 22)
 			},
 			want: "term order: a term 1 acquired (sent at 24.0ms) after b term 2",
+		},
+		{
+			// d holds from 999.5 to 1005, while a (until 1000) and b hold:
+			// three holds for half a millisecond. c's term is then above d's.
+			name: "a third holder for half a millisecond",
+			modify: func(r *chaos.Run) {
+				acq := acquire(4, 990, 0)
+				acq.Done = msT(1000) - int64(500*time.Microsecond)
+				r.Procs = append(r.Procs, chaos.Proc{ID: "d", Lines: []chaos.Line{
+					startLine("d"), acq, lead(4, 1000), fnEnd(4, 1005), release(4, 1006),
+				}})
+				for i := 1; i < len(r.Procs[2].Lines); i++ {
+					r.Procs[2].Lines[i].Term = 5
+				}
+				r.Writes[4].Term = 5
+			},
+			want: "holders at once: d term 4 started at 999.5ms with 3 holds live (limit 2)",
+		},
+		{
+			// Holds are [start, end): d beginning as a ends makes two.
+			name: "a holder beginning exactly as another ends",
+			modify: func(r *chaos.Run) {
+				r.Procs = append(r.Procs, chaos.Proc{ID: "d", Lines: []chaos.Line{
+					startLine("d"), acquire(4, 990, 1000), lead(4, 1000), fnEnd(4, 1005), release(4, 1006),
+				}})
+				for i := 1; i < len(r.Procs[2].Lines); i++ {
+					r.Procs[2].Lines[i].Term = 5
+				}
+				r.Writes[4].Term = 5
+			},
+		},
+		{
+			// b's Acquire returned at 22, when a's was sent: the store had
+			// granted term 2 before it granted a anything.
+			name: "a term below one granted as it was asked for",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines[1] = acquire(1, 22, 28)
+				r.Procs[1].Lines[1] = acquire(2, 12, 22)
+			},
+			want: "term order: a term 1 acquired (sent at 22.0ms) after b term 2",
 		},
 		{
 			name: "a term granted twice",
