@@ -461,6 +461,22 @@ func TestAnalyzeCatches(t *testing.T) {
 			},
 		},
 		{
+			// a's leader context is seen cancelled at 1405 (IsLeader false
+			// from 1400), before its deadline at 1410: that ends it, and b at
+			// 1390 overlaps it.
+			name: "an interval ended by its context's cancellation",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = []chaos.Line{
+					startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25),
+					{Ev: chaos.EvCtxLag, Term: 1, Pre: msT(1400), T: msT(1405)},
+				}
+				r.Procs[1].Lines[2] = acquire(2, 1380, 1390)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 1395), write(2, 1, 1400)
+				r.Writes = nil
+			},
+			want: "overlap: b term 2 started at 1390.0ms, 15.0ms before a term 1 ended (context cancelled)",
+		},
+		{
 			// Intervals are [start, end): a successor whose Acquire returns
 			// at the very moment the old leadership ends does not overlap it.
 			name: "successor acquires exactly when the old leadership ends",
