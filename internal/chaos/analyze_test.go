@@ -228,6 +228,55 @@ func TestAnalyzeDataLoss(t *testing.T) {
 			},
 		},
 		{
+			// c begins after the next fault (at 1300): only b began between
+			// the restart and it, so there is no cascade.
+			name: "a leadership after the next fault is no cascade",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].Lines = append(r.Procs[1].Lines, lost(2, 1400, "resigned"), release(2, 1401))
+				r.Procs = append(r.Procs, chaos.Proc{ID: "c", Lines: []chaos.Line{
+					startLine("c"), hb(0, 5), acquire(3, 1590, 1600), lead(3, 1605),
+				}})
+				r.Faults = append(r.Faults, chaos.Fault{Kind: "latency", Target: "b", At: msT(1300), Healed: msT(1350)})
+			},
+		},
+		{
+			// Nobody acquires the empty store: a's lease is gone, so a does
+			// not count as a leader after it.
+			name: "no leader after the store came back empty",
+			modify: func(r *chaos.Run) {
+				r.Procs = r.Procs[:1]
+				r.Writes = r.Writes[:1]
+			},
+			want: "no leader after redis-restart-nopersist: the store came back at 1000.0ms",
+		},
+		{
+			// A persistent restart: a stepped down at 950, during the outage,
+			// so it is no leader when the store is back; b acquires 4 s
+			// after.
+			name: "a leader that stepped down during the outage",
+			modify: func(r *chaos.Run) {
+				r.Faults[0].Kind, r.Faults[0].DataLoss = "redis-restart", false
+				r.Procs[0].Lines = append(r.Procs[0].Lines[:7], lost(1, 950, "renew deadline passed"))
+				r.Procs[1].Lines[2] = acquire(2, 4990, 5000)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 5005), write(2, 1, 5010)
+				r.Writes = r.Writes[:1]
+				r.End = msT(6000)
+			},
+			want: "slow leader after redis-restart: the store came back at 1000.0ms, b term 2 acquired 4s later",
+		},
+		{
+			// The same-ID fault was aimed at b: a losing its lease meanwhile
+			// is not the fault's doing.
+			name: "same-ID fault aimed at another process",
+			modify: func(r *chaos.Run) {
+				r.Faults = []chaos.Fault{{Kind: chaos.KindSameID, Target: "b", At: msT(500), Healed: msT(1300)}}
+				r.Procs[0].Lines = r.Procs[0].Lines[:6]
+				r.Procs[0].Lines = append(r.Procs[0].Lines, lost(1, 700, "lease lost"))
+				r.Procs[1].Lines[2] = acquire(2, 790, 800)
+				r.Writes = r.Writes[:1]
+			},
+		},
+		{
 			// The window ends at 1000 + 1050 = 2050: a belief that ends
 			// there is inside it, one a nanosecond later outlasts it.
 			name: "the old leader's belief ends exactly at the window's end",
@@ -475,6 +524,52 @@ func TestAnalyzeCatches(t *testing.T) {
 				r.Writes = nil
 			},
 			want: "overlap: b term 2 started at 1390.0ms, 15.0ms before a term 1 ended (context cancelled)",
+		},
+		{
+			// The store must accept the highest term it has seen.
+			name: "the store rejects a write of the highest term",
+			modify: func(r *chaos.Run) {
+				r.Writes = append(r.Writes, storeWrite("b", 2, 2, 1100, false))
+			},
+			want: "store rejected b term 2 seq 2 although the highest term was 2",
+		},
+		{
+			name: "the store rejects its first write",
+			modify: func(r *chaos.Run) {
+				r.Writes[0].Accepted = false
+			},
+			want: "store rejected a term 1 seq 1",
+		},
+		{
+			name: "a write of a term the writer never acquired",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines[6] = write(9, 1, 500)
+				r.Writes[1] = storeWrite("a", 9, 1, 520, true)
+			},
+			want: "write: a wrote with term 9, which it never acquired",
+		},
+		{
+			name: "the store got a write of a term the writer never acquired",
+			modify: func(r *chaos.Run) {
+				r.Writes = append(r.Writes, storeWrite("b", 9, 1, 1100, true))
+			},
+			want: "store got a write of b with term 9, which it never acquired",
+		},
+		{
+			// c's acquisition at 1000 never led (released at 1100): it is
+			// no leader, so nobody leads from 1001 to 6000.
+			name: "no leader long after a fault healed, an acquisition that never led in between",
+			modify: func(r *chaos.Run) {
+				r.Procs[1].Lines[2] = acquire(3, 5990, 6000)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(3, 6005), write(3, 1, 6010)
+				r.Procs = append(r.Procs, chaos.Proc{ID: "c", Lines: []chaos.Line{
+					startLine("c"), hb(0, 5), acquire(2, 995, 1000), release(2, 1100),
+				}})
+				r.Writes[2] = storeWrite("b", 3, 1, 6030, true)
+				r.End = msT(7000)
+				r.Faults = []chaos.Fault{{Kind: "latency", Target: "a", At: msT(800), Healed: msT(1001)}}
+			},
+			want: "no leader for 4.999s after latency of a healed at 1001.0ms",
 		},
 		{
 			// Intervals are [start, end): a successor whose Acquire returns
@@ -823,6 +918,16 @@ func TestAnalyzeSemaphore(t *testing.T) {
 				r.Procs[1].Lines[1] = acquire(2, 12, 22)
 			},
 			want: "term order: a term 1 acquired (sent at 24.0ms) after b term 2",
+		},
+		{
+			// b is killed at 500 while a holds too: the faulted hold is b's,
+			// and nobody takes its permit (only c, once a is gone).
+			name: "the killed holder is the fault's target, not the first holder",
+			modify: func(r *chaos.Run) {
+				r.Faults = []chaos.Fault{{Kind: "kill", Target: "b", At: msT(500), Healed: msT(505)}}
+				r.Procs[1].KilledAt = msT(505)
+			},
+			want: "permit not taken again: after kill of b at 500.0ms (its hold term 2 ended at 505.0ms)",
 		},
 		{
 			// d holds from 999.5 to 1005, while a (until 1000) and b hold:
