@@ -95,9 +95,9 @@ type Interval struct {
 	Start int64
 	// End is an upper bound of the moment the process stopped believing it
 	// led: the earliest of its renew deadline (derived from the send times
-	// of its successful renewals and heartbeats, as the elector computes
-	// it), the LeadershipLost event, the leader function's return, the
-	// release of the lease, its death.
+	// of its successful renewals, as the elector computes it), the
+	// LeadershipLost event, the leader function's return, the release of
+	// the lease, its death.
 	End int64
 	// Led reports whether the leader function ran (otherwise the
 	// acquisition failed double verification, or the process died first).
@@ -623,21 +623,20 @@ func stoppedDuring(p Proc, from, to int64) bool {
 	return false
 }
 
+// call is one successful renewal.
 type call struct {
-	renew     bool
-	term      uint64
-	sent      int64
-	done      int64
-	heartbeat bool
+	term uint64
+	sent int64
+	done int64
 }
 
 // procIntervals derives one process's leadership intervals from its log.
 func procIntervals(p Proc, r *Report) []*Interval {
 	var (
-		ttl, rd, hbTTL int64
-		calls          []call // successful renewals and heartbeats
-		acquires       []Line
-		ends           = map[uint64][]struct {
+		ttl, rd  int64
+		calls    []call // successful renewals
+		acquires []Line
+		ends     = map[uint64][]struct {
 			t   int64
 			why string
 		}{}
@@ -654,16 +653,12 @@ func procIntervals(p Proc, r *Report) []*Interval {
 	for _, l := range p.Lines {
 		switch l.Ev {
 		case EvStart:
-			ttl, rd, hbTTL = l.OptTTL, l.OptRenewDeadline, l.OptHeartbeatTTL
+			ttl, rd = l.OptTTL, l.OptRenewDeadline
 		case EvAcquire:
 			acquires = append(acquires, l)
 		case EvRenew:
 			if l.Err == "" {
-				calls = append(calls, call{renew: true, term: l.Term, sent: l.Sent, done: l.Done})
-			}
-		case EvHeartbeat:
-			if l.Err == "" {
-				calls = append(calls, call{heartbeat: true, sent: l.Sent, done: l.Done})
+				calls = append(calls, call{term: l.Term, sent: l.Sent, done: l.Done})
 			}
 		case EvRelease:
 			addEnd(l.Term, l.Sent, "release")
@@ -697,35 +692,19 @@ func procIntervals(p Proc, r *Report) []*Interval {
 		if l, ok := lost[a.Term]; ok {
 			iv.lostAt, iv.reason = l.T, l.Reason
 		}
-		renewSent := a.Sent
-		hbSent := int64(-1)
-		for _, c := range calls {
-			if c.heartbeat && c.done <= a.Done {
-				hbSent = c.sent
-			}
-		}
-		formula := func() int64 {
-			d := renewSent + min(rd, a.TTL-margin)
-			if hbSent >= 0 {
-				d = min(d, hbSent+hbTTL-margin)
-			}
-			return d
-		}
-		cur := formula()
+		// As the elector (internal/keeper) computes it: heartbeats never
+		// end a lease, so they play no part.
+		formula := func(renewSent int64) int64 { return renewSent + min(rd, a.TTL-margin) }
+		cur := formula(a.Sent)
 		iv.deadlines = []step{{a.Done, cur}}
 		for _, c := range calls {
-			if c.done <= a.Done || (c.renew && c.term != a.Term) {
+			if c.done <= a.Done || c.term != a.Term {
 				continue
 			}
 			if c.done >= cur {
 				break // the deadline passed: the elector never extends it again
 			}
-			if c.renew {
-				renewSent = c.sent
-			} else {
-				hbSent = c.sent
-			}
-			cur = formula()
+			cur = formula(c.sent)
 			iv.deadlines = append(iv.deadlines, step{c.done, cur})
 		}
 		iv.End, iv.EndedBy = cur, "renew deadline"

@@ -382,6 +382,20 @@ func TestAnalyzeDataLossCounts(t *testing.T) {
 	}
 }
 
+// heartbeatsFail is the log of a, which leads term 1 from 20 and renews
+// every 400 ms until lastRenew, while its heartbeats, successful at 0, fail
+// from 5000 on.
+func heartbeatsFail(lastRenew int64) []chaos.Line {
+	lines := []chaos.Line{startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25)}
+	for s := int64(400); s <= lastRenew; s += 400 {
+		lines = append(lines, renew(1, s, s+10))
+		if s%1000 == 0 && s >= 5000 {
+			lines = append(lines, chaos.Line{Ev: chaos.EvHeartbeat, Sent: msT(s), Done: msT(s + 400), Err: "context deadline exceeded"})
+		}
+	}
+	return lines
+}
+
 // TestAnalyzeCatches proves that each check fails on a history that breaks
 // its property, and passes on the same history without the break.
 func TestAnalyzeCatches(t *testing.T) {
@@ -684,21 +698,36 @@ func TestAnalyzeCatches(t *testing.T) {
 			},
 		},
 		{
-			// a renews every 400 ms but its heartbeat, sent at 0, bounds its
-			// deadline at 0 + 7 s - 600 ms = 6400: a check at 6500 is late.
-			name: "a check past the heartbeat's bound",
+			// Heartbeats never end a lease (options.go, HeartbeatTTL): a
+			// renews every 400 ms while its heartbeats fail from 5000 on, so
+			// its heartbeat record expires at 7000, and b takes the lease at
+			// 7100 (the bug of 4bbd070) while a still leads, until its
+			// renewal finds the lease gone at 7210.
+			name: "a leader whose heartbeats fail overlaps a successor",
 			modify: func(r *chaos.Run) {
-				lines := []chaos.Line{startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25)}
-				for s := int64(400); s <= 6400; s += 400 {
-					lines = append(lines, renew(1, s, s+10))
-				}
-				r.Procs[0].Lines = append(lines, write(1, 1, 6500))
-				r.Procs[1].Lines[2] = acquire(2, 6990, 7000)
-				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 7005), write(2, 1, 7010)
+				r.Procs[0].Lines = heartbeatsFail(6800)
+				r.Procs[0].Lines = append(r.Procs[0].Lines,
+					chaos.Line{Ev: chaos.EvRenew, Term: 1, Sent: msT(7200), Done: msT(7205), Err: "lease lost"},
+					lost(1, 7210, "lease lost"))
+				r.Procs[1].Lines[2] = acquire(2, 7090, 7100)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 7105), write(2, 1, 7110)
 				r.Writes = nil
-				r.End = msT(8000)
+				r.End = msT(9000)
 			},
-			want: "past deadline: a term 1 seq 1 passed its leadership check at 6500.0ms, 100.0ms after",
+			want: "overlap: b term 2 started at 7100.0ms, 110.0ms before a term 1 ended (lost event (lease lost))",
+		},
+		{
+			// The same leader checks at 7500, after its heartbeat record
+			// expired but before its renew deadline (6800 + 1.4 s = 8200):
+			// it still leads. b takes over at 8300.
+			name: "a leader whose heartbeats fail still leads until its renew deadline",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = append(heartbeatsFail(6800), write(1, 1, 7500))
+				r.Procs[1].Lines[2] = acquire(2, 8290, 8300)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 8305), write(2, 1, 8310)
+				r.Writes = nil
+				r.End = msT(9000)
+			},
 		},
 		{
 			// The store granted a TTL of 1 s, not 2: the deadline is
