@@ -586,6 +586,24 @@ func TestAnalyzeCatches(t *testing.T) {
 			want: "no leader for 4.999s after latency of a healed at 1001.0ms",
 		},
 		{
+			// Only successful renewals move the deadline: after the one
+			// sent at 400 (deadline 1800), the renewals sent at 800 and 1200
+			// time out, and a check at 1850 is late.
+			name: "failed renewals do not extend the deadline",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = []chaos.Line{
+					startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25), renew(1, 400, 410),
+					{Ev: chaos.EvRenew, Term: 1, Sent: msT(800), Done: msT(1200), Err: "context deadline exceeded"},
+					{Ev: chaos.EvRenew, Term: 1, Sent: msT(1200), Done: msT(1600), Err: "context deadline exceeded"},
+					write(1, 1, 1850), lost(1, 2700, "renew deadline passed"),
+				}
+				r.Procs[1].Lines[2] = acquire(2, 2800, 2810)
+				r.Procs[1].Lines[4] = write(2, 1, 2820)
+				r.Writes = []chaos.Write{storeWrite("a", 1, 1, 1870, true), storeWrite("b", 2, 1, 2840, true)}
+			},
+			want: "past deadline: a term 1 seq 1 passed its leadership check at 1850.0ms, 50.0ms after",
+		},
+		{
 			// Intervals are [start, end): a successor whose Acquire returns
 			// at the very moment the old leadership ends does not overlap it.
 			name: "successor acquires exactly when the old leadership ends",
