@@ -150,7 +150,7 @@ type Report struct {
 	// write let through).
 	LiveRejected  int
 	StaleAccepted int // accepted writes with a term below an earlier write's: must be 0
-	PastDeadline  int // writes whose check passed after the writer's deadline: must be 0
+	PastDeadline  int // writes whose check passed after the writer's deadline or interval's end: must be 0
 	// Overlaps counts the pairs of overlapping intervals that no data loss
 	// explains: must be 0. With a semaphore (Run.Limit > 1) it counts the
 	// holds whose start made more than Limit holds live at once, other
@@ -327,7 +327,10 @@ func Analyze(run Run) *Report {
 		}
 	}
 
-	// (a) A running process acts only before its deadline.
+	// (a) A running process acts only before its deadline, and only
+	// before the end of its interval (a check passed after the
+	// LeadershipLost event, say, means the overlap check, which trusts that
+	// end, may have missed a second leader).
 	for _, p := range run.Procs {
 		for _, l := range p.Lines {
 			switch l.Ev {
@@ -341,6 +344,10 @@ func Analyze(run Run) *Report {
 					r.PastDeadline++
 					r.violate("past deadline: %s term %d seq %d passed its leadership check at %s, %s after its renew deadline",
 						p.ID, l.Term, l.Seq, ms(l.Pre), ms(l.Pre-d))
+				} else if l.Pre >= iv.End {
+					r.PastDeadline++
+					r.violate("check after the end: %s term %d seq %d passed its leadership check at %s, %s after its leadership ended (%s)",
+						p.ID, l.Term, l.Seq, ms(l.Pre), ms(l.Pre-iv.End), iv.EndedBy)
 				}
 				if l.Pre < iv.Start {
 					r.violate("early write: %s term %d seq %d checked at %s, before its Acquire returned at %s",
@@ -767,7 +774,7 @@ func (r *Report) String() string {
 	if r.SameID > 0 {
 		fmt.Fprintf(&b, "same-ID faults: %d, the leader led through %d\n", r.SameID, r.SameIDKept)
 	}
-	fmt.Fprintf(&b, "checks passed after the renew deadline: %d\n", r.PastDeadline)
+	fmt.Fprintf(&b, "checks passed after the renew deadline or the end of the interval: %d\n", r.PastDeadline)
 	fmt.Fprintf(&b, "store: %d writes, %d accepted, %d rejected (fenced); stale-term writes accepted: %d\n",
 		r.Writes, r.Accepted, r.Rejected, r.StaleAccepted)
 	fmt.Fprintf(&b, "writes arriving after their leadership ended: %d rejected, %d accepted before any newer term wrote\n",

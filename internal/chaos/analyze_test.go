@@ -604,6 +604,40 @@ func TestAnalyzeCatches(t *testing.T) {
 			want: "past deadline: a term 1 seq 1 passed its leadership check at 1850.0ms, 50.0ms after",
 		},
 		{
+			// a steps down at 700 (its renewal found the lease gone), well
+			// before its renew deadline (1800), and b takes over at 750: a
+			// check that a passes at 800 means a still believed it led after
+			// the end of its interval, so the overlap check, which trusts
+			// that end, could not see a and b acting at once.
+			name: "a check passed after LeadershipLost",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = []chaos.Line{
+					startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25), write(1, 1, 30),
+					renew(1, 400, 410), lost(1, 700, "lease lost"), write(1, 2, 800),
+				}
+				r.Procs[1].Lines[2] = acquire(2, 740, 750)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 755), write(2, 1, 760)
+				r.Writes = []chaos.Write{
+					storeWrite("a", 1, 1, 50, true), storeWrite("b", 2, 1, 780, true), storeWrite("a", 1, 2, 820, false),
+				}
+			},
+			want: "check after the end: a term 1 seq 2 passed its leadership check at 800.0ms, 100.0ms after its leadership ended (lost event (lease lost))",
+		},
+		{
+			name: "a check begun before LeadershipLost",
+			modify: func(r *chaos.Run) {
+				r.Procs[0].Lines = []chaos.Line{
+					startLine("a"), hb(0, 5), acquire(1, 10, 20), lead(1, 25), write(1, 1, 30),
+					renew(1, 400, 410), write(1, 2, 690), lost(1, 700, "lease lost"),
+				}
+				r.Procs[1].Lines[2] = acquire(2, 740, 750)
+				r.Procs[1].Lines[3], r.Procs[1].Lines[4] = lead(2, 755), write(2, 1, 760)
+				r.Writes = []chaos.Write{
+					storeWrite("a", 1, 1, 50, true), storeWrite("a", 1, 2, 710, true), storeWrite("b", 2, 1, 780, true),
+				}
+			},
+		},
+		{
 			// Intervals are [start, end): a successor whose Acquire returns
 			// at the very moment the old leadership ends does not overlap it.
 			name: "successor acquires exactly when the old leadership ends",
