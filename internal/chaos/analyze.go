@@ -11,7 +11,8 @@ import (
 
 // Proc is what the checker knows of one candidate process.
 type Proc struct {
-	// ID is the instance ID the process campaigned as.
+	// ID is the process's name (its -id, unique per process; processes
+	// of a same-ID fault share an instance ID, not this).
 	ID string
 	// Lines is its log.
 	Lines []Line
