@@ -1,8 +1,10 @@
 package chaos_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -44,5 +46,44 @@ func TestReadLines(t *testing.T) {
 				t.Fatalf("got second line %+v, want the acquire of term 1 done at 20", lines[1])
 			}
 		})
+	}
+}
+
+// A run saved with SaveRun, with each process's log beside it, loads back
+// whole: analysing it again sees the same intervals and verdict.
+func TestSaveLoadRun(t *testing.T) {
+	dir := t.TempDir()
+	run := handOver()
+	run.Procs[0].KilledAt = msT(1500)
+	run.Procs[0].Stops = [][2]int64{{msT(600), msT(700)}}
+	run.Faults = []chaos.Fault{{Kind: "stop", Target: "a", At: msT(600), Healed: msT(700)}}
+	if err := chaos.SaveRun(filepath.Join(dir, "run.json"), run); err != nil {
+		t.Fatal(err)
+	}
+	if len(run.Procs[0].Lines) == 0 {
+		t.Fatal("SaveRun cleared the caller's log lines")
+	}
+	for _, p := range run.Procs {
+		f, err := os.Create(filepath.Join(dir, p.ID+".jsonl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lg := chaos.NewLogger(f)
+		for _, l := range p.Lines {
+			lg.Log(l)
+		}
+		if err := errors.Join(lg.Err(), f.Close()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := chaos.LoadRun(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, run) {
+		t.Fatalf("LoadRun: got %+v, want %+v", got, run)
+	}
+	if r := chaos.Analyze(got); !r.OK() || r.Acquisitions != 2 {
+		t.Fatalf("analysis of the loaded run: got %d acquisitions, violations %q; want 2, none", r.Acquisitions, r.Violations)
 	}
 }
