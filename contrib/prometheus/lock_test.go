@@ -5,11 +5,15 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	sovereignprom "github.com/sovereign-go/sovereign/contrib/prometheus"
 	"github.com/sovereign-go/sovereign/lock"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
@@ -136,4 +140,81 @@ func TestLockMetrics(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The lock hooks called directly: a class's first acquisition attempt
+// creates every result and every loss reason at zero; each loss is counted
+// under its own reason.
+func TestLockHooks(t *testing.T) {
+	m, reg := newMetrics(t, nil)
+	m.Acquired("tally", "held", 0)
+	s := scrape(t, reg)
+	wantValue(t, s, "sovereign_lock_acquisitions_total", tally+`,result="held"`, 1)
+	for _, r := range []string{"acquired", "error", "cancelled"} {
+		wantValue(t, s, "sovereign_lock_acquisitions_total", tally+`,result="`+r+`"`, 0)
+	}
+	for _, r := range []string{"deadline", "lease lost", "max hold"} {
+		wantValue(t, s, "sovereign_locks_lost_total", tally+`,reason="`+r+`"`, 0)
+	}
+	wantValue(t, s, "sovereign_locks_held", tally, 0)
+
+	m.Lost("tally", "max hold")
+	m.Lost("tally", "lease lost")
+	m.Lost("tally", "lease lost")
+	s = scrape(t, reg)
+	wantValue(t, s, "sovereign_locks_lost_total", tally+`,reason="deadline"`, 0)
+	wantValue(t, s, "sovereign_locks_lost_total", tally+`,reason="max hold"`, 1)
+	wantValue(t, s, "sovereign_locks_lost_total", tally+`,reason="lease lost"`, 2)
+}
+
+// bucketBounds returns the upper bounds of the buckets of histogram name in
+// reg (its only series).
+func bucketBounds(t *testing.T, reg prometheus.Gatherer, name string) []float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		var bounds []float64
+		for _, b := range mf.GetMetric()[0].GetHistogram().GetBucket() {
+			bounds = append(bounds, b.GetUpperBound())
+		}
+		return bounds
+	}
+	t.Fatalf("no histogram %s", name)
+	return nil
+}
+
+// The wait and hold histograms have their own buckets: the defaults, or
+// those of Options.
+func TestLockBuckets(t *testing.T) {
+	tests := []struct {
+		name       string
+		opts       *sovereignprom.Options
+		wait, hold []float64
+	}{
+		{name: "defaults", wait: sovereignprom.DefaultLockWaitBuckets, hold: sovereignprom.DefaultLockHoldBuckets},
+		{
+			name: "options",
+			opts: &sovereignprom.Options{LockWaitBuckets: []float64{0.5, 2}, LockHoldBuckets: []float64{10}},
+			wait: []float64{0.5, 2}, hold: []float64{10},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, reg := newMetrics(t, tt.opts)
+			m.Acquired("tally", "acquired", time.Second)
+			m.Released("tally", 5*time.Second)
+			if got := bucketBounds(t, reg, "sovereign_lock_wait_seconds"); !slices.Equal(got, tt.wait) {
+				t.Errorf("wait buckets: got %v, want %v", got, tt.wait)
+			}
+			if got := bucketBounds(t, reg, "sovereign_lock_hold_seconds"); !slices.Equal(got, tt.hold) {
+				t.Errorf("hold buckets: got %v, want %v", got, tt.hold)
+			}
+		})
+	}
 }

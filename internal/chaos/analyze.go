@@ -11,7 +11,8 @@ import (
 
 // Proc is what the checker knows of one candidate process.
 type Proc struct {
-	// ID is the instance ID the process campaigned as.
+	// ID is the process's name (its -id, unique per process; processes
+	// of a same-ID fault share an instance ID, not this).
 	ID string
 	// Lines is its log.
 	Lines []Line
@@ -95,9 +96,9 @@ type Interval struct {
 	Start int64
 	// End is an upper bound of the moment the process stopped believing it
 	// led: the earliest of its renew deadline (derived from the send times
-	// of its successful renewals and heartbeats, as the elector computes
-	// it), the LeadershipLost event, the leader function's return, the
-	// release of the lease, its death.
+	// of its successful renewals, as the elector computes it), the
+	// LeadershipLost event, the leader function's return, the release of
+	// the lease, its death.
 	End int64
 	// Led reports whether the leader function ran (otherwise the
 	// acquisition failed double verification, or the process died first).
@@ -150,7 +151,7 @@ type Report struct {
 	// write let through).
 	LiveRejected  int
 	StaleAccepted int // accepted writes with a term below an earlier write's: must be 0
-	PastDeadline  int // writes whose check passed after the writer's deadline: must be 0
+	PastDeadline  int // writes whose check passed after the writer's deadline or interval's end: must be 0
 	// Overlaps counts the pairs of overlapping intervals that no data loss
 	// explains: must be 0. With a semaphore (Run.Limit > 1) it counts the
 	// holds whose start made more than Limit holds live at once, other
@@ -327,7 +328,10 @@ func Analyze(run Run) *Report {
 		}
 	}
 
-	// (a) A running process acts only before its deadline.
+	// (a) A running process acts only before its deadline, and only
+	// before the end of its interval (a check passed after the
+	// LeadershipLost event, say, means the overlap check, which trusts that
+	// end, may have missed a second leader).
 	for _, p := range run.Procs {
 		for _, l := range p.Lines {
 			switch l.Ev {
@@ -341,6 +345,10 @@ func Analyze(run Run) *Report {
 					r.PastDeadline++
 					r.violate("past deadline: %s term %d seq %d passed its leadership check at %s, %s after its renew deadline",
 						p.ID, l.Term, l.Seq, ms(l.Pre), ms(l.Pre-d))
+				} else if l.Pre >= iv.End {
+					r.PastDeadline++
+					r.violate("check after the end: %s term %d seq %d passed its leadership check at %s, %s after its leadership ended (%s)",
+						p.ID, l.Term, l.Seq, ms(l.Pre), ms(l.Pre-iv.End), iv.EndedBy)
 				}
 				if l.Pre < iv.Start {
 					r.violate("early write: %s term %d seq %d checked at %s, before its Acquire returned at %s",
@@ -623,21 +631,20 @@ func stoppedDuring(p Proc, from, to int64) bool {
 	return false
 }
 
+// call is one successful renewal.
 type call struct {
-	renew     bool
-	term      uint64
-	sent      int64
-	done      int64
-	heartbeat bool
+	term uint64
+	sent int64
+	done int64
 }
 
 // procIntervals derives one process's leadership intervals from its log.
 func procIntervals(p Proc, r *Report) []*Interval {
 	var (
-		ttl, rd, hbTTL int64
-		calls          []call // successful renewals and heartbeats
-		acquires       []Line
-		ends           = map[uint64][]struct {
+		ttl, rd  int64
+		calls    []call // successful renewals
+		acquires []Line
+		ends     = map[uint64][]struct {
 			t   int64
 			why string
 		}{}
@@ -654,16 +661,12 @@ func procIntervals(p Proc, r *Report) []*Interval {
 	for _, l := range p.Lines {
 		switch l.Ev {
 		case EvStart:
-			ttl, rd, hbTTL = l.OptTTL, l.OptRenewDeadline, l.OptHeartbeatTTL
+			ttl, rd = l.OptTTL, l.OptRenewDeadline
 		case EvAcquire:
 			acquires = append(acquires, l)
 		case EvRenew:
 			if l.Err == "" {
-				calls = append(calls, call{renew: true, term: l.Term, sent: l.Sent, done: l.Done})
-			}
-		case EvHeartbeat:
-			if l.Err == "" {
-				calls = append(calls, call{heartbeat: true, sent: l.Sent, done: l.Done})
+				calls = append(calls, call{term: l.Term, sent: l.Sent, done: l.Done})
 			}
 		case EvRelease:
 			addEnd(l.Term, l.Sent, "release")
@@ -697,35 +700,19 @@ func procIntervals(p Proc, r *Report) []*Interval {
 		if l, ok := lost[a.Term]; ok {
 			iv.lostAt, iv.reason = l.T, l.Reason
 		}
-		renewSent := a.Sent
-		hbSent := int64(-1)
-		for _, c := range calls {
-			if c.heartbeat && c.done <= a.Done {
-				hbSent = c.sent
-			}
-		}
-		formula := func() int64 {
-			d := renewSent + min(rd, a.TTL-margin)
-			if hbSent >= 0 {
-				d = min(d, hbSent+hbTTL-margin)
-			}
-			return d
-		}
-		cur := formula()
+		// As the elector (internal/keeper) computes it: heartbeats never
+		// end a lease, so they play no part.
+		formula := func(renewSent int64) int64 { return renewSent + min(rd, a.TTL-margin) }
+		cur := formula(a.Sent)
 		iv.deadlines = []step{{a.Done, cur}}
 		for _, c := range calls {
-			if c.done <= a.Done || (c.renew && c.term != a.Term) {
+			if c.done <= a.Done || c.term != a.Term {
 				continue
 			}
 			if c.done >= cur {
 				break // the deadline passed: the elector never extends it again
 			}
-			if c.renew {
-				renewSent = c.sent
-			} else {
-				hbSent = c.sent
-			}
-			cur = formula()
+			cur = formula(c.sent)
 			iv.deadlines = append(iv.deadlines, step{c.done, cur})
 		}
 		iv.End, iv.EndedBy = cur, "renew deadline"
@@ -788,7 +775,7 @@ func (r *Report) String() string {
 	if r.SameID > 0 {
 		fmt.Fprintf(&b, "same-ID faults: %d, the leader led through %d\n", r.SameID, r.SameIDKept)
 	}
-	fmt.Fprintf(&b, "checks passed after the renew deadline: %d\n", r.PastDeadline)
+	fmt.Fprintf(&b, "checks passed after the renew deadline or the end of the interval: %d\n", r.PastDeadline)
 	fmt.Fprintf(&b, "store: %d writes, %d accepted, %d rejected (fenced); stale-term writes accepted: %d\n",
 		r.Writes, r.Accepted, r.Rejected, r.StaleAccepted)
 	fmt.Fprintf(&b, "writes arriving after their leadership ended: %d rejected, %d accepted before any newer term wrote\n",

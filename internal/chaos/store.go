@@ -16,7 +16,7 @@ import (
 
 // Write is one write that reached the fenced store.
 type Write struct {
-	// ID is the writer's instance ID.
+	// ID is the writer's process name (Proc.ID).
 	ID string
 	// Term is the fencing term the writer sent.
 	Term uint64
