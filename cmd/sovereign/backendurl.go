@@ -34,6 +34,7 @@ type backendFlags struct {
 	user               string
 	passwordFile       string
 	storePrefix        string
+	restartGuard       bool
 	dialTimeout        time.Duration
 	commandTimeout     time.Duration
 }
@@ -54,6 +55,7 @@ func (f *backendFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.insecureSkipVerify, "insecure-skip-tls-verify", f.insecureSkipVerify, "do not verify the server's TLS certificate")
 	fs.StringVar(&f.user, "user", f.user, "user `name` for authentication (the password comes from the URL or --password-file)")
 	fs.StringVar(&f.passwordFile, "password-file", f.passwordFile, "read the password from `file` (one line)")
+	fs.BoolVar(&f.restartGuard, "restart-guard", f.restartGuard, "Redis: the server refuses every free key until it has been up for the TTL, so a restart that lost a live lease hands it to nobody (the library's Options.RestartGuard)")
 	fs.StringVar(&f.storePrefix, "store-prefix", f.storePrefix, "key prefix in the store, as in the library's Options.Prefix (default \"sovereign:\" on Redis, \"sovereign/\" on etcd)")
 	fs.DurationVar(&f.dialTimeout, "dial-timeout", f.dialTimeout, "timeout for connecting to the backend")
 	fs.DurationVar(&f.commandTimeout, "command-timeout", f.commandTimeout, "timeout of each read (status, list, members, break)")
@@ -89,6 +91,9 @@ func (f *backendFlags) open() (*opened, error) {
 	}
 	if f.dialTimeout <= 0 {
 		f.dialTimeout = 5 * time.Second // etcd's client would otherwise wait forever to authenticate
+	}
+	if f.restartGuard && scheme != "unix" && !strings.HasPrefix(scheme, "redis") {
+		return nil, usageError("--restart-guard is for Redis backends, not %s://", scheme)
 	}
 	switch scheme {
 	case "redis", "rediss", "unix":
@@ -137,11 +142,7 @@ type redisClient interface {
 }
 
 func (f *backendFlags) redis(c redisClient) (*opened, error) {
-	var opts *redisbackend.Options
-	if f.storePrefix != "" {
-		opts = &redisbackend.Options{Prefix: f.storePrefix}
-	}
-	b, err := redisbackend.New(c, opts)
+	b, err := redisbackend.New(c, &redisbackend.Options{Prefix: f.storePrefix, RestartGuard: f.restartGuard})
 	if err != nil {
 		c.Close()
 		return nil, usageError("%v", err)
