@@ -2,38 +2,15 @@ package lock_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/internal/electortest"
 	"github.com/sovereign-go/sovereign/lock"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
-
-// refusing is a memory backend (with its watch, without Modes) whose
-// Acquire refuses from the time from until the time until, as
-// redisbackend's RestartGuard does after a restart: a HeldError with
-// MayBeHeld, no holder, and the refusal's length as TTL.
-type refusing struct {
-	backend.Backend
-	w           backend.Watcher
-	from, until time.Time
-	attempts    atomic.Int32
-}
-
-func (r *refusing) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
-	r.attempts.Add(1)
-	if d := time.Until(r.until); d > 0 && !time.Now().Before(r.from) {
-		return backend.Lease{}, &backend.HeldError{Holder: backend.Record{Key: req.Key, TTL: d}, MayBeHeld: true}
-	}
-	return r.Backend.Acquire(ctx, req)
-}
-
-func (r *refusing) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
-	return r.w.Watch(ctx, key)
-}
 
 // A waiter refused because the store may have lost a lease (MayBeHeld) has
 // no holder whose release would wake it: it attempts again when the
@@ -53,7 +30,7 @@ func TestWaiterRetriesWhenARefusalEnds(t *testing.T) {
 		defer cl.Close()
 		start := time.Now()
 		const released, refused = 2 * time.Second, 5 * time.Second
-		b := &refusing{Backend: cl, w: cl, from: start.Add(released), until: start.Add(refused)}
+		b := electortest.NewRefusing(cl, start.Add(released), start.Add(refused))
 		lk, err := lock.New(b, "w", &lock.Options{TTL: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
@@ -70,7 +47,7 @@ func TestWaiterRetriesWhenARefusalEnds(t *testing.T) {
 		if took := time.Since(start); took < refused || took > refused+100*time.Millisecond {
 			t.Errorf("acquired %v after start, want when the refusal ended (%v, within 100 ms)", took, refused)
 		}
-		if n := b.attempts.Load(); n > 4 {
+		if n := b.Attempts.Load(); n > 4 {
 			t.Errorf("%d attempts, want at most 4: the first (held), the one woken by the release (refused), the one when the refusal ended, and a spare", n)
 		}
 		if err := l.Release(t.Context()); err != nil {
