@@ -93,11 +93,13 @@
 // once the TTL is up, when every lease the store could have lost has
 // expired. The old leader renews at once when its watch
 // breaks, and when its lease is gone acquires again straight away (nobody
-// else can have taken the key meanwhile). A candidate that never heard from
-// the store has no lease to wait for, unless the store refuses for it:
-// redisbackend's Options.RestartGuard refuses every free key until the
-// server has been up for a TTL (a backend.HeldError with MayBeHeld; the
-// candidate attempts again when the refusal ends). A store that deletes a live lease
+// else can have taken the key meanwhile), as a reclaim
+// (backend.AcquireRequest.Reclaim) while its old deadline has not passed.
+// A candidate that never heard from the store has no lease to wait for,
+// unless the store refuses for it: redisbackend's Options.RestartGuard
+// refuses every free key but a reclaim until the server has been up for a
+// TTL (a backend.HeldError with MayBeHeld; the candidate attempts again
+// when the refusal ends). A store that deletes a live lease
 // without any sign (an evicted key, a delete by hand) breaks the first
 // proviso: the old leader learns of it from its next renewal, within
 // RenewInterval + RequestTimeout. Fencing terms increase across a loss on

@@ -241,6 +241,9 @@ func (e *Elector) leadEnd() {
 		return
 	}
 	rs.ls.nextAttempt = time.Now()
+	if ld.reason == ReasonLeaseLost {
+		rs.ls.reclaimUntil = ld.hold.HeldUntil()
+	}
 	// Calls that failed while leading say nothing about other leases:
 	// the old leader may take the key again at once (see suspect).
 	e.mu.Lock()

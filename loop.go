@@ -45,6 +45,13 @@ type loopState struct {
 	// (suspect), and one started while the store is down leads as soon as
 	// it is back.
 	answered bool
+	// reclaimUntil is the renew deadline of the last term when a renewal
+	// found its lease gone before it (ReasonLeaseLost): until then the
+	// store can only have lost that lease, nobody else can have held the
+	// key since, and attempts say so (AcquireRequest.Reclaim), which a
+	// store refusing free keys after a restart (redisbackend's
+	// RestartGuard) lets through. Cleared by an attempt the store answers.
+	reclaimUntil time.Time
 }
 
 // stopped runs when the loop ends: the elector is a follower again and its
@@ -243,7 +250,8 @@ func (e *Elector) failureProlongs(ls *loopState, at time.Time) bool {
 // attempt makes one acquisition attempt, with double verification.
 func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, time.Time, Record, bool) {
 	o := &e.opts
-	req := backend.AcquireRequest{Key: e.name, HolderID: e.id, TTL: o.TTL, Metadata: o.Metadata}
+	req := backend.AcquireRequest{Key: e.name, HolderID: e.id, TTL: o.TTL, Metadata: o.Metadata,
+		Reclaim: time.Now().Before(ls.reclaimUntil)}
 	leave, ok := e.enter(ctx) // the acquisition and its verification count as one call in flight
 	if !ok {
 		return backend.Lease{}, time.Time{}, Record{}, false
@@ -257,6 +265,7 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 	var held *backend.HeldError
 	if err == nil || errors.As(err, &held) {
 		e.backendOK()
+		ls.reclaimUntil = time.Time{}
 	}
 	switch {
 	case err == nil:

@@ -66,3 +66,44 @@ func TestCandidateRetriesWhenARefusalEnds(t *testing.T) {
 		}
 	})
 }
+
+// With a store that refuses free keys after a restart (RestartOptions.Guard,
+// as redisbackend's RestartGuard), a restart that loses the leader's lease
+// costs no failover: the old leader finds its lease gone before its
+// deadline, so nobody else can have held the key since, and its next
+// attempt says so (AcquireRequest.Reclaim), which the store lets through.
+// The followers are refused (or wait out the data loss) and never lead
+// beside it.
+func TestOldLeaderReclaimsThroughTheGuard(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := fastOpts()
+		c := newCluster(t, 3, o)
+		c.start(t)
+		old := c.leader(t, 2*time.Second)
+		time.Sleep(500 * time.Millisecond)
+		restart := time.Now()
+		c.store.Restart(&memorybackend.RestartOptions{Guard: o.TTL})
+		for time.Since(restart) < 2*o.TTL {
+			time.Sleep(time.Millisecond)
+			ls := electortest.Leaders(c.es...)
+			if len(ls) > 1 {
+				t.Fatalf("%v after the restart: %d lead at once", time.Since(restart), len(ls))
+			}
+			if len(ls) == 1 && ls[0] != c.es[old] {
+				t.Fatalf("%s led %v after the restart, want the old leader %s to take its key again", ls[0].ID(), time.Since(restart), c.es[old].ID())
+			}
+		}
+		synctest.Wait()
+		ivs := c.rec.Intervals()
+		electortest.CheckNoOverlap(t, ivs)
+		if len(ivs) != 2 {
+			t.Fatalf("leadership terms: got %v, want 2: the first and the old leader's again after the restart", ivs)
+		}
+		if ivs[1].ID != c.es[old].ID() {
+			t.Fatalf("second term led by %s, want the old leader %s", ivs[1].ID, c.es[old].ID())
+		}
+		if took := ivs[1].Start.Sub(restart); took > 100*time.Millisecond {
+			t.Errorf("the old leader led again %v after the restart, want within 100 ms (the guard refuses everyone else for %v)", took, o.TTL)
+		}
+	})
+}

@@ -165,6 +165,14 @@ type AcquireRequest struct {
 	// session: one store lease for many keys) gives such a lease one of
 	// its own. The lock package sets it for NoRenew and MaxHold locks.
 	Detached bool
+	// Reclaim says that the caller held a lease of this key until a
+	// renewal found it gone before the caller's renew deadline: the store
+	// lost it (a restart), so nobody else can have held the key since. A
+	// backend that refuses free keys after a restart (redisbackend's
+	// Options.RestartGuard, memorybackend's RestartOptions.Guard) lets such
+	// an acquisition through; it changes nothing else. The elector sets it
+	// for its first attempt after losing its lease that way.
+	Reclaim bool
 }
 
 // Member is the live heartbeat record of one instance for a key.

@@ -13,7 +13,8 @@ import (
 // RestartOptions.Guard refuses every free key for its length after the
 // restart, as redisbackend's RestartGuard does: a HeldError with MayBeHeld,
 // no holder, and the time left as TTL; a key still held (KeepLeases) is
-// reported with its holder; once the guard ends, the key is handed out.
+// reported with its holder; a reclaim is let through; once the guard ends,
+// the key is handed out.
 func TestRestartGuard(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memorybackend.NewStore()
@@ -44,6 +45,10 @@ func TestRestartGuard(t *testing.T) {
 		}
 		if _, err := b.Get(ctx, "free"); !errors.Is(err, backend.ErrNotHeld) {
 			t.Fatalf("Get after the refusals: got %v, want ErrNotHeld", err)
+		}
+		// A reclaim (the caller's own lease was lost) is let through.
+		if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: "reclaimed", HolderID: "c", TTL: time.Second, Reclaim: true}); err != nil {
+			t.Fatalf("a reclaim during the guard: got %v, want it let through", err)
 		}
 
 		time.Sleep(1500 * time.Millisecond)

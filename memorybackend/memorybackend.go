@@ -209,8 +209,9 @@ type RestartOptions struct {
 	// restart, as redisbackend's Options.RestartGuard does for a TTL after
 	// a Redis server starts: Acquire and AcquireMode fail with a
 	// *backend.HeldError whose MayBeHeld is set, with no holder and the
-	// time the refusal still lasts as Holder.TTL. Use it to test how your
-	// code handles that refusal. 0: none.
+	// time the refusal still lasts as Holder.TTL, except for a reclaim
+	// (AcquireRequest.Reclaim). Use it to test how your code handles that
+	// refusal. 0: none.
 	Guard time.Duration
 }
 
@@ -831,7 +832,7 @@ func (s *Store) acquire(req backend.AcquireRequest) (backend.Lease, error) {
 		s.flushLocked()
 		return backend.Lease{}, held
 	}
-	if err := s.guardLocked(req.Key, now); err != nil {
+	if err := s.guardLocked(req, now); err != nil {
 		s.settleLocked(ks, now)
 		return backend.Lease{}, err
 	}
@@ -851,11 +852,12 @@ func (s *Store) acquire(req backend.AcquireRequest) (backend.Lease, error) {
 	return backend.Lease{Key: req.Key, HolderID: l.holder, Token: l.token, Term: l.term, TTL: req.TTL}, nil
 }
 
-// guardLocked returns the refusal of RestartOptions.Guard for a free key,
-// or nil once it has ended. s.mu must be held.
-func (s *Store) guardLocked(key string, now time.Time) error {
-	if d := s.guardUntil.Sub(now); d > 0 {
-		return &backend.HeldError{Holder: backend.Record{Key: key, TTL: d}, MayBeHeld: true}
+// guardLocked returns the refusal of RestartOptions.Guard for an
+// acquisition of a free key, or nil once it has ended or for a reclaim
+// (req.Reclaim). s.mu must be held.
+func (s *Store) guardLocked(req backend.AcquireRequest, now time.Time) error {
+	if d := s.guardUntil.Sub(now); d > 0 && !req.Reclaim {
+		return &backend.HeldError{Holder: backend.Record{Key: req.Key, TTL: d}, MayBeHeld: true}
 	}
 	return nil
 }

@@ -451,7 +451,7 @@ func (s *Store) acquireMode(req backend.ModeRequest, writerFirst, ancestorWaiter
 		return backend.Lease{}, held
 	}
 
-	if err := s.guardLocked(req.Key, now); err != nil {
+	if err := s.guardLocked(req.AcquireRequest, now); err != nil {
 		return backend.Lease{}, err
 	}
 	if own >= 0 {

@@ -110,7 +110,7 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
 	}
-	args = append(args, b.guardArg)
+	args = append(args, b.guard(req.AcquireRequest))
 	reply, waitErr, err := b.run(ctx, acquireModeScript, b.waitN > 0, keys, args...)
 	if err != nil {
 		return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)

@@ -362,14 +362,18 @@ type Options struct {
 	// set and whose Holder.TTL says how long the refusal lasts (up to the
 	// TTL plus a second: the server counts its uptime in whole seconds).
 	// That closes the data-loss window for every caller, TryAcquire and a
-	// process that never heard from the server included. The price: a
-	// server that just started hands out no key for a TTL, not even to the
-	// holder whose lease it lost, so a restart costs a TTL without a
-	// leader or a lock; and each acquisition of a free key sends LASTSAVE,
+	// process that never heard from the server included. A reclaim
+	// (backend.AcquireRequest.Reclaim: an elector whose renewal found its
+	// own lease gone before its deadline) is let through, so an election
+	// loses no time. The price: a server that just started hands out no
+	// other key for a TTL, so a restart costs a lock a TTL without a
+	// holder; and each acquisition of a free key sends LASTSAVE,
 	// plus INFO (about 7 µs of server CPU) when the server started or
 	// saved less than a TTL ago. The ACL user needs INFO (and LASTSAVE, or
-	// every such acquisition sends INFO); without it acquisitions fail
-	// with an error saying so. It does not cover a failover to a replica
+	// every such acquisition sends INFO); without it, or on a server that
+	// does not report its uptime (miniredis), acquisitions fail with an
+	// error saying so (memorybackend's RestartOptions.Guard simulates the
+	// refusal in unit tests). It does not cover a failover to a replica
 	// that had not received the lease (WaitReplicas does). default: false
 	RestartGuard bool
 }
@@ -401,7 +405,7 @@ type Backend struct {
 
 	// publishArg and termKeepArg are publishCmd and termKeep in
 	// milliseconds, as script arguments converted to interfaces once;
-	// guardArg is "1" with Options.RestartGuard, "" without.
+	// guardArg is "1" with Options.RestartGuard, "" without (see guard).
 	publishArg, termKeepArg, guardArg any
 
 	closed atomic.Bool
@@ -759,6 +763,16 @@ func checkStatus(op, key string, reply []any) (string, error) {
 	return status, nil
 }
 
+// guard returns the RestartGuard argument of an acquisition: "1" with the
+// option, "" without it or for a reclaim (req.Reclaim: the caller's own
+// lease was lost, so nobody else's can be).
+func (b *Backend) guard(req backend.AcquireRequest) any {
+	if req.Reclaim {
+		return ""
+	}
+	return b.guardArg
+}
+
 // restartRefusal turns the reply of an acquisition refused under
 // Options.RestartGuard (RESTARTED and the milliseconds the refusal lasts,
 // or NOINFO and why the server's uptime could not be read) into its error,
@@ -773,7 +787,8 @@ func restartRefusal(key, status string, reply []any) (error, bool) {
 		return &backend.HeldError{Holder: backend.Record{Key: key, TTL: millis(ms)}, MayBeHeld: true}, true
 	case "NOINFO":
 		return fmt.Errorf("redisbackend: acquire %q: RestartGuard cannot read the server's uptime (INFO server: %s): "+
-			"give the ACL user INFO, or turn RestartGuard off", key, str(reply[len(reply)-1])), true
+			"it needs a server that reports uptime_in_seconds (not miniredis) and an ACL user allowed INFO; or turn RestartGuard off",
+			key, str(reply[len(reply)-1])), true
 	}
 	return nil, false
 }
@@ -794,7 +809,7 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	token := backend.NewToken()
 	ttl := ttlMillis(req.TTL)
 	args := make([]any, 0, 6+2*len(req.Metadata))
-	args = append(args, req.HolderID, token, ttl, b.termKeepArg, b.publishArg, b.guardArg)
+	args = append(args, req.HolderID, token, ttl, b.termKeepArg, b.publishArg, b.guard(req))
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
 	}

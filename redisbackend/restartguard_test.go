@@ -130,9 +130,11 @@ func TestRestartGuardRefusesAFreshServer(t *testing.T) {
 // The data-loss window, closed: a restart without persistence loses a live
 // lease while its holder still holds it. A backend without the guard hands
 // the free key to a new process at once (the window the README describes);
-// with RestartGuard the server refuses it, to the old holder too, until a
-// TTL after it started, when the lost lease has expired wherever it was
-// held, and the next term is above the lost one.
+// with RestartGuard the server refuses it until a TTL after it started,
+// when the lost lease has expired wherever it was held, to every plain
+// acquisition, the old holder's too, and lets through only a reclaim (the
+// old holder's own, which the elector sends); the next term is above the
+// lost one.
 func TestRestartGuardClosesTheDataLossWindow(t *testing.T) {
 	srv := testredis.Start(t) // no persistence
 	ctx := context.Background()
@@ -146,6 +148,17 @@ func TestRestartGuardClosesTheDataLossWindow(t *testing.T) {
 	mayBeHeld(t, err, "job")
 	_, err = old.Acquire(ctx, req)
 	mayBeHeld(t, err, "job")
+	// A reclaim (the caller's own lease was lost) goes through; released
+	// again so that the rest of the test sees the key free.
+	rq := req
+	rq.Reclaim = true
+	rl, err := old.Acquire(ctx, rq)
+	if err != nil {
+		t.Fatalf("a reclaim during the refusal: got %v, want it let through", err)
+	}
+	if err := old.Release(ctx, rl); err != nil {
+		t.Fatal(err)
+	}
 	if err := old.Renew(ctx, lost); !errors.Is(err, backend.ErrLeaseLost) {
 		t.Fatalf("the old holder's renewal: got %v, want ErrLeaseLost (the lease is gone)", err)
 	}
@@ -267,7 +280,7 @@ func TestRestartGuardACL(t *testing.T) {
 	}
 	mayBeHeld(t, err, "job")
 	_, err = guarded(t, srv, "noinfo").Acquire(ctx, backend.AcquireRequest{Key: "job", HolderID: "a", TTL: guardTTL})
-	if err == nil || errors.Is(err, backend.ErrHeld) || !strings.Contains(err.Error(), "give the ACL user INFO") {
+	if err == nil || errors.Is(err, backend.ErrHeld) || !strings.Contains(err.Error(), "an ACL user allowed INFO") {
 		t.Fatalf("a user without INFO: got %v, want an error asking for INFO", err)
 	}
 }
@@ -332,5 +345,62 @@ func TestRestartGuardLockAndElector(t *testing.T) {
 		}
 	case <-time.After(guardTTL + 10*time.Second):
 		t.Fatal("the elector did not lead within TTL + 10 s")
+	}
+}
+
+// With RestartGuard, a restart without persistence costs an election no
+// failover: the leader's renewal finds its lease gone before its deadline,
+// so its next attempt is a reclaim (backend.AcquireRequest.Reclaim), which
+// the server lets through while it refuses the others. Three electors, TTL
+// 3 s: the old leader leads again under a new term while the server has
+// been up for less than the TTL, and nobody else leads.
+func TestRestartGuardOldLeaderLeadsOn(t *testing.T) {
+	const ttl = 3 * time.Second
+	srv := testredis.Start(t) // no persistence
+	admin := srv.NewClient(t, nil)
+	rec := &electortest.Recorder{}
+	var es []*sovereign.Elector
+	for _, id := range []string{"r1", "r2", "r3"} {
+		b := newBackend(t, srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true}), &redisbackend.Options{RestartGuard: true})
+		e, err := sovereign.New(b, "daemon", id, &sovereign.Options{TTL: ttl, Logger: electortest.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec.Campaign(t, e)
+		es = append(es, e)
+	}
+	leader := func(after uint64, within time.Duration) *sovereign.Elector {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for time.Now().Before(deadline) {
+			if ls := electortest.Leaders(es...); len(ls) == 1 && ls[0].Term() > after {
+				return ls[0]
+			}
+			time.Sleep(5 * time.Millisecond) // polling the electors' state, bounded
+		}
+		t.Fatalf("no leader with a term above %d within %v", after, within)
+		return nil
+	}
+	first := leader(0, ttl+10*time.Second)
+	term := first.Term()
+	time.Sleep(1500 * time.Millisecond) // let it renew
+	srv.Restart(t)
+	again := leader(term, ttl+10*time.Second)
+	up := uptime(t, admin)
+	if again != first {
+		t.Fatalf("%s leads after the restart, want the old leader %s to lead on", again.ID(), first.ID())
+	}
+	if up*1000 >= int(ttl/time.Millisecond) {
+		t.Errorf("the old leader led again when the server had been up %d s, want during the refusal (TTL %v): a reclaim", up, ttl)
+	}
+	for _, e := range es {
+		_ = e.Close()
+	}
+	ivs := rec.Intervals()
+	electortest.CheckNoOverlap(t, ivs)
+	for _, iv := range ivs {
+		if iv.ID != first.ID() {
+			t.Errorf("%s led term %d, want only the old leader %s", iv.ID, iv.Term, first.ID())
+		}
 	}
 }

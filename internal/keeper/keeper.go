@@ -198,6 +198,7 @@ type Hold struct {
 	relOver   bool          // the first Release has its result
 	relWait   chan struct{} // made by a second Release call; closed with relOver
 	relResult error
+	heldUntil time.Time     // the deadline when the hold stepped down (HeldUntil)
 	done      bool          // the hold has finished
 	finished  chan struct{} // made by Finished; closed once done
 
@@ -326,6 +327,19 @@ var errWallClock = errors.New("keeper: the wall clock passed the deadline (machi
 func (h *Hold) Deadline() time.Time {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.deadline
+}
+
+// HeldUntil returns the deadline the hold had when it stepped down (before
+// the step-down moved it to that moment), or its deadline while it holds:
+// until then, had the store kept the lease, nobody else could have taken
+// it.
+func (h *Hold) HeldUntil() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stepped {
+		return h.heldUntil
+	}
 	return h.deadline
 }
 
@@ -812,6 +826,7 @@ func (h *Hold) stepDown(r Reason, err, cause error) bool {
 		err = h.lastErr
 	}
 	h.stepped, h.reason, h.stepErr, h.cause = true, r, err, cause
+	h.heldUntil = h.deadline
 	if now := time.Now(); now.Before(h.deadline) {
 		h.deadline = now
 	}
