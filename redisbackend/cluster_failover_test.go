@@ -360,6 +360,67 @@ func TestClusterWatchAfterUnseenFailover(t *testing.T) {
 	}
 }
 
+// TestClusterWatchAsksRoleAfterUnseenFailover: as in
+// TestClusterWatchAfterUnseenFailover, a backend learns of a failover from
+// no SUNSUBSCRIBE (it had no pub/sub connection) and its slot map names the
+// old master, now a replica; but with the default health check, whose
+// silence (27 s) outlasts the test's bound, only the role check before
+// subscribing (checkMaster) keeps the watch from going to the replica,
+// where it would stay silent. The first Watch after the failover is
+// refused or goes to the promoted replica, and the release is seen.
+func TestClusterWatchAsksRoleAfterUnseenFailover(t *testing.T) {
+	c := startReplicatedCluster(t)
+	ctx := ctxBound(t)
+	opts := &redisbackend.Options{Prefix: "cr:"}
+	// The slot map, loaded before the failover, is not reloaded for its
+	// age during the test.
+	wc := c.NewClusterClient(t, &redis.ClusterOptions{ContextTimeoutEnabled: true, ClusterStateReloadInterval: time.Hour})
+	w := newBackend(t, wc, opts)
+	b := newBackend(t, clusterClient(t, c), opts)
+	if _, err := w.Get(ctx, "k"); !errors.Is(err, backend.ErrNotHeld) { // loads the map
+		t.Fatalf("Get before the failover: got %v, want ErrNotHeld", err)
+	}
+	slot := slotOf(t, ctx, c, "cr:", "k")
+	old, promoted, err := c.Failover(ctx, slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("failover: %s -> %s", old, promoted)
+	ctx = ctxBound(t)
+	var events <-chan backend.Event
+	if err := acrossSwitch(t, "Watch after the failover", func() error {
+		var err error
+		events, err = w.Watch(ctx, "k")
+		return err
+	}); err != nil {
+		t.Fatalf("Watch after the failover: %v", err)
+	}
+	var l backend.Lease
+	if err := acrossSwitch(t, "Acquire after the failover", func() error {
+		var err error
+		l, err = b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "b", TTL: time.Minute})
+		return err
+	}); err != nil {
+		t.Fatalf("Acquire after the failover: %v", err)
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Fatalf("Release after the failover: %v", err)
+	}
+	for {
+		select {
+		case e, ok := <-events:
+			if !ok {
+				t.Fatal("watch opened after the failover: closed, want the release")
+			}
+			if e.Type == backend.EventReleased {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatalf("watch opened after the failover: no release within %v (subscribed on the old master, now a replica?)", bound)
+		}
+	}
+}
+
 // TestClusterCrashKeepsLease: with WaitReplicas 1, a lease the master
 // acknowledged is on its replica, so it survives the master's crash (a
 // SIGKILL, then CLUSTER FAILOVER TAKEOVER on the replica: with one master
