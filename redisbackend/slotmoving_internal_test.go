@@ -1,0 +1,50 @@
+package redisbackend
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sovereign-go/sovereign/internal/testredis"
+)
+
+// TestWatchRefusesSlotLeftNode: after a node dropped the subscriptions of a
+// slot (its SUNSUBSCRIBE, noted by movedLocked) a Watch of that slot is
+// refused with errSlotMoving while the reloaded slot map still names that
+// node, as it does when the node asked has not yet learnt of the move, even
+// when the node's role is not due to be asked again; a Watch of another
+// slot is not. Here the map names the node because the slot never moved: a
+// one-node cluster whose drop the test notes by hand.
+func TestWatchRefusesSlotLeftNode(t *testing.T) {
+	srv := testredis.StartConfig(t, testredis.Config{Cluster: true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := New(srv.NewClusterClient(t, nil), &Options{Prefix: "slm:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	channel := b.channel("k")
+	node, err := b.cluster.MasterForKey(ctx, channel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := node.Options().Addr
+	b.hubs.mu.Lock()
+	b.movedLocked(keySlot(channel), addr)
+	b.hubs.roleAt[addr] = time.Now().Add(time.Hour) // not due: only the drop refuses
+	b.hubs.mu.Unlock()
+	for i := range 2 {
+		if _, err := b.Watch(ctx, "k"); !errors.Is(err, errSlotMoving) {
+			t.Fatalf("Watch %d of the slot its node dropped, the map naming that node: got %v, want errSlotMoving", i+1, err)
+		}
+	}
+	other := "o"
+	for keySlot(b.channel(other)) == keySlot(channel) {
+		other += "o"
+	}
+	if _, err := b.Watch(ctx, other); err != nil {
+		t.Fatalf("Watch of a key in another slot: got %v, want nil", err)
+	}
+}
