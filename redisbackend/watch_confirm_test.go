@@ -2,7 +2,9 @@ package redisbackend_test
 
 import (
 	"context"
+	"errors"
 	"net"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/internal/testredis"
+	"github.com/sovereign-go/sovereign/redisbackend"
 )
 
 // TestWatchReturnsAfterConfirmation: Watch returns only once the server has
@@ -102,4 +105,58 @@ func (s *slowConn) Write(b []byte) (int, error) {
 func (s *slowConn) Close() error {
 	s.once.Do(func() { close(s.done) })
 	return s.Conn.Close()
+}
+
+// TestPubSubOff: with PubSubOff, Watch fails with an error wrapping
+// errors.ErrUnsupported, and no operation publishes: a subscriber of the
+// key's channel sees nothing of an Acquire, a Release, an entry's
+// acquisition and release, or a CancelWait of a live registration; the
+// first message it gets is the one of a later Acquire through a backend
+// that publishes.
+func TestPubSubOff(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	off := newBackend(t, c, &redisbackend.Options{PubSub: redisbackend.PubSubOff})
+	if _, err := off.Watch(ctx, "lock/k"); !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("Watch with PubSubOff: got %v, want an error wrapping errors.ErrUnsupported", err)
+	}
+	sub := c.Subscribe(ctx, "sovereign:{lock/k}{}:events")
+	t.Cleanup(func() { _ = sub.Close() })
+	if _, err := sub.Receive(ctx); err != nil { // the confirmation
+		t.Fatal(err)
+	}
+	l, err := off.Acquire(ctx, backend.AcquireRequest{Key: "lock/k", HolderID: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := off.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	e, err := off.AcquireMode(ctx, backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: "lock/k", HolderID: "a", TTL: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := off.AcquireMode(ctx, backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: "lock/k", HolderID: "w", TTL: time.Minute},
+		Fair: true, WaitID: "wait-w"}); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	if err := off.CancelWait(ctx, "lock/k", "wait-w"); err != nil {
+		t.Fatal(err)
+	}
+	if err := off.Release(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	on := newBackend(t, c, nil)
+	marker, err := on.Acquire(ctx, backend.AcquireRequest{Key: "lock/k", HolderID: "b", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := sub.ReceiveMessage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "acquired:" + strconv.FormatUint(marker.Term, 10); m.Payload != want {
+		t.Errorf("first message on the channel: got %q, want %q (nothing from the backend with PubSubOff)", m.Payload, want)
+	}
 }
