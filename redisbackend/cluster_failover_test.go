@@ -421,6 +421,34 @@ func TestClusterWatchAsksRoleAfterUnseenFailover(t *testing.T) {
 	}
 }
 
+// TestClusterWaitOnKeysMaster: with WaitReplicas on a Cluster, WAIT goes
+// on the connection that ran the script, to the key's master, so it counts
+// the replicas that have this write. The replica of the key's shard is
+// frozen (SIGSTOP), so no write there can be confirmed: every Acquire fails
+// with ErrNotReplicated. A WAIT sent to another node (a connection without
+// writes) would return at once with that node's replicas, confirming
+// writes no replica has; with two masters, 14 acquisitions would all miss
+// that with a chance of 1 in 16,384 if WAIT went to a random node.
+func TestClusterWaitOnKeysMaster(t *testing.T) {
+	c := startReplicatedCluster(t)
+	ctx := ctxBound(t)
+	b := newBackend(t, clusterClient(t, c), &redisbackend.Options{Prefix: "cwm:", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
+	slot := slotOf(t, ctx, c, "cwm:", "lock/t")
+	_, replicas, err := c.Shard(ctx, c.Addrs()[0], slot)
+	if err != nil || len(replicas) != 1 {
+		t.Fatalf("replicas of slot %d: got %v, %v; want one", slot, replicas, err)
+	}
+	frozen := c.Node(replicas[0])
+	frozen.Pause(t)
+	defer frozen.Resume(t)
+	for i := range 14 {
+		key := fmt.Sprintf("lock/t/%d", i) // all in the slot of {lock/t}
+		if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: time.Minute}); !errors.Is(err, redisbackend.ErrNotReplicated) {
+			t.Fatalf("Acquire %q with the shard's replica frozen: got %v, want ErrNotReplicated", key, err)
+		}
+	}
+}
+
 // TestClusterCrashKeepsLease: with WaitReplicas 1, a lease the master
 // acknowledged is on its replica, so it survives the master's crash (a
 // SIGKILL, then CLUSTER FAILOVER TAKEOVER on the replica: with one master
