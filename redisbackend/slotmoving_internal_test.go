@@ -48,3 +48,50 @@ func TestWatchRefusesSlotLeftNode(t *testing.T) {
 		t.Fatalf("Watch of a key in another slot: got %v, want nil", err)
 	}
 }
+
+// TestWatchReloadsMapAfterDrop: after a node dropped our subscriptions of a
+// slot, the next Watch reloads the client's slot map first, whatever its
+// slot (the drop means the map is out of date: a failover moves every slot
+// of the node), and only the next: a later Watch does not reload it again.
+// The reloads are counted on the server (CLUSTER SLOTS or SHARDS).
+func TestWatchReloadsMapAfterDrop(t *testing.T) {
+	srv := testredis.StartConfig(t, testredis.Config{Cluster: true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := srv.NewClient(t, nil)
+	b, err := New(srv.NewClusterClient(t, nil), &Options{Prefix: "rl:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	reloads := func() int {
+		return CommandCalls(ctx, admin, "cluster|slots") + CommandCalls(ctx, admin, "cluster|shards")
+	}
+	node, err := b.cluster.MasterForKey(ctx, b.channel("dropped")) // loads the map
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"dropped"} // then two keys of other slots
+	for k := "a"; len(keys) < 3; k += "a" {
+		if s := keySlot(b.channel(k)); s != keySlot(b.channel(keys[0])) && (len(keys) < 2 || s != keySlot(b.channel(keys[1]))) {
+			keys = append(keys, k)
+		}
+	}
+	b.hubs.mu.Lock()
+	b.movedLocked(keySlot(b.channel(keys[0])), node.Options().Addr)
+	b.hubs.mu.Unlock()
+	before := reloads()
+	if _, err := b.Watch(ctx, keys[1]); err != nil {
+		t.Fatalf("Watch of another slot after the drop: %v", err)
+	}
+	if n := reloads() - before; n < 1 {
+		t.Errorf("slot map reloads by the first Watch after the drop: got %d, want at least 1", n)
+	}
+	before = reloads()
+	if _, err := b.Watch(ctx, keys[2]); err != nil {
+		t.Fatalf("second Watch after the drop: %v", err)
+	}
+	if n := reloads() - before; n != 0 {
+		t.Errorf("slot map reloads by the second Watch after the drop: got %d, want 0", n)
+	}
+}
