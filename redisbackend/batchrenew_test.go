@@ -244,3 +244,111 @@ func TestRenewBatchGroupsBySlot(t *testing.T) {
 		t.Errorf("renewing %d leases in %d slots sent %d scripts, want one per slot", n, len(slots), hook.n)
 	}
 }
+
+// TestRenewBatchEntriesAndWait: RenewBatch renews a lease of
+// backend.Modes (an entry, not a plain lease hash) as Renew does, and with
+// Options.WaitReplicas every renewal waits for the replicas as Renew does:
+// on a server without replicas each one fails with ErrNotReplicated rather
+// than reporting a write no replica confirmed.
+func TestRenewBatchEntriesAndWait(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "rbe:"})
+	plain, err := b.Acquire(ctx, backend.AcquireRequest{Key: "plain", HolderID: "me", TTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry, err := b.AcquireMode(ctx, backend.ModeRequest{Mode: backend.Shared,
+		AcquireRequest: backend.AcquireRequest{Key: "lock/r/e", HolderID: "me", TTL: 2 * time.Second},
+		Ancestors:      []string{"lock/r"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain.TTL, entry.TTL = time.Minute, time.Minute // renewed by more than acquired, to see it
+	for i, err := range b.RenewBatch(ctx, []backend.Lease{plain, entry}) {
+		if err != nil {
+			t.Errorf("RenewBatch, lease %d: got %v, want nil", i, err)
+		}
+	}
+	for _, key := range []string{"plain", "lock/r/e"} {
+		r, err := b.Get(ctx, key)
+		if err != nil {
+			t.Fatalf("Get %q: %v", key, err)
+		}
+		if r.TTL <= 50*time.Second {
+			t.Errorf("%q after RenewBatch: TTL %v, want about 1m", key, r.TTL)
+		}
+	}
+
+	waiting := newBackend(t, c, &redisbackend.Options{Prefix: "rbe:", WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond})
+	for i, err := range waiting.RenewBatch(ctx, []backend.Lease{plain, entry}) {
+		if !errors.Is(err, redisbackend.ErrNotReplicated) {
+			t.Errorf("RenewBatch with WaitReplicas 1 and no replica, lease %d: got %v, want ErrNotReplicated", i, err)
+		}
+	}
+}
+
+// TestBatchesRefuseInvalidAndClosed: RenewBatch and HeartbeatBatch check
+// each item as Renew and Heartbeat do (an error wrapping backend.ErrInvalid
+// for that item alone, nothing sent for it: a renewal with TTL 0 would
+// otherwise end the lease), and after Close every item fails with
+// backend.ErrClosed.
+func TestBatchesRefuseInvalidAndClosed(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	b, err := redisbackend.New(c, &redisbackend.Options{Prefix: "rbi:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "me", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero := l
+	zero.TTL = 0
+	braced := l
+	braced.Key = "a{b"
+	errs := b.RenewBatch(ctx, []backend.Lease{zero, braced, l})
+	for i := range 2 {
+		if !errors.Is(errs[i], backend.ErrInvalid) {
+			t.Errorf("RenewBatch of invalid lease %d: got %v, want ErrInvalid", i, errs[i])
+		}
+	}
+	if errs[2] != nil {
+		t.Errorf("RenewBatch of the valid lease: got %v, want nil", errs[2])
+	}
+	if d := c.PTTL(ctx, "rbi:{k}").Val(); d <= 50*time.Second {
+		t.Errorf("PTTL of the lease after RenewBatch: got %v, want about 1m", d)
+	}
+	if n := c.Exists(ctx, "rbi:{a{b}").Val(); n != 0 {
+		t.Errorf("EXISTS of the invalid key's name: got %d, want 0", n)
+	}
+
+	hbs := b.HeartbeatBatch(ctx, []backend.HeartbeatRequest{{Key: "a}b", ID: "x", TTL: time.Minute}, {Key: "k", ID: "x", TTL: time.Minute}})
+	if !errors.Is(hbs[0], backend.ErrInvalid) || hbs[1] != nil {
+		t.Errorf("HeartbeatBatch: got %v, want ErrInvalid for the key with a brace, nil for the other", hbs)
+	}
+	if keys := c.Keys(ctx, "rbi:{a}*").Val(); len(keys) != 0 {
+		t.Errorf("keys written for the key with a brace: got %q, want none", keys)
+	}
+
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range b.RenewBatch(ctx, []backend.Lease{l, l}) {
+		if !errors.Is(err, backend.ErrClosed) {
+			t.Errorf("RenewBatch after Close, lease %d: got %v, want ErrClosed", i, err)
+		}
+	}
+	for i, err := range b.HeartbeatBatch(ctx, []backend.HeartbeatRequest{{Key: "k", ID: "y", TTL: time.Minute}}) {
+		if !errors.Is(err, backend.ErrClosed) {
+			t.Errorf("HeartbeatBatch after Close, heartbeat %d: got %v, want ErrClosed", i, err)
+		}
+	}
+	if n := c.Exists(ctx, "rbi:{k}:heartbeat:y").Val(); n != 0 {
+		t.Errorf("heartbeat record written after Close: EXISTS got %d, want 0", n)
+	}
+}

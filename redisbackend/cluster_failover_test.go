@@ -360,6 +360,95 @@ func TestClusterWatchAfterUnseenFailover(t *testing.T) {
 	}
 }
 
+// TestClusterWatchAsksRoleAfterUnseenFailover: as in
+// TestClusterWatchAfterUnseenFailover, a backend learns of a failover from
+// no SUNSUBSCRIBE (it had no pub/sub connection) and its slot map names the
+// old master, now a replica; but with the default health check, whose
+// silence (27 s) outlasts the test's bound, only the role check before
+// subscribing (checkMaster) keeps the watch from going to the replica,
+// where it would stay silent. The first Watch after the failover is
+// refused or goes to the promoted replica, and the release is seen.
+func TestClusterWatchAsksRoleAfterUnseenFailover(t *testing.T) {
+	c := startReplicatedCluster(t)
+	ctx := ctxBound(t)
+	opts := &redisbackend.Options{Prefix: "cr:"}
+	// The slot map, loaded before the failover, is not reloaded for its
+	// age during the test.
+	wc := c.NewClusterClient(t, &redis.ClusterOptions{ContextTimeoutEnabled: true, ClusterStateReloadInterval: time.Hour})
+	w := newBackend(t, wc, opts)
+	b := newBackend(t, clusterClient(t, c), opts)
+	if _, err := w.Get(ctx, "k"); !errors.Is(err, backend.ErrNotHeld) { // loads the map
+		t.Fatalf("Get before the failover: got %v, want ErrNotHeld", err)
+	}
+	slot := slotOf(t, ctx, c, "cr:", "k")
+	old, promoted, err := c.Failover(ctx, slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("failover: %s -> %s", old, promoted)
+	ctx = ctxBound(t)
+	var events <-chan backend.Event
+	if err := acrossSwitch(t, "Watch after the failover", func() error {
+		var err error
+		events, err = w.Watch(ctx, "k")
+		return err
+	}); err != nil {
+		t.Fatalf("Watch after the failover: %v", err)
+	}
+	var l backend.Lease
+	if err := acrossSwitch(t, "Acquire after the failover", func() error {
+		var err error
+		l, err = b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "b", TTL: time.Minute})
+		return err
+	}); err != nil {
+		t.Fatalf("Acquire after the failover: %v", err)
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Fatalf("Release after the failover: %v", err)
+	}
+	for {
+		select {
+		case e, ok := <-events:
+			if !ok {
+				t.Fatal("watch opened after the failover: closed, want the release")
+			}
+			if e.Type == backend.EventReleased {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatalf("watch opened after the failover: no release within %v (subscribed on the old master, now a replica?)", bound)
+		}
+	}
+}
+
+// TestClusterWaitOnKeysMaster: with WaitReplicas on a Cluster, WAIT goes
+// on the connection that ran the script, to the key's master, so it counts
+// the replicas that have this write. The replica of the key's shard is
+// frozen (SIGSTOP), so no write there can be confirmed: every Acquire fails
+// with ErrNotReplicated. A WAIT sent to another node (a connection without
+// writes) would return at once with that node's replicas, confirming
+// writes no replica has; with two masters, 14 acquisitions would all miss
+// that with a chance of 1 in 16,384 if WAIT went to a random node.
+func TestClusterWaitOnKeysMaster(t *testing.T) {
+	c := startReplicatedCluster(t)
+	ctx := ctxBound(t)
+	b := newBackend(t, clusterClient(t, c), &redisbackend.Options{Prefix: "cwm:", WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
+	slot := slotOf(t, ctx, c, "cwm:", "lock/t")
+	_, replicas, err := c.Shard(ctx, c.Addrs()[0], slot)
+	if err != nil || len(replicas) != 1 {
+		t.Fatalf("replicas of slot %d: got %v, %v; want one", slot, replicas, err)
+	}
+	frozen := c.Node(replicas[0])
+	frozen.Pause(t)
+	defer frozen.Resume(t)
+	for i := range 14 {
+		key := fmt.Sprintf("lock/t/%d", i) // all in the slot of {lock/t}
+		if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: time.Minute}); !errors.Is(err, redisbackend.ErrNotReplicated) {
+			t.Fatalf("Acquire %q with the shard's replica frozen: got %v, want ErrNotReplicated", key, err)
+		}
+	}
+}
+
 // TestClusterCrashKeepsLease: with WaitReplicas 1, a lease the master
 // acknowledged is on its replica, so it survives the master's crash (a
 // SIGKILL, then CLUSTER FAILOVER TAKEOVER on the replica: with one master

@@ -121,7 +121,10 @@ func TestList(t *testing.T) {
 	acquire(other, "lock/a", "other", nil)
 	// Bookkeeping and foreign data under the prefix: heartbeats (one whose ID
 	// ends with a brace, so its name ends like a lease's), term counters of
-	// released leases, members sets, a string at a lease's path.
+	// released leases, members sets, a string at the name an earlier
+	// version gave a lock's lease, and foreign data at the paths of an
+	// election's and of a lock's lease hash (which the holders script
+	// answers with WRONGTYPE: skipped, not an error).
 	if err := b.Heartbeat(ctx, "lock/a", "x}", time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -133,6 +136,12 @@ func TestList(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := admin.Set(ctx, "li*st[1]?:{lock/foreign}", "user data", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Set(ctx, "li*st[1]?:{foreign}", "user data", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.RPush(ctx, "li*st[1]?:{lock/foreign}{/x}", "user data").Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := admin.ConfigResetStat(ctx).Err(); err != nil {

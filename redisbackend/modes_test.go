@@ -489,6 +489,18 @@ func TestModesWaitReplicas(t *testing.T) {
 	if keys := c.Keys(ctx, "mwr:*").Val(); !slices.Equal(keys, []string{"mwr:{lock/r}{/a}:term"}) {
 		t.Errorf("keys after the failed AcquireMode: got %q, want the term counter only", keys)
 	}
+	// Renew of an entry acquired without WAIT fails the same way.
+	plain := newBackend(t, c, &redisbackend.Options{Prefix: "mwr:"})
+	l, err := plain.AcquireMode(ctx, backend.ModeRequest{
+		AcquireRequest: backend.AcquireRequest{Key: "lock/r/a", HolderID: "a", TTL: time.Minute},
+		Mode:           backend.Shared, Ancestors: []string{"lock/r"},
+	})
+	if err != nil {
+		t.Fatalf("AcquireMode without WAIT: %v", err)
+	}
+	if err := b.Renew(ctx, l); !errors.Is(err, redisbackend.ErrNotReplicated) {
+		t.Errorf("Renew of the entry: got %v, want an error wrapping ErrNotReplicated", err)
+	}
 }
 
 // TestModesListTrees: List matches lock keys of a tree literally, within

@@ -238,3 +238,35 @@ func TestEntryRenewedAt(t *testing.T) {
 	waitServerPast(t, ctx, c, to.Add(20*time.Millisecond))
 	checkRenewedAt(t, ctx, b, key, from, to)
 }
+
+// TestBadTermRefused: a lease hash whose term is not a positive integer
+// (written by hand or by another program) is never read as a record: Get
+// and a competing Acquire fail rather than report a holder with term 0,
+// which a downstream store would take for a term below every real one.
+func TestBadTermRefused(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	b := newBackend(t, c, &redisbackend.Options{Prefix: "bt:"})
+	for _, term := range []string{"0", "-3"} {
+		t.Run(term, func(t *testing.T) {
+			if err := c.HSet(ctx, "bt:{k}", "holder", "x", "token", "t", "term", term, "acquired_at", 1, "ttl", 60000).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.PExpire(ctx, "bt:{k}", time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if r, err := b.Get(ctx, "k"); err == nil {
+				t.Errorf("Get: got record with term %d, want an error", r.Term)
+			}
+			_, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "y", TTL: time.Minute})
+			var held *backend.HeldError
+			if err == nil || errors.As(err, &held) {
+				t.Errorf("Acquire: got %v, want an error that is not a HeldError", err)
+			}
+			if got := c.HGet(ctx, "bt:{k}", "term").Val(); got != term {
+				t.Errorf("term field after the calls: got %q, want %q untouched", got, term)
+			}
+		})
+	}
+}

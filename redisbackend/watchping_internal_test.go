@@ -74,8 +74,17 @@ func TestWatchPingsOncePerSilence(t *testing.T) {
 		}
 	}
 	silence := 2*interval - answer
-	if took := time.Since(start); took < 3*silence-50*time.Millisecond {
+	took := time.Since(start)
+	if took < 3*silence-50*time.Millisecond {
 		t.Errorf("three pings within %v of a quiet watch, want them at least %v apart", took, silence)
+	}
+	// And no further apart than that (a ping's answer is immediate, and
+	// the server's count is polled every 10 ms): a quiet connection that
+	// waited longer for its ping would notice a frozen server later than
+	// two intervals. 1.5 s of slack for a loaded machine, where pings
+	// each waiting one interval longer would take 3 s more.
+	if took > 3*silence+1500*time.Millisecond {
+		t.Errorf("three pings took %v of a quiet watch, want them about %v apart (%v in all)", took, silence, 3*silence)
 	}
 
 	srv.Pause(t)
@@ -89,7 +98,7 @@ func TestWatchPingsOncePerSilence(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the watch of a frozen server stayed open for a minute")
 	}
-	took := time.Since(frozen)
+	took = time.Since(frozen)
 	t.Logf("watch closed %v after the server froze", took.Round(time.Millisecond))
 	if took > 2*interval+5*time.Second {
 		t.Errorf("watch closed %v after the server froze, want within about two intervals (%v)", took, 2*interval)
