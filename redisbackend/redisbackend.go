@@ -374,7 +374,8 @@ type Options struct {
 	// does not report its uptime (miniredis), acquisitions fail with an
 	// error saying so (memorybackend's RestartOptions.Guard simulates the
 	// refusal in unit tests). It does not cover a failover to a replica
-	// that had not received the lease (WaitReplicas does). default: false
+	// that had not received the lease (WaitReplicas narrows that window).
+	// default: false
 	RestartGuard bool
 }
 
