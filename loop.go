@@ -250,13 +250,15 @@ func (e *Elector) failureProlongs(ls *loopState, at time.Time) bool {
 // attempt makes one acquisition attempt, with double verification.
 func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, time.Time, Record, bool) {
 	o := &e.opts
-	req := backend.AcquireRequest{Key: e.name, HolderID: e.id, TTL: o.TTL, Metadata: o.Metadata,
-		Reclaim: time.Now().Before(ls.reclaimUntil)}
 	leave, ok := e.enter(ctx) // the acquisition and its verification count as one call in flight
 	if !ok {
 		return backend.Lease{}, time.Time{}, Record{}, false
 	}
 	defer leave()
+	// A reclaim is decided once the call has its place: enter may wait
+	// long after the old deadline (TestReclaimDecidedAfterThePlaceInFlight).
+	req := backend.AcquireRequest{Key: e.name, HolderID: e.id, TTL: o.TTL, Metadata: o.Metadata,
+		Reclaim: time.Now().Before(ls.reclaimUntil)}
 	watched := e.w.ch != nil // a subscription was live when the attempt went out
 	sent := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, o.RequestTimeout)
