@@ -171,7 +171,9 @@ type AcquireRequest struct {
 	// backend that refuses free keys after a restart (redisbackend's
 	// Options.RestartGuard, memorybackend's RestartOptions.Guard) lets such
 	// an acquisition through; it changes nothing else. The elector sets it
-	// for its first attempt after losing its lease that way.
+	// on its attempts after losing its lease that way, until the store
+	// answers one or the old deadline passes (decided when the attempt is
+	// sent, not when it was scheduled).
 	Reclaim bool
 }
 
