@@ -30,7 +30,8 @@ type scanner interface {
 // each record is consistent in itself (its TTL is the lease's PTTL by the
 // server's clock). Heartbeat records, term counters and members sets never
 // match; a name SCAN returns twice is read once; data of another kind at a
-// lease's path is skipped. The records are sorted by key. A prefix
+// lease's path, or a hash whose fields do not parse as a lease (a term of
+// 0), is skipped. The records are sorted by key. A prefix
 // containing '{' or '}' matches no valid key, so the result is empty.
 func (b *Backend) List(ctx context.Context, prefix string) ([]backend.Record, error) {
 	if err := b.begin(ctx); err != nil {
@@ -147,7 +148,11 @@ func (l *lister) read(ctx context.Context, c scanner, names, keys []string) erro
 		}
 		rs, err := parseRecords(keys[i], reply[1:]) // none: gone since SCAN, or intents only
 		if err != nil {
-			return fmt.Errorf("reading %q: %w", names[i], err)
+			// Fields that do not parse (a term of 0, negative or not an
+			// integer): another's data at a lease's path, skipped as data
+			// of another kind is, so that one such hash does not hide
+			// every lease from List (Get on that key reports the error).
+			continue
 		}
 		recs = append(recs, rs...)
 	}

@@ -267,6 +267,17 @@ func TestBadTermRefused(t *testing.T) {
 			if got := c.HGet(ctx, "bt:{k}", "term").Val(); got != term {
 				t.Errorf("term field after the calls: got %q, want %q untouched", got, term)
 			}
+			// List skips it, as it skips data of another kind, and still
+			// lists the leases beside it.
+			l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "ok", HolderID: "y", TTL: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = b.Release(ctx, l) }()
+			recs, err := b.List(ctx, "")
+			if err != nil || len(recs) != 1 || recs[0].Key != "ok" {
+				t.Errorf("List: got %v, %v; want only the lease of %q", recs, err, "ok")
+			}
 		})
 	}
 }
