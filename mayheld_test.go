@@ -1,6 +1,7 @@
 package sovereign_test
 
 import (
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -106,4 +107,59 @@ func TestOldLeaderReclaimsThroughTheGuard(t *testing.T) {
 			t.Errorf("the old leader led again %v after the restart, want within 100 ms (the guard refuses everyone else for %v)", took, o.TTL)
 		}
 	})
+}
+
+// The reclaim against a same-ID twin: only the elector that led may
+// reclaim, never another process campaigning as the same ID. With the
+// leader reachable, it takes its key again at once and its twin never
+// leads beside it. With the leader cut off (it cannot reclaim) and the
+// twin started just after the restart (it never heard from the store, so
+// it has no data-loss wait of its own), only the guard stands between the
+// twin and the key: the twin is refused like anyone else and leads only
+// once the guard has ended.
+func TestGuardReclaimSameIDTwin(t *testing.T) {
+	for _, cut := range []bool{false, true} {
+		t.Run(fmt.Sprintf("leader cut %v", cut), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				o := fastOpts()
+				store := memorybackend.NewStore()
+				ca, cb := store.Client(), store.Client()
+				t.Cleanup(func() { ca.Close(); cb.Close() })
+				rec := &electortest.Recorder{}
+				a := startOn(t, ca, "a", o, rec)
+				if !cut {
+					time.Sleep(100 * time.Millisecond)
+					twin := startOn(t, cb, "a", o, rec)
+					time.Sleep(time.Second)
+					synctest.Wait()
+					if !a.IsLeader() || twin.IsLeader() {
+						t.Fatal("want a leading and its twin following")
+					}
+					restart := time.Now()
+					store.Restart(&memorybackend.RestartOptions{Guard: o.TTL})
+					for time.Since(restart) < 2*o.TTL {
+						time.Sleep(time.Millisecond)
+						if twin.IsLeader() {
+							t.Fatalf("the twin led %v after the restart, want the old leader to take its key again", time.Since(restart))
+						}
+					}
+					if !a.IsLeader() {
+						t.Fatal("the old leader does not lead after the restart")
+					}
+					electortest.CheckNoOverlap(t, rec.Intervals())
+					return
+				}
+				time.Sleep(time.Second)
+				synctest.Wait()
+				if !a.IsLeader() {
+					t.Fatal("want a leading")
+				}
+				ca.Partition()
+				restart := time.Now()
+				store.Restart(&memorybackend.RestartOptions{Guard: o.TTL})
+				twin := startOn(t, cb, "a", o, rec)
+				leadsAfterATTL(t, twin, o, restart, rec)
+			})
+		})
+	}
 }
