@@ -1,6 +1,7 @@
 package redisbackend
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -356,7 +357,7 @@ func parseRecords(key string, reply []any) ([]backend.Record, error) {
 		if !ok || len(r) < 12 {
 			return nil, fmt.Errorf("bad record reply %#v", v)
 		}
-		term, err := parseTerm(r[3])
+		term, err := parseStoredTerm(cmp.Or(str(r[0]), key), r[3])
 		if err != nil {
 			return nil, err
 		}

@@ -1053,7 +1053,7 @@ func parseRecord(key string, reply []any) (backend.Record, error) {
 	if len(reply) < 10 {
 		return backend.Record{}, fmt.Errorf("short record reply %#v", reply)
 	}
-	term, err := parseTerm(reply[3])
+	term, err := parseStoredTerm(key, reply[3])
 	if err != nil {
 		return backend.Record{}, err
 	}
@@ -1094,6 +1094,18 @@ func parseTerm(v any) (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("bad term %#v in script reply", v)
+}
+
+// parseStoredTerm decodes the term of a stored lease of key, which the
+// script read from the store: a term that is not a positive integer was
+// written by someone else (by hand, another program), so the error wraps
+// ErrWrongType, as for other foreign data at our path.
+func parseStoredTerm(key string, v any) (uint64, error) {
+	n, err := parseTerm(v)
+	if err != nil {
+		return 0, fmt.Errorf("%w: the lease of %q has the term %v, not a positive integer; left untouched", ErrWrongType, key, v)
+	}
+	return n, nil
 }
 
 func str(v any) string {

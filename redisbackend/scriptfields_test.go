@@ -3,6 +3,7 @@ package redisbackend_test
 import (
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -241,8 +242,9 @@ func TestEntryRenewedAt(t *testing.T) {
 
 // TestBadTermRefused: a lease hash whose term is not a positive integer
 // (written by hand or by another program) is never read as a record: Get
-// and a competing Acquire fail rather than report a holder with term 0,
-// which a downstream store would take for a term below every real one.
+// and a competing Acquire or AcquireMode fail with ErrWrongType, as on
+// other foreign data, rather than report a holder with term 0, which a
+// downstream store would take for a term below every real one.
 func TestBadTermRefused(t *testing.T) {
 	srv := testredis.Start(t)
 	c := srv.NewClient(t, nil)
@@ -256,13 +258,19 @@ func TestBadTermRefused(t *testing.T) {
 			if err := c.PExpire(ctx, "bt:{k}", time.Minute).Err(); err != nil {
 				t.Fatal(err)
 			}
-			if r, err := b.Get(ctx, "k"); err == nil {
-				t.Errorf("Get: got record with term %d, want an error", r.Term)
+			// Each call fails as on other foreign data at our path
+			// (ErrWrongType), and says what it found.
+			if r, err := b.Get(ctx, "k"); !errors.Is(err, redisbackend.ErrWrongType) || !strings.Contains(err.Error(), "the term "+term) {
+				t.Errorf("Get: got record with term %d, error %v; want ErrWrongType naming the term", r.Term, err)
 			}
 			_, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "y", TTL: time.Minute})
 			var held *backend.HeldError
-			if err == nil || errors.As(err, &held) {
-				t.Errorf("Acquire: got %v, want an error that is not a HeldError", err)
+			if !errors.Is(err, redisbackend.ErrWrongType) || errors.As(err, &held) {
+				t.Errorf("Acquire: got %v, want ErrWrongType, not a HeldError", err)
+			}
+			_, err = b.AcquireMode(ctx, backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: "k", HolderID: "y", TTL: time.Minute}, Mode: backend.Shared, Limit: 2})
+			if !errors.Is(err, redisbackend.ErrWrongType) || errors.As(err, &held) {
+				t.Errorf("AcquireMode: got %v, want ErrWrongType, not a HeldError", err)
 			}
 			if got := c.HGet(ctx, "bt:{k}", "term").Val(); got != term {
 				t.Errorf("term field after the calls: got %q, want %q untouched", got, term)
