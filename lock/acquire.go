@@ -731,6 +731,10 @@ func (l *Locker) run(ctx context.Context, lk *Lock, fn func(context.Context, *Lo
 // ctx.Err(), or ctx's error when the backend kept failing). Like Acquire it
 // is woken by the backend's watch, or re-checks when the holder's lease
 // would expire. The key may be taken again by the time WaitFree returns.
+// It reads the key, as Holders does: after a store restart that lost the
+// key's lease, it sees the key free even while a Redis backend's
+// RestartGuard still refuses to hand it out (an Acquire then gets a
+// HeldError with MayBeHeld).
 func (l *Locker) WaitFree(ctx context.Context, key string) error {
 	bk, err := l.checkKey(key)
 	if err != nil {

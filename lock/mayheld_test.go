@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -53,5 +54,41 @@ func TestWaiterRetriesWhenARefusalEnds(t *testing.T) {
 		if err := l.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
+	})
+}
+
+// Reads are not refused (README, "RestartGuard"): after a restart that lost
+// the lease, WaitFree returns at once and Holders lists nobody, while an
+// acquisition is refused with MayBeHeld for the guard's time left.
+func TestReadsSeeFreeDuringARefusal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		cl := store.Client()
+		defer cl.Close()
+		lk, err := lock.New(cl, "w", &lock.Options{TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lk.Close()
+		held, err := lk.TryAcquire(t.Context(), "job", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		store.Restart(&memorybackend.RestartOptions{Guard: 10 * time.Second})
+		start := time.Now()
+		if err := lk.WaitFree(t.Context(), "job"); err != nil {
+			t.Fatalf("WaitFree during the refusal: %v", err)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Errorf("WaitFree returned after %v, want at once (it reads the key)", d)
+		}
+		if hs, err := lk.Holders(t.Context(), "job"); err != nil || len(hs) != 0 {
+			t.Errorf("Holders during the refusal: got %v, %v; want none", hs, err)
+		}
+		var he *lock.HeldError
+		if _, err := lk.TryAcquire(t.Context(), "job", nil); !errors.As(err, &he) || !he.MayBeHeld || he.Holder.TTL != 10*time.Second {
+			t.Errorf("TryAcquire during the refusal: got %v, want a HeldError with MayBeHeld and 10s left", err)
+		}
+		<-held.Done() // the restart lost its lease: its holder is told
 	})
 }
