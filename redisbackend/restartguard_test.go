@@ -55,15 +55,21 @@ func uptime(t *testing.T, c *redis.Client) int {
 }
 
 // mayBeHeld fails the test unless err is a refusal of the RestartGuard for
-// key, and returns how long it lasts.
+// key, to an acquisition of TTL guardTTL, and returns how long it lasts.
 func mayBeHeld(t *testing.T, err error, key string) time.Duration {
+	t.Helper()
+	return mayBeHeldTTL(t, err, key, guardTTL)
+}
+
+// mayBeHeldTTL is mayBeHeld for an acquisition of TTL ttl.
+func mayBeHeldTTL(t *testing.T, err error, key string, ttl time.Duration) time.Duration {
 	t.Helper()
 	var held *backend.HeldError
 	if !errors.As(err, &held) || !held.MayBeHeld || !errors.Is(err, backend.ErrHeld) {
 		t.Fatalf("acquire %q: got %v, want a *backend.HeldError with MayBeHeld (the server restarted less than a TTL ago)", key, err)
 	}
-	if h := held.Holder; h.Key != key || h.HolderID != "" || h.Term != 0 || h.TTL <= 0 || h.TTL > guardTTL+time.Second {
-		t.Fatalf("acquire %q: refusal's record %+v, want only Key %q and a TTL in (0, %v]", key, h, key, guardTTL+time.Second)
+	if h := held.Holder; h.Key != key || h.HolderID != "" || h.Term != 0 || h.TTL <= 0 || h.TTL > ttl+time.Second {
+		t.Fatalf("acquire %q: refusal's record %+v, want only Key %q and a TTL in (0, %v]", key, h, key, ttl+time.Second)
 	}
 	if len(held.Holders) != 0 {
 		t.Fatalf("acquire %q: refusal names holders %+v, want none", key, held.Holders)
@@ -82,7 +88,7 @@ func acquireOnceRefusalsEnd(t *testing.T, b *redisbackend.Backend, req backend.A
 		if err == nil {
 			return l
 		}
-		wait := mayBeHeld(t, err, req.Key)
+		wait := mayBeHeldTTL(t, err, req.Key, req.TTL)
 		select {
 		case <-time.After(wait):
 		case <-deadline:

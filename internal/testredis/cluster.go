@@ -361,6 +361,62 @@ func (c *Cluster) Takeover(ctx context.Context, slot int) (old, promoted string,
 	return old, promoted, nil
 }
 
+// Restart kills the node at addr (SIGKILL, a crash) and starts it again on
+// the same port and directory, with the same arguments: without
+// persistence (the default) it comes back empty, but with the nodes.conf
+// it wrote, so it keeps its node ID, its role and, as a master, its slots.
+// Meant for a cluster without replicas: a master's replica would
+// resynchronise from the empty master and lose its data too, and a master
+// down longer than cluster-node-timeout is failed over to its replica. It
+// waits until every node reports cluster_state:ok and names addr the
+// master of the slots it served, for at most 30 s: a restarted master
+// answers CLUSTERDOWN for its first 2 s (CLUSTER_WRITABLE_DELAY).
+func (c *Cluster) Restart(t testing.TB, addr string) {
+	t.Helper()
+	s := c.Node(addr)
+	if s == nil {
+		t.Fatalf("testredis: restart: no node at %s", addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), clusterBound)
+	defer cancel()
+	var slots []int // the first slot of each range addr serves
+	shards, err := c.admin[addr].ClusterShards(ctx).Result()
+	if err != nil {
+		t.Fatalf("testredis: restart: CLUSTER SHARDS on %s: %v", addr, err)
+	}
+	for _, sh := range shards {
+		for _, n := range sh.Nodes {
+			if n.Role == "master" && net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10)) == addr {
+				for _, r := range sh.Slots {
+					slots = append(slots, int(r.Start))
+				}
+			}
+		}
+	}
+	s.Kill(t)
+	s.Start(t)
+	err = poll(ctx, "the restarted node back", func() error {
+		for _, n := range c.nodes {
+			if err := c.infoHas(ctx, n.Addr(), "cluster_state:ok"); err != nil {
+				return err
+			}
+			for _, slot := range slots {
+				m, _, err := c.Shard(ctx, n.Addr(), slot)
+				if err != nil {
+					return err
+				}
+				if m != addr {
+					return fmt.Errorf("%s names %s the master of slot %d, want %s", n.Addr(), m, slot, addr)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("testredis: restart of %s: %v\nits log:\n%s", addr, err, s.Log())
+	}
+}
+
 // ReplicaUp waits until the node at addr is a replica whose link to its
 // master is up and whose first sync is done (a restarted old master that
 // rejoined the cluster), for at most 30 s or until ctx ends.
