@@ -22,10 +22,10 @@ import (
 // The tests of this file run RestartGuard on a real Redis Cluster. The
 // acquisition script runs on the master of the key's slot, so LASTSAVE
 // and INFO are that node's: the guard is per node. A master restarted
-// without persistence (testredis.Cluster.Restart, on a cluster without
-// replicas, so that it keeps its slots) answers CLUSTERDOWN for its first
-// 2 s (CLUSTER_WRITABLE_DELAY), so the TTLs here are long enough for a
-// refusal to outlast that.
+// without persistence (testredis.Cluster.Restart: it keeps its slots,
+// being back well within cluster-node-timeout) answers CLUSTERDOWN for
+// its first 2 s (CLUSTER_WRITABLE_DELAY), so the TTLs here are long
+// enough for a refusal to outlast that.
 
 // clusterGuardTTL is the TTL of the Cluster RestartGuard tests.
 const clusterGuardTTL = 6 * time.Second
@@ -347,6 +347,47 @@ func TestRestartGuardClusterOldLeaderLeadsOn(t *testing.T) {
 			t.Errorf("%s led term %d, want only the old leader %s", iv.ID, iv.Term, first.ID())
 		}
 	}
+}
+
+// A master with a replica restarts without persistence, quickly (well
+// within cluster-node-timeout, so no failover): it comes back a master,
+// empty, and its replica, which had the lease, resynchronises from it and
+// is emptied too. The guard refuses the key on the restarted master as
+// it does without replicas.
+func TestRestartGuardClusterRestartWithReplica(t *testing.T) {
+	const ttl = clusterGuardTTL
+	c := startReplicatedCluster(t)
+	ctx := context.Background()
+	opts := &redisbackend.Options{Prefix: "rgr:", RestartGuard: true}
+	slot := slotOf(t, ctx, c, "rgr:", "k")
+	master, replicas, err := c.Shard(ctx, c.Addrs()[0], slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := c.Node(master).NewClient(t, nil)
+	replicaAdmin := c.Node(replicas[0]).NewClient(t, nil)
+	old := newBackend(t, clusterClient(t, c), &redisbackend.Options{Prefix: "rgr:", WaitReplicas: 1, WaitTimeout: sentinelWaitTimeout})
+	if _, err := old.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "old", TTL: time.Minute}); err != nil {
+		t.Fatalf("Acquire before the restart: %v", err)
+	}
+	if n, err := replicaAdmin.DBSize(ctx).Result(); err != nil || n == 0 {
+		t.Fatalf("the replica's DBSIZE before the restart: %d, %v; want the lease (and its term counter)", n, err)
+	}
+
+	c.Restart(t, master)
+	if err := c.ReplicaUp(ctx, replicas[0]); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := replicaAdmin.DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Fatalf("the replica's DBSIZE after it resynchronised from the restarted master: %d, %v; want 0", n, err)
+	}
+	up := uptime(t, admin)
+	fresh := newBackend(t, clusterClient(t, c), opts)
+	err = acrossSwitch(t, "Acquire on the restarted master", func() error {
+		_, err := fresh.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "fresh", TTL: ttl})
+		return err
+	})
+	refusalFrom(t, err, "k", ttl, admin, up)
 }
 
 // What RestartGuard does not cover: a failover to a replica that lacked

@@ -365,12 +365,12 @@ func (c *Cluster) Takeover(ctx context.Context, slot int) (old, promoted string,
 // the same port and directory, with the same arguments: without
 // persistence (the default) it comes back empty, but with the nodes.conf
 // it wrote, so it keeps its node ID, its role and, as a master, its slots.
-// Meant for a cluster without replicas: a master's replica would
-// resynchronise from the empty master and lose its data too, and a master
-// down longer than cluster-node-timeout is failed over to its replica. It
-// waits until every node reports cluster_state:ok and names addr the
-// master of the slots it served, for at most 30 s: a restarted master
-// answers CLUSTERDOWN for its first 2 s (CLUSTER_WRITABLE_DELAY).
+// A master's replicas resynchronise from it, empty, and lose their data
+// too; a master down longer than cluster-node-timeout (15 s by default)
+// would be failed over to a replica instead, which this restart is too
+// quick for. It waits until every node reports cluster_state:ok and names
+// addr the master of the slots it served, for at most 30 s: a restarted
+// master answers CLUSTERDOWN for its first 2 s (CLUSTER_WRITABLE_DELAY).
 func (c *Cluster) Restart(t testing.TB, addr string) {
 	t.Helper()
 	s := c.Node(addr)
