@@ -88,7 +88,11 @@ func TestDeadlineUnderPartition(t *testing.T) {
 				} else {
 					c.Hang()
 				}
-				<-h.Done()
+				select {
+				case <-h.Done():
+				case <-time.After(2 * time.Second): // virtual: far past the deadline
+					t.Fatal("context not cancelled 2s after the fault, want at the renew deadline")
+				}
 				stepped := time.Now()
 				if want := last.Add(700 * time.Millisecond); !stepped.Equal(want) {
 					t.Errorf("stepped down at %v after the last renewal, want exactly RenewDeadline (700ms)", stepped.Sub(last))
