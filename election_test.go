@@ -3,6 +3,8 @@ package sovereign_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -66,6 +68,53 @@ func TestOneLeaderAndTransitions(t *testing.T) {
 		for i := range want {
 			if kinds[i] != want[i] {
 				t.Fatalf("leader events = %v, want %v", kinds, want)
+			}
+		}
+	})
+}
+
+// Each elector's leadership events come in order, in pairs of one term:
+// StateChanged to Leader, LeadershipAcquired{T}, later StateChanged from
+// Leader, LeadershipLost{T}; an elector that never led publishes no loss
+// (client-go #1187: OnStoppedLeading for a process that never led).
+func TestLeadershipEventsPairedInOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, 2, fastOpts())
+		c.start(t)
+		li := c.leader(t, time.Second)
+		fi := 1 - li
+		time.Sleep(100 * time.Millisecond)
+		c.es[fi].Close() // a follower that never led
+		if err := c.es[li].Resign(t.Context()); err != nil {
+			t.Fatalf("Resign: %v", err)
+		}
+		c.leader(t, time.Second) // the same one again, after its sit-out
+		c.es[li].Close()
+		synctest.Wait()
+		for i, e := range c.es {
+			var got []string
+			for _, s := range c.rec.Events() {
+				if s.ID != e.ID() {
+					continue
+				}
+				switch ev := s.Event.(type) {
+				case sovereign.StateChanged:
+					if ev.From == sovereign.Leader || ev.To == sovereign.Leader {
+						got = append(got, ev.From.String()+">"+ev.To.String())
+					}
+				case sovereign.LeadershipAcquired:
+					got = append(got, fmt.Sprintf("acquired %d", ev.Term))
+				case sovereign.LeadershipLost:
+					got = append(got, fmt.Sprintf("lost %d", ev.Term))
+				}
+			}
+			var want []string
+			if i == li {
+				want = []string{"candidate>leader", "acquired 1", "leader>follower", "lost 1",
+					"candidate>leader", "acquired 2", "leader>follower", "lost 2"}
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("%s leadership events: got %q, want %q", e.ID(), got, want)
 			}
 		}
 	})
@@ -174,13 +223,16 @@ func TestPausedLeaderIsNotLeaderAfterDeadline(t *testing.T) {
 			once      sync.Once
 		)
 		acquired := make(chan struct{})
+		release := make(chan struct{})
 		go e.Run(t.Context(), func(ctx context.Context) error {
 			once.Do(func() { leaderCtx = ctx; close(acquired) })
-			<-ctx.Done()
+			select {
+			case <-ctx.Done():
+			case <-release: // the test is over: a context never cancelled fails it, not hangs it
+			}
 			return nil
 		})
 		<-acquired
-		release := make(chan struct{})
 		var stuckAt time.Time
 		h.set(func(h *hooked) {
 			h.onRenew = func(ctx context.Context, l backend.Lease) (error, bool) {
@@ -617,6 +669,50 @@ func TestCloseDuringCampaignWithHungBackend(t *testing.T) {
 		}
 		if e.IsLeader() {
 			t.Error("leader with a hung backend")
+		}
+	})
+}
+
+// An acquisition whose reply never comes (a request lost on a dead
+// connection) is cut at RequestTimeout, and the candidate tries again:
+// a hung call never stalls the campaign (kubernetes #65090).
+func TestAcquisitionWithoutReplyCutAtRequestTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memorybackend.New()
+		defer mem.Close()
+		h := &hooked{Backend: mem}
+		var (
+			calls int
+			cut   time.Duration
+		)
+		start := time.Now()
+		h.set(func(h *hooked) {
+			h.onAcquire = func(ctx context.Context, _ backend.AcquireRequest) {
+				if calls++; calls == 1 {
+					<-ctx.Done() // no reply: only the caller's bound ends the call
+					cut = time.Since(start)
+				}
+			}
+		})
+		e, err := sovereign.New(h, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		for !e.IsLeader() && time.Since(start) < 2*time.Second {
+			time.Sleep(time.Millisecond)
+		}
+		if !e.IsLeader() {
+			t.Fatalf("not leader %v after the start: the acquisition without a reply was never cut", time.Since(start))
+		}
+		if rt := e.Options().RequestTimeout; cut != rt {
+			t.Errorf("acquisition without a reply cut after %v, want RequestTimeout (%v)", cut, rt)
+		}
+		if d := time.Since(start); d > 300*time.Millisecond {
+			t.Errorf("leader %v after the start, want <= RequestTimeout + a retry (300ms)", d)
 		}
 	})
 }

@@ -187,6 +187,53 @@ func TestSameIDNeverTwoLeaders(t *testing.T) {
 	})
 }
 
+// A release retried by a leader cut off from the store, once it is back,
+// spares the lease a same-ID twin took meanwhile: release is owner-checked by
+// the token of each acquisition, never by the instance ID (two processes on
+// one host, both configured with the hostname).
+func TestStaleReleaseSparesASameIDTwin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		rec := &electortest.Recorder{}
+		start := func(id string) (*sovereign.Elector, *memorybackend.Backend) {
+			cl := store.Client()
+			e, err := sovereign.New(cl, "election", id, fastOpts())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec.Attach(e)
+			t.Cleanup(func() { e.Close(); cl.Close() })
+			if err := e.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			return e, cl
+		}
+		old, oldClient := start("same-host")
+		waitLeader(t, old, time.Second)
+		twin, _ := start("same-host")
+		time.Sleep(100 * time.Millisecond)
+		oldClient.Partition() // its release fails, and is retried until the store answers
+		waitLeader(t, twin, 2*time.Second)
+		if old.IsLeader() {
+			t.Fatal("the cut-off leader still leads beside its twin")
+		}
+		term := twin.Term()
+		other, _ := start("other-host") // heard from the store: takes a released key at once
+		time.Sleep(100 * time.Millisecond)
+		oldClient.Heal()
+		time.Sleep(3 * time.Second) // the old leader's retried release reaches the store
+		if !twin.IsLeader() || twin.Term() != term {
+			t.Errorf("twin: leads %v with term %d, want still leading with term %d (its lease spared by the old leader's release)",
+				twin.IsLeader(), twin.Term(), term)
+		}
+		if other.IsLeader() || old.IsLeader() {
+			t.Errorf("other leads %v, old leads %v: want neither", other.IsLeader(), old.IsLeader())
+		}
+		synctest.Wait()
+		electortest.CheckNoOverlap(t, rec.Intervals())
+	})
+}
+
 func TestListenerMisuseNeverDelaysStepDown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newCluster(t, 2, fastOpts())

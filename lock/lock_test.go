@@ -160,7 +160,11 @@ func TestLossByPartition(t *testing.T) {
 		if d := dl.Sub(t0); d < 900*time.Millisecond || d > 1200*time.Millisecond {
 			t.Errorf("deadline %v after acquiring, want a renewal in the last 200ms + 700ms", d)
 		}
-		<-lk.Done()
+		select {
+		case <-lk.Done():
+		case <-time.After(2 * time.Second): // virtual: far past the deadline
+			t.Fatal("lock context not cancelled 2s after the partition, want at the renew deadline")
+		}
 		if !time.Now().Equal(dl) {
 			t.Errorf("lock context cancelled %v after the deadline, want at it", time.Since(dl))
 		}
@@ -588,7 +592,7 @@ func TestClose(t *testing.T) {
 			t.Fatal(err)
 		}
 		inDo := make(chan struct{})
-		var fnCause error
+		var fnCause, windingDown error
 		var fnReturned time.Time
 		doErr := make(chan error)
 		go func() {
@@ -596,7 +600,14 @@ func TestClose(t *testing.T) {
 				close(inDo)
 				<-ctx.Done()
 				fnCause = context.Cause(ctx)
-				time.Sleep(2 * time.Second) // winding down
+				time.Sleep(1500 * time.Millisecond) // winding down, past the TTL (1s)
+				// Still held: Close releases only after fn returned (kubernetes #139991).
+				if lo, err := other.TryAcquire(context.Background(), "do", nil); err == nil {
+					lo.Release(context.Background())
+				} else {
+					windingDown = err
+				}
+				time.Sleep(500 * time.Millisecond)
 				fnReturned = time.Now()
 				return nil
 			})
@@ -622,6 +633,9 @@ func TestClose(t *testing.T) {
 		}
 		if err := <-doErr; !errors.Is(err, lock.ErrClosed) {
 			t.Errorf("Do: got %v, want ErrClosed", err)
+		}
+		if !errors.Is(windingDown, lock.ErrHeld) {
+			t.Errorf("another Locker's TryAcquire while fn wound down after Close: got %v, want ErrHeld", windingDown)
 		}
 		for _, k := range []string{"plain", "do"} {
 			lk, err := other.TryAcquire(t.Context(), k, nil)

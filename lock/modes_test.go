@@ -439,7 +439,10 @@ func TestCrashedPermitHolder(t *testing.T) {
 		expiry := time.Since(t0) + hs[0].TTL // its last renewal + TTL
 		got := make(chan time.Duration, 1)
 		go func() {
-			lw, err := waiter.Acquire(t.Context(), "extract/t", semaphore(2))
+			// Bounded (virtual time), so a permit that never frees fails the test instead of hanging it.
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			lw, err := waiter.Acquire(ctx, "extract/t", semaphore(2))
 			if err != nil {
 				t.Errorf("waiter Acquire: %v", err)
 				got <- 0

@@ -5,8 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/sovereign-go/sovereign/internal/coalesce"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestGrid(t *testing.T) {
 	iv := 200 * time.Millisecond

@@ -88,7 +88,11 @@ func TestDeadlineUnderPartition(t *testing.T) {
 				} else {
 					c.Hang()
 				}
-				<-h.Done()
+				select {
+				case <-h.Done():
+				case <-time.After(2 * time.Second): // virtual: far past the deadline
+					t.Fatal("context not cancelled 2s after the fault, want at the renew deadline")
+				}
 				stepped := time.Now()
 				if want := last.Add(700 * time.Millisecond); !stepped.Equal(want) {
 					t.Errorf("stepped down at %v after the last renewal, want exactly RenewDeadline (700ms)", stepped.Sub(last))
@@ -258,6 +262,43 @@ func TestReleaseRetriedWhenStoreIsBack(t *testing.T) {
 			t.Errorf("1s after the store came back: got %v, want the lease released by a retry", err)
 		}
 		<-h.Finished()
+	})
+}
+
+// A release retried in the background stops when the parent context given
+// to Start ends, even while the store stays down: the owner's Close, which
+// ends that context and waits for Finished, leaves no goroutine behind
+// (istio #60843: a goroutine left per lost term).
+func TestReleaseRetryEndsWithTheParent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		c := store.Client()
+		defer c.Close()
+		cfg := config(c)
+		l, err := c.Acquire(t.Context(), backend.AcquireRequest{Key: "k", HolderID: "a", TTL: cfg.TTL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		parent, cancel := context.WithCancel(context.Background())
+		h := keeper.Start(parent, cfg, l, time.Now())
+		c.Partition()
+		if err := h.Release(context.Background()); err == nil || errors.Is(err, backend.ErrLeaseLost) {
+			t.Fatalf("Release while partitioned: got %v, want the store's error", err)
+		}
+		time.Sleep(time.Second) // retries go on meanwhile
+		select {
+		case <-h.Finished():
+			t.Fatal("finished while the release was still being retried")
+		default:
+		}
+		cancel()
+		select {
+		case <-h.Finished():
+		case <-time.After(time.Minute): // virtual
+			c.Heal() // lets the retry that outlived its parent end, so the test fails rather than hangs
+			<-h.Finished()
+			t.Fatal("release retries still running a minute after the parent context ended, with the store down")
+		}
 	})
 }
 
