@@ -1,0 +1,234 @@
+package chaos_test
+
+import (
+	"context"
+	"flag"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sovereign-go/sovereign/internal/chaos"
+	"github.com/sovereign-go/sovereign/internal/testredis"
+)
+
+var flagClusterNoWait = flag.Bool("chaos.cluster-nowait", false,
+	"also run TestChaosClusterNoWait: the Cluster run without WaitReplicas, to show the overlaps a failover can cause (reported, not failed)")
+
+// waitTimeout is redisbackend's WaitTimeout of the Cluster runs'
+// candidates: below their request timeout, so that a write no replica
+// confirms fails with ErrNotReplicated rather than at the call's deadline.
+const waitTimeout = 200 * time.Millisecond
+
+// Keys of the election and of the lock of the chaos runs, as redisbackend
+// names them (its default prefix): the faults of a Cluster run hit the
+// master that serves their slot.
+const (
+	electionKeyName = "sovereign:{chaos}"
+	lockKeyName     = "sovereign:{lock/chaos}{/job}"
+)
+
+// TestChaosCluster runs the checker in the election mode against a real
+// Redis Cluster of three masters with one replica each, the candidates
+// with WaitReplicas 1, each reaching every node through a proxy of its own.
+// The faults hit the master that serves the election's slot: a planned
+// failover (CLUSTER FAILOVER), a crash with its replica promoted by
+// TAKEOVER (after the replica lagged behind: frozen for a moment first),
+// and a pause beyond the TTL. No overlap is excused: with WaitReplicas a
+// failover loses no acknowledged lease. Random faults (of the candidates
+// and of the Cluster) follow only when -chaos.duration is given.
+func TestChaosCluster(t *testing.T) {
+	nodes, kinds, k := clusterFaults(t, electionKeyName)
+	r := runSpec(t, spec{mode: "elect", backend: "cluster", nodes: nodes, dur: clusterDuration(), kinds: kinds, waitReplicas: 1,
+		first: []planned{{kind: k.failover}, {kind: k.takeoverLag}, {kind: k.pause, long: true}}})
+	checkClusterRun(t, r)
+}
+
+// TestChaosClusterLock is TestChaosCluster in the lock mode: the faults
+// hit the master that serves the lock's slot, a planned failover, a crash
+// with TAKEOVER and the old master restarted without its data, and a pause
+// beyond the TTL; random ones follow with -chaos.lock-duration.
+func TestChaosClusterLock(t *testing.T) {
+	nodes, kinds, k := clusterFaults(t, lockKeyName)
+	r := runSpec(t, spec{mode: "lock", backend: "cluster", nodes: nodes, dur: *flagLockDuration, kinds: kinds, waitReplicas: 1,
+		first: []planned{{kind: k.failover}, {kind: k.takeoverNoData}, {kind: k.pause, long: true}}})
+	checkClusterRun(t, r)
+}
+
+// TestChaosClusterNoWait (opt-in: -chaos.cluster-nowait) runs the election
+// mode's Cluster faults with candidates without WaitReplicas. A takeover
+// may then lose what the master acknowledged and the replica had not
+// received (a replica frozen for a moment before the crash lags behind by
+// that moment), and a master restarted without its data serves an empty
+// slot until it learns it is a replica: the checker must see the overlaps
+// that follow. They are reported, not failed. -chaos.duration adds random
+// faults after the planned ones.
+func TestChaosClusterNoWait(t *testing.T) {
+	if !*flagClusterNoWait {
+		t.Skip("opt-in: -chaos.cluster-nowait")
+	}
+	nodes, kinds, k := clusterFaults(t, electionKeyName)
+	r := runSpec(t, spec{mode: "elect", backend: "cluster", nodes: nodes, dur: clusterDuration(), kinds: kinds, wantViolations: true,
+		first: []planned{{kind: k.takeoverLag}, {kind: k.takeoverNoData}, {kind: k.takeoverLag}, {kind: k.failover}}})
+	if r != nil {
+		t.Logf("chaos cluster without WaitReplicas: %d overlaps, %d violations in all", r.Overlaps, len(r.Violations))
+		for _, v := range r.Violations {
+			t.Logf("  %s", v)
+		}
+	}
+}
+
+// checkClusterRun checks what a Cluster run with WaitReplicas adds to the
+// analysis: no overlap at all (none is excused: no fault is marked as
+// losing data), and every planned Cluster fault was injected.
+func checkClusterRun(t *testing.T, r *chaos.Report) {
+	t.Helper()
+	if r == nil {
+		return
+	}
+	if r.Overlaps > 0 || r.DataLossOverlaps > 0 {
+		t.Errorf("chaos cluster with WaitReplicas 1: %d overlaps (%d inside data-loss windows), want none", r.Overlaps, r.DataLossOverlaps)
+	}
+	n := 0
+	for kind, c := range r.Faults {
+		if strings.HasPrefix(kind, "cluster-") {
+			n += c
+		}
+	}
+	if n < 3 {
+		t.Errorf("chaos cluster: %d faults of the Cluster injected, want at least the 3 planned ones", n)
+	}
+}
+
+// clusterDuration is how long random faults follow the planned ones in
+// the election mode's Cluster runs: -chaos.duration (or
+// SOVEREIGN_CHAOS_DURATION) when given, else none, to keep the short form
+// short.
+func clusterDuration() time.Duration {
+	explicit := os.Getenv("SOVEREIGN_CHAOS_DURATION") != ""
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "chaos.duration" })
+	if !explicit {
+		return 0
+	}
+	return duration()
+}
+
+// clusterKinds are the faults of a Redis Cluster run, by name.
+type clusterKinds struct {
+	failover, takeover, takeoverNoData, takeoverLag, pause faultKind
+}
+
+// clusterFaults starts a Redis Cluster of three masters with one replica
+// each, every node with an append-only file (fsync always), and returns
+// its nodes' addresses, every kind of fault of a Cluster run (the
+// candidates' own, and the Cluster's on the master that serves the slot
+// of key at the time), and the Cluster's kinds by name.
+func clusterFaults(t *testing.T, key string) ([]string, []faultKind, clusterKinds) {
+	c := testredis.StartCluster(t, testredis.ClusterConfig{Masters: 3, Replicas: 1,
+		// No delay before a full sync (5 s by default): a restarted
+		// master is a replica again sooner. A replication ping a second
+		// (10 s by default): a replica shows as online in CLUSTER SHARDS
+		// (which Failover and Takeover read) once its offset has moved.
+		Args: []string{"--appendonly", "yes", "--appendfsync", "always",
+			"--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1"}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	slot, err := c.Slot(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aofDir := make(map[string]string)
+	for _, addr := range c.Addrs() {
+		admin := c.Node(addr).NewClient(t, nil)
+		aofDir[addr] = filepath.Join(configGet(t, admin, "dir"), configGet(t, admin, "appenddirname"))
+	}
+	// shard returns the master of slot and its replicas online, as the
+	// first node that answers sees them, once it names a replica online
+	// (a restarted old master shows as one a moment after it is one).
+	shard := func(t *testing.T, ctx context.Context) (string, []string) {
+		var err error
+		for ctx.Err() == nil {
+			for _, addr := range c.Addrs() {
+				var m string
+				var rs []string
+				if m, rs, err = c.Shard(ctx, addr, slot); err == nil && len(rs) > 0 {
+					return m, rs
+				}
+			}
+			time.Sleep(20 * time.Millisecond) // polling the cluster's view of the shard
+		}
+		t.Fatalf("the shard of slot %d: no replica online: %v", slot, err)
+		return "", nil
+	}
+	bounded := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), time.Minute)
+	}
+	var k clusterKinds
+	// A planned failover: the master stops its clients until the replica
+	// has every write it acknowledged, and they swap roles. The store is
+	// back when every node names the new master.
+	k.failover = faultKind{name: "cluster-failover", server: func(t *testing.T, _ time.Duration) (int64, int64) {
+		ctx, cancel := bounded()
+		defer cancel()
+		if _, _, err := c.Failover(ctx, slot); err != nil {
+			t.Error(err)
+		}
+		return 0, chaos.Now()
+	}}
+	// The master paused (SIGSTOP) for the fault's duration: mostly beyond
+	// the TTL, far below cluster-node-timeout (15 s), so no failover.
+	k.pause = faultKind{name: "cluster-pause", shortOdds: 5, server: func(t *testing.T, d time.Duration) (int64, int64) {
+		ctx, cancel := bounded()
+		defer cancel()
+		m, _ := shard(t, ctx)
+		c.Node(m).Pause(t)
+		pause(d)
+		c.Node(m).Resume(t)
+		return 0, chaos.Now()
+	}}
+	// takeover kills the master (kill -9), promotes its replica with
+	// CLUSTER FAILOVER TAKEOVER, keeps the old master down for the fault's
+	// duration, restarts it (with its append-only file, or without it when
+	// lose is set: empty, with only its cluster configuration) and waits
+	// until it is the new master's replica with its link up. With lag, the
+	// replica is frozen for 0.5 to 1.5 s just before the crash and thawed
+	// just after it, so it lacks what the master acknowledged meanwhile.
+	// Restarted is when the promotion is done, Healed when the old master
+	// is a replica again (from then on WAIT can be satisfied).
+	takeover := func(lose, lag bool) serverFault {
+		return func(t *testing.T, d time.Duration) (int64, int64) {
+			ctx, cancel := bounded()
+			defer cancel()
+			m, rs := shard(t, ctx)
+			if lag {
+				c.Node(rs[0]).Pause(t)
+				pause(500*time.Millisecond + rand.N(time.Second))
+			}
+			c.Node(m).Kill(t)
+			if lag {
+				c.Node(rs[0]).Resume(t)
+			}
+			if _, _, err := c.Takeover(ctx, slot); err != nil {
+				t.Error(err)
+			}
+			promoted := chaos.Now()
+			pause(d)
+			if lose {
+				if err := os.RemoveAll(aofDir[m]); err != nil {
+					t.Errorf("wipe the append-only files of %s: %v", m, err)
+				}
+			}
+			c.Node(m).Start(t)
+			if err := c.ReplicaUp(ctx, m); err != nil {
+				t.Error(err)
+			}
+			return promoted, chaos.Now()
+		}
+	}
+	k.takeover = faultKind{name: "cluster-takeover", server: takeover(false, false), shortOdds: 5}
+	k.takeoverNoData = faultKind{name: "cluster-takeover-nodata", server: takeover(true, false), shortOdds: 5}
+	k.takeoverLag = faultKind{name: "cluster-takeover-lag", server: takeover(false, true), shortOdds: 5}
+	return c.Addrs(), []faultKind{kill, stop, cut, drop, latency, k.failover, k.takeover, k.takeoverNoData, k.takeoverLag, k.pause}, k
+}
