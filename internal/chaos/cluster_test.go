@@ -3,12 +3,15 @@ package chaos_test
 import (
 	"context"
 	"flag"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sovereign-go/sovereign/internal/chaos"
 	"github.com/sovereign-go/sovereign/internal/testredis"
@@ -35,7 +38,7 @@ const (
 // with WaitReplicas 1, each reaching every node through a proxy of its own.
 // The faults hit the master that serves the election's slot: a planned
 // failover (CLUSTER FAILOVER), a crash with its replica promoted by
-// TAKEOVER (after the replica lagged behind: frozen for a moment first),
+// TAKEOVER (after the replica lagged behind: frozen for 0.5 to 3 s first),
 // and a pause beyond the TTL. No overlap is excused: with WaitReplicas a
 // failover loses no acknowledged lease. Random faults (of the candidates
 // and of the Cluster) follow only when -chaos.duration is given.
@@ -57,26 +60,36 @@ func TestChaosClusterLock(t *testing.T) {
 	checkClusterRun(t, r)
 }
 
-// TestChaosClusterNoWait (opt-in: -chaos.cluster-nowait) runs the election
-// mode's Cluster faults with candidates without WaitReplicas. A takeover
-// may then lose what the master acknowledged and the replica had not
-// received (a replica frozen for a moment before the crash lags behind by
-// that moment), and a master restarted without its data serves an empty
-// slot until it learns it is a replica: the checker must see the overlaps
-// that follow. They are reported, not failed. -chaos.duration adds random
-// faults after the planned ones.
+// TestChaosClusterNoWait (opt-in: -chaos.cluster-nowait) runs the Cluster
+// faults, in the election and the lock mode, with candidates without
+// WaitReplicas. A takeover may then lose what the master acknowledged and
+// the replica had not received (a replica frozen for a moment before the
+// crash lags behind by that moment; meanwhile, in the lock mode, the lock
+// changes hands), and a master restarted without its data serves an empty
+// slot until it learns that it is a replica: the checker reports what
+// follows (overlaps, terms granted twice, writes fenced). Violations are
+// reported, not failed. -chaos.duration and -chaos.lock-duration add
+// random faults after the planned ones.
 func TestChaosClusterNoWait(t *testing.T) {
 	if !*flagClusterNoWait {
 		t.Skip("opt-in: -chaos.cluster-nowait")
 	}
-	nodes, kinds, k := clusterFaults(t, electionKeyName)
-	r := runSpec(t, spec{mode: "elect", backend: "cluster", nodes: nodes, dur: clusterDuration(), kinds: kinds, wantViolations: true,
-		first: []planned{{kind: k.takeoverLag}, {kind: k.takeoverNoData}, {kind: k.takeoverLag}, {kind: k.failover}}})
-	if r != nil {
-		t.Logf("chaos cluster without WaitReplicas: %d overlaps, %d violations in all", r.Overlaps, len(r.Violations))
-		for _, v := range r.Violations {
-			t.Logf("  %s", v)
-		}
+	for _, mode := range []string{"elect", "lock"} {
+		t.Run(mode, func(t *testing.T) {
+			key, dur := electionKeyName, clusterDuration()
+			if mode == "lock" {
+				key, dur = lockKeyName, *flagLockDuration
+			}
+			nodes, kinds, k := clusterFaults(t, key)
+			r := runSpec(t, spec{mode: mode, backend: "cluster", nodes: nodes, dur: dur, kinds: kinds, wantViolations: true,
+				first: []planned{{kind: k.takeoverLag}, {kind: k.takeoverNoData}, {kind: k.takeoverLag}, {kind: k.failover}, {kind: k.takeoverLag}}})
+			if r != nil {
+				t.Logf("chaos cluster without WaitReplicas (%s): %d overlaps, %d violations in all", mode, r.Overlaps, len(r.Violations))
+				for _, v := range r.Violations {
+					t.Logf("  %s", v)
+				}
+			}
+		})
 	}
 }
 
@@ -100,6 +113,39 @@ func checkClusterRun(t *testing.T, r *chaos.Report) {
 	if n < 3 {
 		t.Errorf("chaos cluster: %d faults of the Cluster injected, want at least the 3 planned ones", n)
 	}
+}
+
+// takeoverBy makes the replica at promoted the master of slot with CLUSTER
+// FAILOVER TAKEOVER (its master old is down) and waits until it reports
+// the master role and every node that answers names it for slot.
+func takeoverBy(ctx context.Context, c *testredis.Cluster, admin map[string]*redis.Client, slot int, old, promoted string) error {
+	if err := admin[promoted].Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
+		return fmt.Errorf("CLUSTER FAILOVER TAKEOVER on %s: %w", promoted, err)
+	}
+	var last error
+	for ctx.Err() == nil {
+		last = nil
+		role, err := admin[promoted].Do(ctx, "ROLE").Slice()
+		if err != nil || len(role) == 0 || role[0] != "master" {
+			last = fmt.Errorf("%s: ROLE %v, %v; want master", promoted, role, err)
+		}
+		for _, addr := range c.Addrs() {
+			if last != nil {
+				break
+			}
+			if addr == old || admin[addr].Ping(ctx).Err() != nil {
+				continue
+			}
+			if m, _, err := c.Shard(ctx, addr, slot); err != nil || m != promoted {
+				last = fmt.Errorf("%s names %s the master of slot %d (%v), want %s", addr, m, slot, err, promoted)
+			}
+		}
+		if last == nil {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond) // polling the cluster's view of the shard
+	}
+	return fmt.Errorf("takeover of slot %d by %s: %w (last: %w)", slot, promoted, ctx.Err(), last)
 }
 
 // clusterDuration is how long random faults follow the planned ones in
@@ -140,10 +186,14 @@ func clusterFaults(t *testing.T, key string) ([]string, []faultKind, clusterKind
 		t.Fatal(err)
 	}
 	aofDir := make(map[string]string)
+	admin := make(map[string]*redis.Client)
 	for _, addr := range c.Addrs() {
-		admin := c.Node(addr).NewClient(t, nil)
-		aofDir[addr] = filepath.Join(configGet(t, admin, "dir"), configGet(t, admin, "appenddirname"))
+		admin[addr] = c.Node(addr).NewClient(t, nil)
+		aofDir[addr] = filepath.Join(configGet(t, admin[addr], "dir"), configGet(t, admin[addr], "appenddirname"))
 	}
+	// marker is a key of slot outside the backend's names: written on the
+	// master while its replica lags, it must be gone after the takeover.
+	marker := key[strings.IndexByte(key, '{'):strings.IndexByte(key, '}')+1] + "chaos-marker"
 	// shard returns the master of slot and its replicas online, as the
 	// first node that answers sees them, once it names a replica online
 	// (a restarted old master shows as one a moment after it is one).
@@ -193,8 +243,12 @@ func clusterFaults(t *testing.T, key string) ([]string, []faultKind, clusterKind
 	// duration, restarts it (with its append-only file, or without it when
 	// lose is set: empty, with only its cluster configuration) and waits
 	// until it is the new master's replica with its link up. With lag, the
-	// replica is frozen for 0.5 to 1.5 s just before the crash and thawed
-	// just after it, so it lacks what the master acknowledged meanwhile.
+	// replica is frozen (SIGSTOP) and the master drops its link to it
+	// (CLIENT KILL TYPE replica) 0.5 to 3 s before the crash, and the
+	// replica is thawed just after it: it lacks what the master
+	// acknowledged meanwhile (a marker key written then is checked to be
+	// gone). Freezing alone would lose nothing: what the master sent is
+	// in the link's socket buffers, and a thawed replica reads it all.
 	// Restarted is when the promotion is done, Healed when the old master
 	// is a replica again (from then on WAIT can be satisfied).
 	takeover := func(lose, lag bool) serverFault {
@@ -203,17 +257,36 @@ func clusterFaults(t *testing.T, key string) ([]string, []faultKind, clusterKind
 			defer cancel()
 			m, rs := shard(t, ctx)
 			if lag {
+				if err := admin[m].Del(ctx, marker).Err(); err != nil {
+					t.Errorf("DEL %s on %s: %v", marker, m, err)
+				}
 				c.Node(rs[0]).Pause(t)
-				pause(500*time.Millisecond + rand.N(time.Second))
+				if err := admin[m].ClientKillByFilter(ctx, "TYPE", "replica").Err(); err != nil {
+					t.Errorf("CLIENT KILL TYPE replica on %s: %v", m, err)
+				}
+				if err := admin[m].Set(ctx, marker, "1", 0).Err(); err != nil {
+					t.Errorf("SET %s on %s: %v", marker, m, err)
+				}
+				pause(500*time.Millisecond + rand.N(2500*time.Millisecond))
 			}
 			c.Node(m).Kill(t)
 			if lag {
 				c.Node(rs[0]).Resume(t)
 			}
-			if _, _, err := c.Takeover(ctx, slot); err != nil {
+			// The replica named before: once its master is gone, and
+			// its own link dropped, the nodes may no longer list it as
+			// online, where Cluster.Takeover looks for one.
+			promoted := rs[0]
+			err := takeoverBy(ctx, c, admin, slot, m, promoted)
+			if err != nil {
 				t.Error(err)
 			}
-			promoted := chaos.Now()
+			at := chaos.Now()
+			if lag && err == nil {
+				if n, err := admin[promoted].Exists(ctx, marker).Result(); err != nil || n != 0 {
+					t.Errorf("after a takeover by a lagging replica: got %d marker keys on %s (err %v), want 0 (the write after the link dropped lost)", n, promoted, err)
+				}
+			}
 			pause(d)
 			if lose {
 				if err := os.RemoveAll(aofDir[m]); err != nil {
@@ -224,7 +297,7 @@ func clusterFaults(t *testing.T, key string) ([]string, []faultKind, clusterKind
 			if err := c.ReplicaUp(ctx, m); err != nil {
 				t.Error(err)
 			}
-			return promoted, chaos.Now()
+			return at, chaos.Now()
 		}
 	}
 	k.takeover = faultKind{name: "cluster-takeover", server: takeover(false, false), shortOdds: 5}
