@@ -414,6 +414,8 @@ type spec struct {
 	nodes []string
 	// waitReplicas is redisbackend's WaitReplicas of the candidates.
 	waitReplicas int
+	// inspect, when set, checks the run further (after the analysis).
+	inspect func(t *testing.T, run chaos.Run)
 }
 
 // runSpec runs the checker as s says and returns its report (nil when the
@@ -560,6 +562,9 @@ func runSpec(t *testing.T, s spec) *chaos.Report {
 		t.Errorf("save run: %v", err)
 	}
 	r := chaos.Analyze(run)
+	if s.inspect != nil {
+		s.inspect(t, run)
+	}
 	t.Logf("chaos %s summary (seed %d, %v of faults, %d processes):\n%s", name, seed, dur, len(procs), r)
 	if !r.OK() && !s.wantViolations {
 		t.Errorf("chaos %s: %d safety or liveness violations (see summary); logs in %s", name, len(r.Violations), h.logs)

@@ -44,7 +44,7 @@ const (
 // and of the Cluster) follow only when -chaos.duration is given.
 func TestChaosCluster(t *testing.T) {
 	nodes, kinds, k := clusterFaults(t, electionKeyName)
-	r := runSpec(t, spec{mode: "elect", backend: "cluster", nodes: nodes, dur: clusterDuration(), kinds: kinds, waitReplicas: 1,
+	r := runSpec(t, spec{mode: "elect", backend: "cluster", nodes: nodes, dur: clusterDuration(), kinds: kinds, waitReplicas: 1, inspect: k.noReplicaCheck,
 		first: []planned{{kind: k.failover}, {kind: k.takeoverLag}, {kind: k.pause, long: true}}})
 	checkClusterRun(t, r)
 }
@@ -55,7 +55,7 @@ func TestChaosCluster(t *testing.T) {
 // beyond the TTL; random ones follow with -chaos.lock-duration.
 func TestChaosClusterLock(t *testing.T) {
 	nodes, kinds, k := clusterFaults(t, lockKeyName)
-	r := runSpec(t, spec{mode: "lock", backend: "cluster", nodes: nodes, dur: *flagLockDuration, kinds: kinds, waitReplicas: 1,
+	r := runSpec(t, spec{mode: "lock", backend: "cluster", nodes: nodes, dur: *flagLockDuration, kinds: kinds, waitReplicas: 1, inspect: k.noReplicaCheck,
 		first: []planned{{kind: k.failover}, {kind: k.takeoverNoData}, {kind: k.pause, long: true}}})
 	checkClusterRun(t, r)
 }
@@ -164,6 +164,33 @@ func clusterDuration() time.Duration {
 // clusterKinds are the faults of a Redis Cluster run, by name.
 type clusterKinds struct {
 	failover, takeover, takeoverNoData, takeoverLag, pause faultKind
+	// noReplica are the windows in which the key's master had no replica
+	// at all: from the promotion of a takeover to the restart of the old
+	// master's process (which then becomes its replica).
+	noReplica *[][2]int64
+}
+
+// noReplicaCheck checks the README's "no leader rather than two": with
+// WaitReplicas, no acquisition or renewal may succeed while the key's
+// master has no replica (sent after the promotion, returned before the old
+// master's process was started again).
+func (k clusterKinds) noReplicaCheck(t *testing.T, run chaos.Run) {
+	n := 0
+	for _, p := range run.Procs {
+		for _, l := range p.Lines {
+			if (l.Ev != chaos.EvAcquire && l.Ev != chaos.EvRenew) || l.Err != "" {
+				continue
+			}
+			for _, w := range *k.noReplica {
+				if l.Sent >= w[0] && l.Done <= w[1] {
+					n++
+					t.Errorf("%s: %s of term %d succeeded (sent %d, returned %d) while the master had no replica (%d to %d): want ErrNotReplicated",
+						p.ID, l.Ev, l.Term, l.Sent, l.Done, w[0], w[1])
+				}
+			}
+		}
+	}
+	t.Logf("chaos cluster: %d windows without a replica, %d acquisitions or renewals succeeded in them", len(*k.noReplica), n)
 }
 
 // clusterFaults starts a Redis Cluster of three masters with one replica
@@ -215,7 +242,7 @@ func clusterFaults(t *testing.T, key string) ([]string, []faultKind, clusterKind
 	bounded := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.Background(), time.Minute)
 	}
-	var k clusterKinds
+	k := clusterKinds{noReplica: new([][2]int64)}
 	// A planned failover: the master stops its clients until the replica
 	// has every write it acknowledged, and they swap roles. The store is
 	// back when every node names the new master.
@@ -293,6 +320,7 @@ func clusterFaults(t *testing.T, key string) ([]string, []faultKind, clusterKind
 					t.Errorf("wipe the append-only files of %s: %v", m, err)
 				}
 			}
+			*k.noReplica = append(*k.noReplica, [2]int64{at, chaos.Now()})
 			c.Node(m).Start(t)
 			if err := c.ReplicaUp(ctx, m); err != nil {
 				t.Error(err)
