@@ -40,13 +40,20 @@ const (
 // failover (CLUSTER FAILOVER), a crash with its replica promoted by
 // TAKEOVER (after the replica lagged behind: frozen for 0.5 to 3 s first),
 // and a pause beyond the TTL. No overlap is excused: with WaitReplicas a
-// failover loses no acknowledged lease. Random faults (of the candidates
+// failover loses no acknowledged lease; the leader leads through a planned
+// failover, and nobody acquires or renews while the master has no replica. Random faults (of the candidates
 // and of the Cluster) follow only when -chaos.duration is given.
 func TestChaosCluster(t *testing.T) {
 	nodes, kinds, k := clusterFaults(t, electionKeyName)
 	r := runSpec(t, spec{mode: "elect", backend: "cluster", nodes: nodes, dur: clusterDuration(), kinds: kinds, waitReplicas: 1, inspect: k.noReplicaCheck,
 		first: []planned{{kind: k.failover}, {kind: k.takeoverLag}, {kind: k.pause, long: true}}})
 	checkClusterRun(t, r)
+	// The lease survives a planned failover: the leader leads through it
+	// under the same term.
+	if r != nil && r.FailoverN[k.failover.name] > 0 {
+		t.Errorf("chaos cluster: the leader lost its leadership across %d of %d planned failovers, want none",
+			r.FailoverN[k.failover.name], r.Faults[k.failover.name])
+	}
 }
 
 // TestChaosClusterLock is TestChaosCluster in the lock mode: the faults
