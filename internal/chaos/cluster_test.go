@@ -20,6 +20,18 @@ import (
 var flagClusterNoWait = flag.Bool("chaos.cluster-nowait", false,
 	"also run TestChaosClusterNoWait: the Cluster run without WaitReplicas, to show the overlaps a failover can cause (reported, not failed)")
 
+// clusterNodeTimeout is the Cluster runs' cluster-node-timeout: above the
+// longest pause of a master (TTL + 1.5 s), so that none is failed over
+// automatically.
+const clusterNodeTimeout = 5 * time.Second
+
+// clusterVoteWait is how long after a planned failover another one may be
+// sent: a master does not vote again for the failover of a master it voted
+// about within twice the node timeout, and the shard's two nodes take turns
+// as its master (a failover sent sooner gets no votes, and the master
+// stops its clients for 5 s each time it is tried).
+const clusterVoteWait = 2*clusterNodeTimeout + time.Second
+
 // waitTimeout is redisbackend's WaitTimeout of the Cluster runs'
 // candidates: below their request timeout, so that a write no replica
 // confirms fails with ErrNotReplicated rather than at the call's deadline.
@@ -211,8 +223,12 @@ func clusterFaults(t *testing.T, key string) ([]string, []faultKind, clusterKind
 		// master is a replica again sooner. A replication ping a second
 		// (10 s by default): a replica shows as online in CLUSTER SHARDS
 		// (which Failover and Takeover read) once its offset has moved.
+		// A node timeout of 5 s (15 s by default), still above the
+		// longest pause of a master, so that a shard can be failed over
+		// again sooner (see clusterVoteWait).
 		Args: []string{"--appendonly", "yes", "--appendfsync", "always",
-			"--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1"}})
+			"--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1",
+			"--cluster-node-timeout", fmt.Sprint(clusterNodeTimeout.Milliseconds())}})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	slot, err := c.Slot(ctx, key)
@@ -253,12 +269,15 @@ func clusterFaults(t *testing.T, key string) ([]string, []faultKind, clusterKind
 	// A planned failover: the master stops its clients until the replica
 	// has every write it acknowledged, and they swap roles. The store is
 	// back when every node names the new master.
+	var voted time.Time // the last planned failover
 	k.failover = faultKind{name: "cluster-failover", server: func(t *testing.T, _ time.Duration) (int64, int64) {
 		ctx, cancel := bounded()
 		defer cancel()
+		pause(time.Until(voted.Add(clusterVoteWait)))
 		if _, _, err := c.Failover(ctx, slot); err != nil {
 			t.Error(err)
 		}
+		voted = time.Now()
 		return 0, chaos.Now()
 	}}
 	// The master paused (SIGSTOP) for the fault's duration: mostly beyond
