@@ -367,10 +367,11 @@ type harness struct {
 	limit   int    // the candidates' -limit (semaphore)
 	check   int    // the permits the run is checked against (1 unless semaphore)
 	guard   bool   // the candidates' -restart-guard
+	wait    int    // the candidates' -wait-replicas
 	bin     string
 	logs    string
 	store   *chaos.Store
-	proxies []*chaos.Proxy // one per slot; the last one is the twins' (same-ID faults)
+	proxies []proxyGroup // one per slot; the last one is the twins' (same-ID faults)
 	gens    []int
 	rng     *rand.Rand
 	twin    int // the slot of same-ID processes
@@ -407,6 +408,14 @@ type spec struct {
 	wantViolations bool
 	// guard runs the candidates with redisbackend's RestartGuard.
 	guard bool
+	// nodes are the addresses of a Redis Cluster's nodes (backend
+	// "cluster", target unused): each candidate reaches each node through
+	// a proxy of its own.
+	nodes []string
+	// waitReplicas is redisbackend's WaitReplicas of the candidates.
+	waitReplicas int
+	// inspect, when set, checks the run further (after the analysis).
+	inspect func(t *testing.T, run chaos.Run)
 }
 
 // runSpec runs the checker as s says and returns its report (nil when the
@@ -428,13 +437,16 @@ func runSpec(t *testing.T, s spec) *chaos.Report {
 	if mode != "elect" {
 		name += "-" + mode
 	}
+	if backendName == "cluster" && s.waitReplicas == 0 {
+		name += "-nowait"
+	}
 	t.Logf("chaos %s: seed %d (-chaos.seed=%d), %d candidates, faults for %v, TTL %v, renew deadline %v, renew interval %v, request timeout %v, data-loss window %v",
 		name, seed, seed, *flagCandidates, dur, ttl, renewDeadline, renewInterval, requestTimeout, dataLossWindow)
 
 	if mode == "semaphore" {
 		t.Logf("chaos %s: candidates with %d permits, checked against %d", name, s.limit, check)
 	}
-	h := &harness{t: t, backend: backendName, mode: mode, limit: s.limit, check: check, guard: s.guard,
+	h := &harness{t: t, backend: backendName, mode: mode, limit: s.limit, check: check, guard: s.guard, wait: s.waitReplicas,
 		rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), cur: map[int]*proc{}}
 	h.bin = buildCandidate(t)
 	h.logs = logDir(t, name)
@@ -448,13 +460,23 @@ func runSpec(t *testing.T, s spec) *chaos.Report {
 	n := *flagCandidates
 	h.twin = n
 	h.gens = make([]int, n+1)
+	targets := []string{target}
+	if s.nodes != nil {
+		targets = s.nodes
+	}
 	for range n + 1 {
-		p, err := chaos.NewProxy(target)
-		if err != nil {
-			t.Fatal(err)
+		g := proxyGroup{}
+		for _, node := range targets {
+			p, err := chaos.NewProxy(node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = p.Close() })
+			g.nodes = append(g.nodes, node)
+			g.proxies = append(g.proxies, p)
 		}
-		t.Cleanup(func() { _ = p.Close() })
-		h.proxies = append(h.proxies, p)
+		g.cluster = s.nodes != nil
+		h.proxies = append(h.proxies, g)
 	}
 	// However the test ends, no candidate outlives it.
 	t.Cleanup(h.killAll)
@@ -540,6 +562,9 @@ func runSpec(t *testing.T, s spec) *chaos.Report {
 		t.Errorf("save run: %v", err)
 	}
 	r := chaos.Analyze(run)
+	if s.inspect != nil {
+		s.inspect(t, run)
+	}
 	t.Logf("chaos %s summary (seed %d, %v of faults, %d processes):\n%s", name, seed, dur, len(procs), r)
 	if !r.OK() && !s.wantViolations {
 		t.Errorf("chaos %s: %d safety or liveness violations (see summary); logs in %s", name, len(r.Violations), h.logs)
@@ -637,7 +662,7 @@ func (h *harness) start(slot int, instance string) *proc {
 	p.cmd = exec.Command(h.bin,
 		"-backend", h.backend,
 		"-mode", h.mode,
-		"-addr", h.proxies[slot].Addr(),
+		"-addr", h.proxies[slot].addr(),
 		"-store", h.store.URL(),
 		"-id", id,
 		"-instance", instance,
@@ -652,6 +677,9 @@ func (h *harness) start(slot int, instance string) *proc {
 	}
 	if h.guard {
 		p.cmd.Args = append(p.cmd.Args, "-restart-guard")
+	}
+	if h.wait > 0 {
+		p.cmd.Args = append(p.cmd.Args, "-wait-replicas", fmt.Sprint(h.wait), "-wait-timeout", waitTimeout.String())
 	}
 	p.cmd.Stderr = stderr
 	// Die with the test process, should it die without cleaning up.
@@ -903,9 +931,9 @@ func (h *harness) inject(k faultKind, leader string, d time.Duration, short bool
 		}
 		f.At = chaos.Now()
 		if slot >= 0 {
-			h.proxies[slot].Set(k.proxy, delay)
+			h.proxies[slot].set(k.proxy, delay)
 			pause(d)
-			h.proxies[slot].Heal()
+			h.proxies[slot].heal()
 		}
 		f.Healed = chaos.Now()
 	}
@@ -915,8 +943,8 @@ func (h *harness) inject(k faultKind, leader string, d time.Duration, short bool
 // stopAll heals everything, then stops every candidate with SIGTERM and
 // checks that each exits 0 in time.
 func (h *harness) stopAll() {
-	for _, p := range h.proxies {
-		p.Heal()
+	for _, g := range h.proxies {
+		g.heal()
 	}
 	h.mu.Lock()
 	var running []*proc
@@ -977,6 +1005,40 @@ func (h *harness) killAll() {
 			_ = p.cmd.Process.Kill()
 			<-p.done
 		}
+	}
+}
+
+// proxyGroup is the fault proxies of one candidate slot: one in front of
+// the server, or one in front of each node of a Redis Cluster. A fault
+// switches them all.
+type proxyGroup struct {
+	nodes   []string // the address behind each proxy
+	proxies []*chaos.Proxy
+	cluster bool
+}
+
+// addr returns the candidate's -addr: the proxy's address, or for a
+// Cluster node=proxy pairs.
+func (g proxyGroup) addr() string {
+	if !g.cluster {
+		return g.proxies[0].Addr()
+	}
+	pairs := make([]string, len(g.proxies))
+	for i, p := range g.proxies {
+		pairs[i] = g.nodes[i] + "=" + p.Addr()
+	}
+	return strings.Join(pairs, ",")
+}
+
+func (g proxyGroup) set(m chaos.Mode, delay time.Duration) {
+	for _, p := range g.proxies {
+		p.Set(m, delay)
+	}
+}
+
+func (g proxyGroup) heal() {
+	for _, p := range g.proxies {
+		p.Heal()
 	}
 }
 

@@ -11,8 +11,11 @@
 // candidates loop on lock.Locker.Do for one key instead, handing the lock
 // from one to another, and the same checks apply to the holds; in the
 // semaphore mode they take a Shared lock of 2 permits, and never more than 2
-// holds may be live at once (outside data-loss windows). See README.md
-// for what exactly is checked and how to run the long form.
+// holds may be live at once (outside data-loss windows). In the Cluster
+// mode the candidates use a Redis Cluster with WaitReplicas 1 while the
+// master serving their key is failed over, crashed and replaced by its
+// replica, or paused, and no overlap is excused. See README.md for what
+// exactly is checked and how to run the long form.
 //
 // The package holds the pieces the test and the candidate binary share: the
 // clock (Now), the log record (Line), the fault proxy (Proxy), the fenced

@@ -77,8 +77,6 @@ func StartCluster(t testing.TB, cfg ClusterConfig) *Cluster {
 // build assigns the slots, introduces the nodes to each other, makes the
 // replicas replicate, and waits until the cluster is ready.
 func (c *Cluster) build(ctx context.Context, cfg ClusterConfig) error {
-	first := c.nodes[0].Addr()
-	host, port, _ := net.SplitHostPort(first)
 	ids := make([]string, cfg.Masters)
 	for i, s := range c.nodes {
 		a := c.admin[s.Addr()]
@@ -93,9 +91,12 @@ func (c *Cluster) build(ctx context.Context, cfg ClusterConfig) error {
 			}
 			ids[i] = id
 		}
-		if i > 0 {
+		// Each node meets every node before it, so that none has to
+		// learn of the others through gossip (a ping a second: seconds).
+		for _, o := range c.nodes[:i] {
+			host, port, _ := net.SplitHostPort(o.Addr())
 			if err := a.ClusterMeet(ctx, host, port).Err(); err != nil {
-				return fmt.Errorf("CLUSTER MEET from %s: %w", s.Addr(), err)
+				return fmt.Errorf("CLUSTER MEET from %s to %s: %w", s.Addr(), o.Addr(), err)
 			}
 		}
 	}

@@ -13,6 +13,9 @@
 // (chaos.Line) on CLOCK_MONOTONIC, and exits 0 on SIGTERM after a clean
 // shutdown with no goroutine left behind.
 //
+// With -backend cluster it uses a go-redis ClusterClient of a Redis Cluster,
+// reaching every node through a proxy of its own (-addr node=proxy,...).
+//
 // It is built and started by the checker's tests; it is not a user tool.
 package main
 
@@ -23,10 +26,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -69,14 +76,18 @@ type config struct {
 	holdMax       time.Duration
 	limit         int
 	restartGuard  bool
+	waitReplicas  int
+	waitTimeout   time.Duration
 }
 
 func main() {
 	var c config
 	flag.StringVar(&c.mode, "mode", "elect", "elect (campaign with sovereign.Elector), lock (loop on lock.Locker.Do), trylock (loop on lock.Locker.TryDo: no waiting, so no data-loss wait) or semaphore (loop on Do with a Shared lock of -limit permits)")
 	flag.BoolVar(&c.restartGuard, "restart-guard", false, "redis: redisbackend.Options.RestartGuard (the server refuses free keys for a TTL after it starts)")
-	flag.StringVar(&c.backend, "backend", "redis", "redis or etcd")
-	flag.StringVar(&c.addr, "addr", "", "host:port of the backend (the candidate's fault proxy)")
+	flag.StringVar(&c.backend, "backend", "redis", "redis, cluster (a Redis Cluster) or etcd")
+	flag.StringVar(&c.addr, "addr", "", "host:port of the backend (the candidate's fault proxy); with -backend cluster, node=proxy,... : every node's address as the cluster announces it, and the candidate's fault proxy in front of it")
+	flag.IntVar(&c.waitReplicas, "wait-replicas", 0, "redis, cluster: redisbackend.Options.WaitReplicas")
+	flag.DurationVar(&c.waitTimeout, "wait-timeout", 0, "redis, cluster: redisbackend.Options.WaitTimeout (0: its default)")
 	flag.StringVar(&c.store, "store", "", "base URL of the fenced store")
 	flag.StringVar(&c.id, "id", "", "name of this process: in its log and in its writes to the fenced store; unique per process")
 	flag.StringVar(&c.instance, "instance", "", "instance ID the elector campaigns as (default: -id); several processes may share one")
@@ -93,9 +104,9 @@ func main() {
 	flag.DurationVar(&c.holdMax, "hold-max", 3*time.Second, "longest time the lock is held before the function returns (-mode lock, semaphore)")
 	flag.IntVar(&c.limit, "limit", 2, "permits of the Shared lock (-mode semaphore)")
 	flag.Parse()
-	if c.addr == "" || c.store == "" || c.id == "" || (c.backend != "redis" && c.backend != "etcd") ||
+	if c.addr == "" || c.store == "" || c.id == "" || (c.backend != "redis" && c.backend != "cluster" && c.backend != "etcd") ||
 		(c.mode != "elect" && c.mode != "lock" && c.mode != "trylock" && c.mode != "semaphore") || c.holdMin <= 0 || c.holdMax < c.holdMin || c.limit < 1 {
-		fmt.Fprintln(os.Stderr, "candidate: -addr, -store, -id, -backend redis|etcd and -mode elect|lock|trylock|semaphore are required, 0 < -hold-min <= -hold-max and -limit >= 1")
+		fmt.Fprintln(os.Stderr, "candidate: -addr, -store, -id, -backend redis|cluster|etcd and -mode elect|lock|trylock|semaphore are required, 0 < -hold-min <= -hold-max and -limit >= 1")
 		os.Exit(exitUsage)
 	}
 	if c.instance == "" {
@@ -222,7 +233,36 @@ func newBackend(c config) (backend.Backend, func(), error) {
 			DialTimeout:           c.renewInterval,
 			PoolSize:              4,
 		})
-		b, err := redisbackend.New(cli, &redisbackend.Options{RestartGuard: c.restartGuard})
+		b, err := redisbackend.New(cli, c.redisOptions())
+		if err != nil {
+			cli.Close()
+			return nil, nil, err
+		}
+		return b, func() { cli.Close() }, nil
+	case "cluster":
+		// The cluster announces its nodes' real addresses; the dialer
+		// sends every connection to a node through this candidate's
+		// proxy for it, so that its faults apply to all of them.
+		proxyOf, err := parseNodes(c.addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		var d net.Dialer
+		addrs := slices.Sorted(maps.Keys(proxyOf))
+		cli := redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                 addrs,
+			ContextTimeoutEnabled: true,
+			DialTimeout:           c.renewInterval,
+			PoolSize:              4,
+			Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				p, ok := proxyOf[addr]
+				if !ok {
+					return nil, fmt.Errorf("candidate: no proxy for cluster node %s", addr)
+				}
+				return d.DialContext(ctx, network, p)
+			},
+		})
+		b, err := redisbackend.New(cli, c.redisOptions())
 		if err != nil {
 			cli.Close()
 			return nil, nil, err
@@ -244,6 +284,24 @@ func newBackend(c config) (backend.Backend, func(), error) {
 		}
 		return b, func() { cli.Close() }, nil
 	}
+}
+
+func (c config) redisOptions() *redisbackend.Options {
+	return &redisbackend.Options{RestartGuard: c.restartGuard, WaitReplicas: c.waitReplicas, WaitTimeout: c.waitTimeout}
+}
+
+// parseNodes parses -addr of -backend cluster: node=proxy pairs separated
+// by commas.
+func parseNodes(s string) (map[string]string, error) {
+	m := make(map[string]string)
+	for pair := range strings.SplitSeq(s, ",") {
+		node, proxy, ok := strings.Cut(pair, "=")
+		if !ok || node == "" || proxy == "" {
+			return nil, fmt.Errorf("candidate: -addr %q: want node=proxy pairs separated by commas", s)
+		}
+		m[node] = proxy
+	}
+	return m, nil
 }
 
 // lockLoop contends for one lock until ctx ends and returns the exit code:
