@@ -632,3 +632,57 @@ func TestClusterWatchWithoutRole(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterMigrationWindowWithWaitReplicas pins what the README says of a
+// resharding under WaitReplicas: between the move of a slot's keys and the
+// slot's reassignment (redis-cli --cluster reshard moves the keys of a slot
+// in batches, then reassigns it), a call with WaitReplicas on a key already
+// moved gets ASK from the old master, which that path (EVALSHA and WAIT on
+// the master's own connection) does not follow: the call fails, and
+// succeeds again, on the same lease, once the slot is reassigned. A backend
+// without WaitReplicas goes through the Cluster client, which follows ASK.
+func TestClusterMigrationWindowWithWaitReplicas(t *testing.T) {
+	c := startReplicatedCluster(t)
+	ctx := ctxBound(t)
+	b := newBackend(t, clusterClient(t, c), &redisbackend.Options{Prefix: "mw:", WaitReplicas: 1, WaitTimeout: sentinelWaitTimeout})
+	plain := newBackend(t, clusterClient(t, c), &redisbackend.Options{Prefix: "mw:"})
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := slotOf(t, ctx, c, "mw:", "k")
+	from, _, err := c.Shard(ctx, c.Addrs()[0], slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := ""
+	for _, a := range c.Addrs() {
+		if m, _, err := c.Shard(ctx, a, slot); err == nil && a != from && m == from {
+			if role, err := c.Node(a).NewClient(t, nil).Do(ctx, "ROLE").Slice(); err == nil && role[0] == "master" {
+				to = a
+				break
+			}
+		}
+	}
+	if to == "" {
+		t.Fatalf("no other master than %s", from)
+	}
+	if _, err := c.MigrateKeys(ctx, slot, to); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Renew(ctx, l); err == nil || !strings.Contains(err.Error(), "ASK") {
+		t.Errorf("Renew with WaitReplicas while the slot's keys are moved, not yet its slot: got %v, want the ASK error", err)
+	}
+	if err := plain.Renew(ctx, l); err != nil {
+		t.Errorf("Renew without WaitReplicas in the same window: %v, want the Cluster client to follow ASK", err)
+	}
+	if err := c.FinishMigration(ctx, slot, from, to); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Renew(ctx, l); err != nil {
+		t.Errorf("Renew with WaitReplicas once the slot is reassigned: %v", err)
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}

@@ -442,6 +442,24 @@ func (c *Cluster) ReplicaUp(ctx context.Context, addr string) error {
 func (c *Cluster) MigrateSlot(ctx context.Context, slot int, to string) (from string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, clusterBound)
 	defer cancel()
+	from, err = c.MigrateKeys(ctx, slot, to)
+	if err != nil {
+		return "", err
+	}
+	if err := c.FinishMigration(ctx, slot, from, to); err != nil {
+		return "", err
+	}
+	return from, nil
+}
+
+// MigrateKeys is the first half of MigrateSlot: it marks slot IMPORTING on
+// to and MIGRATING on the master that serves it, and moves the slot's keys,
+// but leaves the slot assigned to the source, so that a command on a key of
+// the slot gets ASK from the source (the key has moved) until
+// FinishMigration. It returns the source's address.
+func (c *Cluster) MigrateKeys(ctx context.Context, slot int, to string) (from string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, clusterBound)
+	defer cancel()
 	from, _, err = c.Shard(ctx, to, slot)
 	if err != nil {
 		return "", fmt.Errorf("testredis: migrate slot %d: %w", slot, err)
@@ -481,6 +499,23 @@ func (c *Cluster) MigrateSlot(ctx context.Context, slot int, to string) (from st
 			return "", fmt.Errorf("testredis: MIGRATE from %s to %s: %w", from, to, err)
 		}
 	}
+	return from, nil
+}
+
+// FinishMigration is the second half of MigrateSlot: CLUSTER SETSLOT NODE
+// on to, from and every other master, then it waits until every node names
+// to for slot.
+func (c *Cluster) FinishMigration(ctx context.Context, slot int, from, to string) error {
+	ctx, cancel := context.WithTimeout(ctx, clusterBound)
+	defer cancel()
+	ids := make(map[string]string)
+	for _, addr := range []string{from, to} {
+		id, err := c.admin[addr].Do(ctx, "CLUSTER", "MYID").Text()
+		if err != nil {
+			return fmt.Errorf("testredis: CLUSTER MYID on %s: %w", addr, err)
+		}
+		ids[addr] = id
+	}
 	// The target first, so that the slot is never without a node that
 	// claims it.
 	order := []string{to, from}
@@ -495,10 +530,10 @@ func (c *Cluster) MigrateSlot(ctx context.Context, slot int, to string) (from st
 	}
 	for _, addr := range order {
 		if err := c.admin[addr].Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[to]).Err(); err != nil {
-			return "", fmt.Errorf("testredis: CLUSTER SETSLOT NODE on %s: %w", addr, err)
+			return fmt.Errorf("testredis: CLUSTER SETSLOT NODE on %s: %w", addr, err)
 		}
 	}
-	err = poll(ctx, "the migration", func() error {
+	err := poll(ctx, "the migration", func() error {
 		for _, s := range c.nodes {
 			m, _, err := c.Shard(ctx, s.Addr(), slot)
 			if err != nil {
@@ -511,9 +546,9 @@ func (c *Cluster) MigrateSlot(ctx context.Context, slot int, to string) (from st
 		return nil
 	})
 	if err != nil {
-		return "", fmt.Errorf("testredis: migrate slot %d from %s to %s: %w", slot, from, to, err)
+		return fmt.Errorf("testredis: migrate slot %d from %s to %s: %w", slot, from, to, err)
 	}
-	return from, nil
+	return nil
 }
 
 // poll calls cond until it returns nil, and returns its last error, with
