@@ -359,21 +359,35 @@ func TestRestartGuardLockAndElector(t *testing.T) {
 // so its next attempt is a reclaim (backend.AcquireRequest.Reclaim), which
 // the server lets through while it refuses the others. Three electors, TTL
 // 3 s: the old leader leads again under a new term while the server has
-// been up for less than the TTL, and nobody else leads.
+// been up for less than the TTL, and nobody else leads. The followers saw
+// the restart (their watches broke), so they wait a TTL by themselves; a
+// candidate started just after the restart did not, and only the guard
+// stops it: the old leader's link is made slow (100 ms a command) from the
+// restart on, so that the late candidate reaches the free key first.
+// Without the guard it leads (as on a Cluster:
+// TestRestartGuardClusterOldLeaderLeadsOn).
 func TestRestartGuardOldLeaderLeadsOn(t *testing.T) {
 	const ttl = 3 * time.Second
 	srv := testredis.Start(t) // no persistence
 	admin := srv.NewClient(t, nil)
 	rec := &electortest.Recorder{}
 	var es []*sovereign.Elector
-	for _, id := range []string{"r1", "r2", "r3"} {
-		b := newBackend(t, srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true}), &redisbackend.Options{RestartGuard: true})
-		e, err := sovereign.New(b, "daemon", id, &sovereign.Options{TTL: ttl, Logger: electortest.Logger()})
+	slow := make(map[*sovereign.Elector]*slowHook)
+	start := func(id string) {
+		cl := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
+		h := &slowHook{delay: 100 * time.Millisecond}
+		cl.AddHook(h)
+		b := newBackend(t, cl, &redisbackend.Options{RestartGuard: true})
+		e, err := sovereign.New(b, "daemon", id, &sovereign.Options{TTL: ttl, NoStartupJitter: true, Logger: electortest.Logger()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		rec.Campaign(t, e)
 		es = append(es, e)
+		slow[e] = h
+	}
+	for _, id := range []string{"r1", "r2", "r3"} {
+		start(id)
 	}
 	leader := func(after uint64, within time.Duration) *sovereign.Elector {
 		t.Helper()
@@ -389,7 +403,9 @@ func TestRestartGuardOldLeaderLeadsOn(t *testing.T) {
 	}
 	first := leader(0, ttl+10*time.Second)
 	term := first.Term()
+	slow[first].on.Store(true)
 	srv.Restart(t)
+	start("late")
 	again := leader(term, ttl+10*time.Second)
 	up := uptime(t, admin)
 	if again != first {
