@@ -358,7 +358,7 @@ func TestRestartGuardLockAndElector(t *testing.T) {
 // failover: the leader's renewal finds its lease gone before its deadline,
 // so its next attempt is a reclaim (backend.AcquireRequest.Reclaim), which
 // the server lets through while it refuses the others. Three electors, TTL
-// 3 s: the old leader leads again under a new term while the server has
+// 4 s: the old leader leads again under a new term while the server has
 // been up for less than the TTL, and nobody else leads. The followers saw
 // the restart (their watches broke), so they wait a TTL by themselves; a
 // candidate started just after the restart did not, and only the guard
@@ -367,7 +367,7 @@ func TestRestartGuardLockAndElector(t *testing.T) {
 // Without the guard it leads (as on a Cluster:
 // TestRestartGuardClusterOldLeaderLeadsOn).
 func TestRestartGuardOldLeaderLeadsOn(t *testing.T) {
-	const ttl = 3 * time.Second
+	const ttl = 4 * time.Second // the renew deadline (2.8 s) leaves the slowed leader room to reclaim
 	srv := testredis.Start(t) // no persistence
 	admin := srv.NewClient(t, nil)
 	rec := &electortest.Recorder{}
