@@ -11,7 +11,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sovereign-go/sovereign"
 	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/internal/electortest"
 	"github.com/sovereign-go/sovereign/internal/testredis"
@@ -280,73 +279,22 @@ func (h *slowHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // that the late candidate reaches the free key first. Without the guard it
 // leads.
 func TestRestartGuardClusterOldLeaderLeadsOn(t *testing.T) {
-	const ttl = 8 * time.Second // the renew deadline (5.6 s) outlasts the master's return
-	const name = "daemon"
 	c := testredis.StartCluster(t, testredis.ClusterConfig{Masters: 3})
 	ctx := context.Background()
-	slot := slotOf(t, ctx, c, "sovereign:", name)
+	slot := slotOf(t, ctx, c, "sovereign:", "daemon")
 	master, _, err := c.Shard(ctx, c.Addrs()[0], slot)
 	if err != nil {
 		t.Fatal(err)
 	}
 	admin := c.Node(master).NewClient(t, nil)
-	rec := &electortest.Recorder{}
-	var es []*sovereign.Elector
-	slow := make(map[*sovereign.Elector]*slowHook)
-	start := func(id string) {
-		cc := clusterClient(t, c)
-		h := &slowHook{delay: 300 * time.Millisecond}
-		cc.AddHook(h)
-		b := newBackend(t, cc, &redisbackend.Options{RestartGuard: true})
-		e, err := sovereign.New(b, name, id, &sovereign.Options{
-			TTL: ttl, RenewInterval: time.Second, NoStartupJitter: true, Logger: electortest.Logger(),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rec.Campaign(t, e)
-		es = append(es, e)
-		slow[e] = h
-	}
-	for _, id := range []string{"r1", "r2", "r3"} {
-		start(id)
-	}
-	leader := func(after uint64, within time.Duration) *sovereign.Elector {
-		t.Helper()
-		deadline := time.Now().Add(within)
-		for time.Now().Before(deadline) {
-			if ls := electortest.Leaders(es...); len(ls) == 1 && ls[0].Term() > after {
-				return ls[0]
-			}
-			time.Sleep(5 * time.Millisecond) // polling the electors' state, bounded
-		}
-		t.Fatalf("no leader with a term above %d within %v", after, within)
-		return nil
-	}
-	first := leader(0, ttl+15*time.Second)
-	term := first.Term()
-	slow[first].on.Store(true)
-	c.Restart(t, master)
-	start("late")
-	again := leader(term, ttl+10*time.Second)
-	up := uptime(t, admin)
-	if again != first {
-		t.Fatalf("%s leads after the restart, want the old leader %s to lead on", again.ID(), first.ID())
-	}
-	if up >= int(ttl/time.Second) {
-		t.Errorf("the old leader led again when the master had been up %d s, want during the refusal (TTL %v): a reclaim", up, ttl)
-	}
-	t.Logf("%s leads on under term %d (was %d), the master up %d s", again.ID(), again.Term(), term, up)
-	for _, e := range es {
-		_ = e.Close()
-	}
-	ivs := rec.Intervals()
-	electortest.CheckNoOverlap(t, ivs)
-	for _, iv := range ivs {
-		if iv.ID != first.ID() {
-			t.Errorf("%s led term %d, want only the old leader %s", iv.ID, iv.Term, first.ID())
-		}
-	}
+	oldLeaderLeadsOn(t, oldLeaderRun{
+		ttl:           8 * time.Second, // the renew deadline (5.6 s) outlasts the master's return
+		delay:         300 * time.Millisecond,
+		renewInterval: time.Second,
+		client:        func() redis.UniversalClient { return clusterClient(t, c) },
+		restart:       func() { c.Restart(t, master) },
+		uptime:        func() int { return uptime(t, admin) },
+	})
 }
 
 // A master with a replica restarts without persistence, quickly (well

@@ -367,18 +367,48 @@ func TestRestartGuardLockAndElector(t *testing.T) {
 // Without the guard it leads (as on a Cluster:
 // TestRestartGuardClusterOldLeaderLeadsOn).
 func TestRestartGuardOldLeaderLeadsOn(t *testing.T) {
-	const ttl = 4 * time.Second // the renew deadline (2.8 s) leaves the slowed leader room to reclaim
 	srv := testredis.Start(t) // no persistence
 	admin := srv.NewClient(t, nil)
+	oldLeaderLeadsOn(t, oldLeaderRun{
+		ttl:   4 * time.Second, // the renew deadline (2.8 s) leaves the slowed leader room to reclaim
+		delay: 100 * time.Millisecond,
+		client: func() redis.UniversalClient {
+			return srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
+		},
+		restart: func() { srv.Restart(t) },
+		uptime:  func() int { return uptime(t, admin) },
+	})
+}
+
+// oldLeaderRun describes a run of oldLeaderLeadsOn.
+type oldLeaderRun struct {
+	ttl, delay    time.Duration
+	renewInterval time.Duration // zero: the default
+	client        func() redis.UniversalClient
+	restart       func()     // without persistence, the election's key's server
+	uptime        func() int // seconds, of that server
+}
+
+// oldLeaderLeadsOn runs three electors of election "daemon" with
+// RestartGuard at r.ttl, each over a client of its own (r.client), until
+// one leads; then it slows the leader's link (r.delay a command), restarts
+// the server without its data, and starts a fourth candidate, which has no
+// restart to wait out. The old leader must lead again, under a new term,
+// while the server has been up for less than the TTL (a reclaim), and
+// nobody else may ever lead.
+func oldLeaderLeadsOn(t *testing.T, r oldLeaderRun) {
+	t.Helper()
 	rec := &electortest.Recorder{}
 	var es []*sovereign.Elector
 	slow := make(map[*sovereign.Elector]*slowHook)
 	start := func(id string) {
-		cl := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
-		h := &slowHook{delay: 100 * time.Millisecond}
+		cl := r.client()
+		h := &slowHook{delay: r.delay}
 		cl.AddHook(h)
 		b := newBackend(t, cl, &redisbackend.Options{RestartGuard: true})
-		e, err := sovereign.New(b, "daemon", id, &sovereign.Options{TTL: ttl, NoStartupJitter: true, Logger: electortest.Logger()})
+		e, err := sovereign.New(b, "daemon", id, &sovereign.Options{
+			TTL: r.ttl, RenewInterval: r.renewInterval, NoStartupJitter: true, Logger: electortest.Logger(),
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -401,19 +431,20 @@ func TestRestartGuardOldLeaderLeadsOn(t *testing.T) {
 		t.Fatalf("no leader with a term above %d within %v", after, within)
 		return nil
 	}
-	first := leader(0, ttl+10*time.Second)
+	first := leader(0, r.ttl+15*time.Second)
 	term := first.Term()
 	slow[first].on.Store(true)
-	srv.Restart(t)
+	r.restart()
 	start("late")
-	again := leader(term, ttl+10*time.Second)
-	up := uptime(t, admin)
+	again := leader(term, r.ttl+10*time.Second)
+	up := r.uptime()
 	if again != first {
 		t.Fatalf("%s leads after the restart, want the old leader %s to lead on", again.ID(), first.ID())
 	}
-	if up*1000 >= int(ttl/time.Millisecond) {
-		t.Errorf("the old leader led again when the server had been up %d s, want during the refusal (TTL %v): a reclaim", up, ttl)
+	if up >= int(r.ttl/time.Second) {
+		t.Errorf("the old leader led again when the server had been up %d s, want during the refusal (TTL %v): a reclaim", up, r.ttl)
 	}
+	t.Logf("%s leads on under term %d (was %d), the server up %d s", again.ID(), again.Term(), term, up)
 	for _, e := range es {
 		_ = e.Close()
 	}
