@@ -2,6 +2,7 @@ package redisbackend
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -147,12 +148,15 @@ func (l *lister) read(ctx context.Context, c scanner, names, keys []string) erro
 			continue
 		}
 		rs, err := parseRecords(keys[i], reply[1:]) // none: gone since SCAN, or intents only
-		if err != nil {
-			// Fields that do not parse (a term of 0, negative or not an
-			// integer): another's data at a lease's path, skipped as data
-			// of another kind is, so that one such hash does not hide
-			// every lease from List (Get on that key reports the error).
+		switch {
+		case errors.Is(err, ErrWrongType):
+			// A term that does not parse (0, negative, not an integer):
+			// another's data at a lease's path, skipped as data of another
+			// kind is, so that one such hash does not hide every lease
+			// from List (Get on that key reports it).
 			continue
+		case err != nil:
+			return fmt.Errorf("reading %q: %w", names[i], err)
 		}
 		recs = append(recs, rs...)
 	}

@@ -357,21 +357,19 @@ func parseRecords(key string, reply []any) ([]backend.Record, error) {
 		if !ok || len(r) < 12 {
 			return nil, fmt.Errorf("bad record reply %#v", v)
 		}
-		term, err := parseStoredTerm(cmp.Or(str(r[0]), key), r[3])
+		k := cmp.Or(str(r[0]), key)
+		term, err := parseStoredTerm(k, r[3])
 		if err != nil {
 			return nil, err
 		}
 		rec := backend.Record{
-			Key:        str(r[0]),
+			Key:        k,
 			HolderID:   str(r[1]),
 			Token:      str(r[2]),
 			Term:       term,
 			AcquiredAt: time.UnixMilli(num(r[4])),
 			RenewedAt:  time.UnixMilli(num(r[5])),
 			TTL:        millis(max(0, num(r[6]))),
-		}
-		if rec.Key == "" {
-			rec.Key = key
 		}
 		if str(r[7]) == "s" {
 			rec.Mode = backend.Shared

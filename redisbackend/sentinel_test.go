@@ -252,25 +252,7 @@ func TestSentinelWatchAcrossFailover(t *testing.T) {
 		}
 	}
 
-	var again <-chan backend.Event
-	if err := acrossSwitch(t, "Watch after the failover", func() error {
-		var err error
-		again, err = w.Watch(ctx, "k")
-		return err
-	}); err != nil {
-		t.Fatalf("Watch after the failover: %v", err)
-	}
-	var l backend.Lease
-	if err := acrossSwitch(t, "Acquire after the failover", func() error {
-		var err error
-		l, err = b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "b", TTL: time.Minute})
-		return err
-	}); err != nil {
-		t.Fatalf("Acquire after the failover: %v", err)
-	}
-	if err := b.Release(ctx, l); err != nil {
-		t.Fatalf("Release after the failover: %v", err)
-	}
+	again := watchThenRelease(t, ctx, w, b, "k")
 	timer.Reset(bound)
 	for {
 		select {
