@@ -161,7 +161,10 @@ func (e *Elector) Start(ctx context.Context) error {
 // Run campaigns until ctx ends, calling fn each time this elector becomes
 // leader. fn receives a leader context that is cancelled the moment
 // leadership is lost or no longer certain (renew deadline passed), on Resign,
-// and when ctx ends; it must then stop its leader work and return. The lease
+// and when ctx ends; it must then stop its leader work and return. After a
+// pause (a long GC pause, SIGSTOP) the timer that cancels the leader context
+// falls due together with fn's own timers, and a select may see fn's first:
+// call IsLeader, which reads the clock, right before each action. The lease
 // is released only after fn has returned, and renewed meanwhile, so no other
 // instance leads while fn still runs, unless the lease was lost at the
 // backend. When fn returns by itself the term ends (the lease is released)

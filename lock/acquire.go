@@ -669,7 +669,10 @@ func heldError(key string, held *backend.HeldError) *HeldError {
 // was lost while fn ran, the result also matches ErrLockLost (and carries
 // the reason). When the lock cannot be acquired, Do returns Acquire's error
 // and never calls fn. A failed release is retried in the background and
-// logged, not returned.
+// logged, not returned. After a pause (a long GC pause, SIGSTOP) the timer
+// that cancels fn's context falls due together with fn's own timers, and a
+// select may see fn's first: call Lock.Held, which reads the clock, right
+// before each action.
 func (l *Locker) Do(ctx context.Context, key string, opts *AcquireOptions, fn func(ctx context.Context, l *Lock) error) error {
 	return l.do(ctx, key, opts, fn, l.Acquire)
 }
