@@ -55,15 +55,17 @@ var ErrStaleTerm = errors.New("stale fencing term")
 // same check as one script (KEYS[1] the task hash; ARGV: term, status,
 // worker), atomic on the server:
 //
-//	local cur = tonumber(redis.call('HGET', KEYS[1], 'fencing_term') or '0')
-//	if tonumber(ARGV[1]) < cur then
+//	local cur = redis.call('HGET', KEYS[1], 'fencing_term') or '0'
+//	if tonumber(ARGV[1]) < tonumber(cur) then
 //	  return redis.error_reply('STALE fencing term ' .. ARGV[1] .. ' < ' .. cur)
 //	end
 //	redis.call('HSET', KEYS[1], 'fencing_term', ARGV[1], 'status', ARGV[2], 'worker', ARGV[3])
 //	return 'OK'
 //
 // (Redis terms are about 1.7e15, below 2^53, so Lua's numbers hold them
-// exactly.) Update does the same in Go.
+// exactly; but Lua prints such a number as 1.7955207934115e+15, so keep
+// and print the stored string, never tostring(tonumber(...)).) Update does
+// the same in Go.
 type taskStore struct {
 	mu    sync.Mutex // guards tasks
 	tasks map[string]task
