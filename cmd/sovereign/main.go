@@ -39,9 +39,13 @@
 // defaults to half of TTL - RenewDeadline and must be less than it: the
 // holder steps down RenewDeadline after its last successful renewal was
 // sent, and the store keeps the lease TTL after receiving it, so the command
-// is dead before a successor can acquire the lease. The lease is released
-// only after the command has exited and whatever was left of its process
-// group has been killed and reaped (sovereign is a child subreaper on Linux).
+// is dead before a successor can acquire the lease, as long as sovereign
+// itself runs: a sovereign process paused alone (SIGSTOP, a debugger) stops
+// nothing until it runs again, while its command runs on and a successor
+// starts after the TTL; writes checked by SOVEREIGN_TERM stay safe then too.
+// The lease is released only after the command has exited and whatever was
+// left of its process group has been killed and reaped (sovereign is a child
+// subreaper on Linux).
 //
 // # Shared locks, semaphores, hierarchies
 //
