@@ -23,10 +23,11 @@ var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, sys
 
 // childSpec says how to start the child.
 type childSpec struct {
-	argv  []string
-	shell bool // run argv joined by spaces with /bin/sh -c
-	grace time.Duration
-	log   *slog.Logger
+	argv   []string
+	shell  bool // run argv joined by spaces with /bin/sh -c
+	grace  time.Duration
+	margin time.Duration // TTL - RenewDeadline of the lease the child runs under
+	log    *slog.Logger
 }
 
 // child is a running command in its own process group.
@@ -34,6 +35,7 @@ type child struct {
 	spec  childSpec
 	cmd   *exec.Cmd
 	pgid  int
+	wd    *watchdog     // the command's watchdog; nil when none
 	done  chan struct{} // closed when the child has exited and was reaped
 	state *os.ProcessState
 }
@@ -61,8 +63,13 @@ func childEnv(vars map[string]string) []string {
 
 // startChild starts the command in a process group of its own, with the
 // parent-death signal set where the system has one. The error is an
-// exitError with code 127 (not found) or 126 (cannot execute).
-func startChild(spec childSpec, env []string) (*child, error) {
+// exitError with code 127 (not found) or 126 (cannot execute). With
+// deadline, the renew deadline of the lease the command runs under (zero
+// once it has passed), it also starts the command's watchdog (see
+// watchdog_linux.go) and keeps it told of killBy of that deadline; if the
+// watchdog cannot start where the system has one, the command is killed
+// and the error's code is 70.
+func startChild(spec childSpec, env []string, deadline func() time.Time) (*child, error) {
 	argv := spec.argv
 	if spec.shell {
 		argv = []string{"/bin/sh", "-c", strings.Join(argv, " ")}
@@ -92,6 +99,16 @@ func startChild(spec childSpec, env []string) (*child, error) {
 		return nil, exitWith(code, fmt.Errorf("command %q: %w", argv[0], err))
 	}
 	c := &child{spec: spec, cmd: cmd, pgid: cmd.Process.Pid, done: make(chan struct{})}
+	if deadline != nil {
+		// Before the command can be reaped: its group must still exist
+		// for the watchdog to join it.
+		if err := c.startWatchdog(deadline); err != nil {
+			_ = syscall.Kill(-c.pgid, syscall.SIGKILL)
+			_ = cmd.Wait()
+			reapGroup(c.pgid)
+			return nil, exitWith(exitSoftware, fmt.Errorf("command %q stopped: %w", argv[0], err))
+		}
+	}
 	go func() {
 		// Wait's error only repeats what ProcessState says (the I/O is the
 		// terminal's, not copied by us).
@@ -100,6 +117,57 @@ func startChild(spec childSpec, env []string) (*child, error) {
 		close(c.done)
 	}()
 	return c, nil
+}
+
+// startWatchdog starts the child's watchdog, unless the system has none,
+// and a goroutine that tells it every later deadline until the child has
+// exited.
+func (c *child) startWatchdog(deadline func() time.Time) error {
+	first := deadline()
+	if first.IsZero() {
+		first = time.Now() // already past: the watchdog fires at once, after the grace
+	}
+	wd, err := startWatchdog(c.pgid, c.killBy(first))
+	if errors.Is(err, errors.ErrUnsupported) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	c.wd = wd
+	go func() {
+		t := time.NewTicker(watchdogPoll(c.spec.margin))
+		defer t.Stop()
+		for {
+			select {
+			case <-c.done:
+				return
+			case <-t.C:
+			}
+			d := deadline()
+			if d.IsZero() || !c.killBy(d).After(wd.sent) {
+				continue
+			}
+			if err := wd.send(c.killBy(d)); err != nil {
+				select {
+				case <-c.done: // the group is gone, the watchdog with it
+				default:
+					c.spec.log.Error("sovereign: the command's watchdog cannot be told the lease's new deadline; it will kill the command at the last one", "err", err)
+				}
+				return
+			}
+		}
+	}()
+	return nil
+}
+
+// killBy returns when the watchdog kills the command's group if the renew
+// deadline of its lease is deadline and sovereign has not stopped it by
+// then: halfway between sovereign's own SIGKILL (the deadline plus the
+// grace) and the earliest expiry of the lease at the store (the deadline
+// plus the margin), so that it never races a sovereign that runs.
+func (c *child) killBy(deadline time.Time) time.Time {
+	return deadline.Add(c.spec.grace + (c.spec.margin-c.spec.grace)/2)
 }
 
 // signal sends sig to the child's whole process group.
@@ -148,6 +216,9 @@ func (c *child) kill(reason string) {
 // bounded time for them to be gone.
 func (c *child) killGroup() {
 	<-c.done
+	if c.wd != nil {
+		defer c.wd.close()
+	}
 	deadline := time.Now().Add(2 * time.Second)
 	for {
 		if err := syscall.Kill(-c.pgid, syscall.SIGKILL); errors.Is(err, syscall.ESRCH) {
@@ -204,13 +275,13 @@ type supervisor struct {
 }
 
 // start starts a child unless a terminating signal arrived already.
-func (s *supervisor) start(spec childSpec, env []string) (*child, error) {
+func (s *supervisor) start(spec childSpec, env []string, deadline func() time.Time) (*child, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.sig != nil {
 		return nil, errSignalled
 	}
-	c, err := startChild(spec, env)
+	c, err := startChild(spec, env, deadline)
 	if err != nil {
 		return nil, err
 	}
@@ -226,6 +297,10 @@ func (s *supervisor) clear() {
 }
 
 var errSignalled = errors.New("signalled before the command started")
+
+// errWatchdogFired is why a command ended that its watchdog killed: the
+// lease's deadline and grace passed while sovereign did not run.
+var errWatchdogFired = fmt.Errorf("%w: the renew deadline and grace passed while sovereign did not run (paused?); the command's watchdog killed its process group", backend.ErrLeaseLost)
 
 // handle receives signals until sigs closes. A signal is forwarded to the
 // running child's process group; SIGINT or SIGTERM with no child running
@@ -287,7 +362,11 @@ func supervise(held context.Context, sup *supervisor, c *child) outcome {
 	defer sup.clear()
 	select {
 	case <-c.done:
+		fired := c.wd != nil && c.wd.hasFired() // said before the kill, so final now
 		c.killGroup()
+		if fired {
+			return outcome{lost: true, cause: errWatchdogFired, code: c.exitCode(), status: c.describe()}
+		}
 		return outcome{code: c.exitCode(), status: c.describe()}
 	case <-held.Done():
 	}

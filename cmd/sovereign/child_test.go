@@ -22,7 +22,7 @@ import (
 func startHelper(t *testing.T, kids *children, grace time.Duration) (*child, int) {
 	t.Helper()
 	spec := childSpec{argv: []string{os.Args[0]}, grace: grace, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	c, err := startChild(spec, append(os.Environ(), kids.env("ignore-term")...))
+	c, err := startChild(spec, append(os.Environ(), kids.env("ignore-term")...), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestSupervisorSignalBeforeStart(t *testing.T) {
 			close(sigs)
 			<-handled
 			spec := childSpec{argv: []string{"true"}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-			c, err := sup.start(spec, os.Environ())
+			c, err := sup.start(spec, os.Environ(), nil)
 			if c != nil {
 				c.kill("test")
 			}

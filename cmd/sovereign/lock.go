@@ -104,7 +104,7 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 		"SOVEREIGN_KEY":       key,
 		"SOVEREIGN_HOLDER_ID": h.id,
 		"SOVEREIGN_TERM":      strconv.FormatUint(lk.Term(), 10),
-	}))
+	}), lk.Deadline)
 	if err != nil {
 		release()
 		if code, ok := sup.signalled(); ok {

@@ -39,10 +39,14 @@
 // defaults to half of TTL - RenewDeadline and must be less than it: the
 // holder steps down RenewDeadline after its last successful renewal was
 // sent, and the store keeps the lease TTL after receiving it, so the command
-// is dead before a successor can acquire the lease, as long as sovereign
-// itself runs: a sovereign process paused alone (SIGSTOP, a debugger) stops
-// nothing until it runs again, while its command runs on and a successor
-// starts after the TTL; writes checked by SOVEREIGN_TERM stay safe then too.
+// is dead before a successor can acquire the lease. On Linux that holds even
+// when sovereign itself does not run: a watchdog process (sovereign
+// re-executed) sits in the command's process group, is told the lease's
+// deadline after every renewal, and sends SIGKILL to the whole group when
+// sovereign has not stopped it halfway between sovereign's own SIGKILL and
+// the lease's expiry (sovereign paused alone by SIGSTOP or a debugger), or
+// at once when sovereign dies (the parent-death signal reaches the command
+// alone, not the processes it started); sovereign, continued, then exits 79.
 // The lease is released only after the command has exited and whatever was
 // left of its process group has been killed and reaped (sovereign is a child
 // subreaper on Linux).
@@ -171,6 +175,7 @@ func commands() []command {
 }
 
 func main() {
+	runWatchdogIfAsked()
 	redis.SetLogger(quietRedis{}) // failures reach the user through our own errors
 	os.Exit(mainArgs(context.Background(), &env{stdout: os.Stdout, stderr: os.Stderr}, os.Args[1:]))
 }

@@ -124,7 +124,7 @@ func (h *holdFlags) startHolding(ctx context.Context, env *env, b backend.Backen
 		return nil, err
 	}
 	hs := &holding{
-		spec: childSpec{argv: argv, shell: h.shell, grace: grace, log: log},
+		spec: childSpec{argv: argv, shell: h.shell, grace: grace, margin: ttl - renewDeadline, log: log},
 		sigs: make(chan os.Signal, 8),
 	}
 	hs.ctx, hs.cancel = context.WithCancel(ctx)
@@ -244,7 +244,7 @@ func cmdRun(ctx context.Context, env *env, args []string) error {
 			"SOVEREIGN_ELECTION":  name,
 			"SOVEREIGN_HOLDER_ID": h.id,
 			"SOVEREIGN_TERM":      strconv.FormatUint(term, 10),
-		}))
+		}), func() time.Time { return e.Status().Deadline })
 		if errors.Is(err, errSignalled) {
 			return nil
 		}
