@@ -171,8 +171,10 @@ func (e *Elector) Start(ctx context.Context) error {
 // and the elector campaigns again after ResignSitOut. Run never gives up
 // after a backend outage; it returns when ctx ends, after closing the
 // elector (see Close), with nil; or ErrStarted / ErrClosed at once when the
-// elector already ran. fn runs on a goroutine of its own, started for each
-// term; the elector itself waits for it without one.
+// elector already ran. An acquisition whose reply comes after ctx ended
+// (every replica stopped at once) is released at once, and fn does not
+// start for it. fn runs on a goroutine of its own, started for each term;
+// the elector itself waits for it without one.
 func (e *Elector) Run(ctx context.Context, fn func(ctx context.Context) error) error {
 	if fn == nil {
 		return fmt.Errorf("%w: nil leader function", ErrInvalidOptions)

@@ -201,3 +201,52 @@ func TestWithdrawnResignIsNeverActedOn(t *testing.T) {
 		}
 	})
 }
+
+// lateReply completes an acquisition at the store, then ends the Run's
+// context before the reply is seen: all replicas stopped at once, the
+// request already sent.
+type lateReply struct {
+	backend.Backend
+	stop func()
+}
+
+func (l *lateReply) Acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
+	lease, err := l.Backend.Acquire(context.WithoutCancel(ctx), req)
+	l.stop()
+	return lease, err
+}
+
+// Get answers the verification regardless of the context, as a store that
+// confirms an acquisition in its reply does.
+func (l *lateReply) Get(ctx context.Context, key string) (backend.Record, error) {
+	return l.Backend.Get(context.WithoutCancel(ctx), key)
+}
+
+// An acquisition whose reply comes after Run's context ended never starts
+// the leader function, and is released at once rather than left to expire.
+func TestAcquisitionCompletedAfterTheEndIsGivenBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		mem, obs := store.Client(), store.Client()
+		defer mem.Close()
+		defer obs.Close()
+		ctx, cancel := context.WithCancel(t.Context())
+		e, err := sovereign.New(&lateReply{Backend: mem, stop: cancel}, "election", "a", fastOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var called atomic.Bool
+		if err := e.Run(ctx, func(context.Context) error {
+			called.Store(true)
+			return nil
+		}); err != nil {
+			t.Fatalf("Run = %v, want nil once ctx ends", err)
+		}
+		if called.Load() {
+			t.Error("the leader function ran for an acquisition that completed after ctx ended")
+		}
+		if _, err := obs.Get(t.Context(), "election"); !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("after Run: Get err = %v, want ErrNotHeld (given back at once, not left to its TTL)", err)
+		}
+	})
+}

@@ -274,6 +274,16 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 		ls.answered = true
 		e.setState(Candidate)
 		rec, verr := e.verify(ctx, lease, sent)
+		if ctx.Err() != nil {
+			// Closing: an acquisition whose reply came after the end (all
+			// replicas stopped at once, say) is given back at once; the
+			// leader function never starts, and the subscription that
+			// ended with ctx is no sign of a lost lease.
+			if err := e.release(lease); err != nil {
+				e.log.Warn("sovereign: releasing an acquisition that completed after Close; it expires by its TTL", "err", err)
+			}
+			return backend.Lease{}, time.Time{}, Record{}, false
+		}
 		if verr == nil && watched && e.watchBroke() {
 			e.crossedReset(ls, lease)
 			return backend.Lease{}, time.Time{}, Record{}, false
