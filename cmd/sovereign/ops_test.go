@@ -71,6 +71,15 @@ func TestLock(t *testing.T) {
 			t.Errorf("got warnings %q for a healthy lock, want none", e.Warnings)
 		}
 	})
+	t.Run("status without --lock", func(t *testing.T) {
+		code, out, stderr := run(t, env, "status", "--exit-status", "db/backup")
+		if code != exitFree || !strings.Contains(out, "nobody holds it") {
+			t.Fatalf("got exit %d output %q, want the election's: %d, nobody holds it", code, out, exitFree)
+		}
+		if want := `but a lock of that name is (holder "holder-a"): sovereign status --lock db/backup`; !strings.Contains(stderr, want) {
+			t.Errorf("status of a lock key without --lock said %q, want the hint %q", stderr, want)
+		}
+	})
 	t.Run("list", func(t *testing.T) {
 		code, out, stderr := run(t, env, "list", "db/")
 		if code != 0 {

@@ -75,6 +75,17 @@ func readNamed(ctx context.Context, env *env, fs *flag.FlagSet, out *string, isL
 	if err != nil {
 		return entry{}, unreachable(err)
 	}
+	if !*isLock && !e.Held && *out == "text" {
+		// A lock looked for as an election (without --lock)? Say so; the
+		// output and exit status stay those of the election.
+		lk := backendKey(pos[0], true)
+		if b.ValidateKey(lk) == nil {
+			if le, err := readEntry(ctx, b, lk, env.backend.commandTimeout); err == nil && le.Held {
+				fmt.Fprintf(env.stderr, "sovereign: no election %q is held, but a lock of that name is (holder %q): %s --lock %s\n",
+					pos[0], le.Holder, fs.Name(), pos[0])
+			}
+		}
+	}
 	return e, nil
 }
 
