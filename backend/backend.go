@@ -52,6 +52,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -124,6 +125,34 @@ type Record struct {
 // HasHeartbeat reports whether the holder had a live heartbeat record when
 // the record was read.
 func (r Record) HasHeartbeat() bool { return !r.HeartbeatAt.IsZero() }
+
+// String formats the record for logs and %v, without its Token: the token
+// proves ownership of the lease, and nobody needs it in a log line.
+func (r Record) String() string {
+	if r.HolderID == "" && r.Term == 0 {
+		return fmt.Sprintf("{Key:%s free}", r.Key)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "{Key:%s HolderID:%s Term:%d", r.Key, r.HolderID, r.Term)
+	if r.Mode != Exclusive || r.Limit != 0 {
+		fmt.Fprintf(&b, " Mode:%v Limit:%d", r.Mode, r.Limit)
+	}
+	if !r.AcquiredAt.IsZero() {
+		fmt.Fprintf(&b, " AcquiredAt:%s", r.AcquiredAt.Format(time.RFC3339Nano))
+	}
+	if !r.RenewedAt.IsZero() {
+		fmt.Fprintf(&b, " RenewedAt:%s", r.RenewedAt.Format(time.RFC3339Nano))
+	}
+	fmt.Fprintf(&b, " TTL:%v", r.TTL)
+	if r.HasHeartbeat() {
+		fmt.Fprintf(&b, " HeartbeatAge:%v", r.HeartbeatAge)
+	}
+	if len(r.Metadata) > 0 {
+		fmt.Fprintf(&b, " Metadata:%v", r.Metadata)
+	}
+	b.WriteString("}")
+	return b.String()
+}
 
 // Lease is a lease held by the caller. It is a plain value: keep it and pass it
 // back to Renew and Release.
