@@ -2,6 +2,7 @@ package etcdbackend_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -396,5 +397,114 @@ func TestWatchBrokenTwiceReplaysFromTheFirstBreak(t *testing.T) {
 		if e := nextNonReset(t, events, "changes missed before the first break"); e.Type != want {
 			t.Fatalf("changes missed before the first break: got %v, want %v", e.Type, want)
 		}
+	}
+}
+
+// TestReconnectionToAnUnchangedStoreKeepsTheWatch: when the client's
+// connection comes back, the Backend reads the store's revision to tell a
+// store that lost its data (a revision below the watch's) from one that
+// kept it. A store at the watch's very revision (nothing written since)
+// kept it: every subscription gets its reset, and the etcd watch, which
+// the client resumed, goes on; it is not started over.
+func TestReconnectionToAnUnchangedStoreKeepsTheWatch(t *testing.T) {
+	ec := testetcd.Start(t)
+	ctx := testCtx(t)
+	opts := &etcdbackend.Options{Prefix: newPrefix()}
+	cli := newClient(t, ec, nil)
+	bw := newBreakableWatcher(cli.Watcher)
+	cli.Watcher = bw
+	w := newBackend(t, cli, opts)
+	events, err := w.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	for len(events) > 0 {
+		<-events // a spurious reset
+	}
+	etcdbackend.SignalReconnection(w)
+	if e := next(t, events); e.Type != backend.EventReset {
+		t.Fatalf("after the reconnection: got %v, want %v", e.Type, backend.EventReset)
+	}
+	a := newBackend(t, newClient(t, ec, nil), opts)
+	if _, err := a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute}); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if e := nextNonReset(t, events, "acquisition after the reconnection"); e.Type != backend.EventChanged {
+		t.Fatalf("acquisition after the reconnection: got %v, want %v", e.Type, backend.EventChanged)
+	}
+	if got := bw.made.get(); got != 1 {
+		t.Errorf("etcd watches made: got %d, want 1 (the watch goes on)", got)
+	}
+}
+
+// TestWatchWaitsForABrokenWatch: a Watch made while the Backend's etcd
+// watch is being re-established after a break waits for it (its return
+// promises that every change after it is delivered), and fails when its
+// context ends first; once the watch is back, a Watch returns.
+func TestWatchWaitsForABrokenWatch(t *testing.T) {
+	ctx := testCtx(t)
+	cli := newClient(t, nil, nil)
+	bw := newBreakableWatcher(cli.Watcher)
+	cli.Watcher = bw
+	w := newBackend(t, cli, &etcdbackend.Options{Prefix: newPrefix()})
+	events, err := w.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	bw.stall()
+	made := bw.made.get()
+	bw.cut()
+	bw.made.wait(t, "watches made", made+1)
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := w.Watch(short, "j"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Watch while the etcd watch is down, with a 200 ms context: got %v, want context.DeadlineExceeded", err)
+	}
+	bw.unstall()
+	until(t, events, backend.EventReset)
+	if _, err := w.Watch(ctx, "j"); err != nil {
+		t.Fatalf("Watch once the etcd watch is back: %v", err)
+	}
+}
+
+// TestReconnectionWhileTheWatchStarts: a reconnection of the client while
+// the Backend's etcd watch is being established (here for a new run of it,
+// the connection monitor already running from an earlier one) is reported
+// to the subscriptions as a reset once the watch is up: the etcd client
+// may have resumed over the new connection without a word.
+func TestReconnectionWhileTheWatchStarts(t *testing.T) {
+	ctx := testCtx(t)
+	cli := newClient(t, nil, nil)
+	bw := newBreakableWatcher(cli.Watcher)
+	cli.Watcher = bw
+	w := newBackend(t, cli, &etcdbackend.Options{Prefix: newPrefix()})
+	first, cancel := context.WithCancel(ctx)
+	ch, err := w.Watch(first, "a")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	cancel()
+	waitClosed(t, ch, "context cancelled")
+
+	bw.stall()
+	made := bw.made.get()
+	type result struct {
+		ch  <-chan backend.Event
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ch, err := w.Watch(ctx, "k")
+		done <- result{ch, err}
+	}()
+	bw.made.wait(t, "watches made", made+1)
+	etcdbackend.SignalReconnection(w)
+	bw.unstall()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("Watch: %v", r.err)
+	}
+	if e := nextEvent(t, r.ch, "reconnection during the establishment", 10*time.Second); e.Type != backend.EventReset {
+		t.Fatalf("reconnection during the establishment: got %v, want %v", e.Type, backend.EventReset)
 	}
 }

@@ -12,3 +12,16 @@ func Watched(b *Backend) bool {
 	_, ok := hubs.m[b]
 	return ok
 }
+
+// WatchedKeys returns the number of keys b's watch has subscriptions for.
+func WatchedKeys(b *Backend) int {
+	hubs.mu.Lock()
+	h := hubs.m[b]
+	hubs.mu.Unlock()
+	if h == nil {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.subs)
+}

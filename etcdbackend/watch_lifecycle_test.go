@@ -2,6 +2,7 @@ package etcdbackend_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/etcdbackend"
 )
 
@@ -140,4 +142,56 @@ func TestWatchLetsGoOfTheCallersContext(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 	waitUntil(t, "no function left registered on the context after Close", func() bool { return ctx.count() == 0 })
+}
+
+// TestWatchForgetsKeysNobodyWatches: a Backend whose watch lives on (one
+// subscription stays) keeps no trace of the keys whose subscriptions have
+// all ended, so watching ever new keys, a lock's for each job say, does not
+// grow its state.
+func TestWatchForgetsKeysNobodyWatches(t *testing.T) {
+	ctx := testCtx(t)
+	b := newBackend(t, newClient(t, nil, nil), &etcdbackend.Options{Prefix: newPrefix()})
+	if _, err := b.Watch(ctx, "stays"); err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	for i := range 100 {
+		wctx, cancel := context.WithCancel(ctx)
+		key := fmt.Sprintf("job/%d", i)
+		ch, err := b.Watch(wctx, key)
+		if err != nil {
+			t.Fatalf("Watch(%q): %v", key, err)
+		}
+		cancel()
+		waitClosed(t, ch, "context cancelled")
+	}
+	if got := etcdbackend.WatchedKeys(b); got != 1 {
+		t.Errorf("keys with subscriptions: got %d, want 1", got)
+	}
+}
+
+// TestWatchOneOfTwoSubscriptionsOfAKeyEnds: when one of two subscriptions
+// of a key ends, the other goes on receiving the key's events, and the
+// one that ended receives nothing more.
+func TestWatchOneOfTwoSubscriptionsOfAKeyEnds(t *testing.T) {
+	ctx := testCtx(t)
+	opts := &etcdbackend.Options{Prefix: newPrefix()}
+	b := newBackend(t, newClient(t, nil, nil), opts)
+	a := newBackend(t, newClient(t, nil, nil), opts)
+	first, err := b.Watch(ctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	second, err := b.Watch(wctx, "k")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	cancel()
+	waitClosed(t, second, "context cancelled")
+	if _, err := a.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: time.Minute}); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if e := nextNonReset(t, first, "acquisition, on the subscription left"); e.Type != backend.EventChanged {
+		t.Fatalf("acquisition, on the subscription left: got %v, want %v", e.Type, backend.EventChanged)
+	}
 }
