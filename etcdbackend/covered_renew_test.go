@@ -258,3 +258,108 @@ func TestLeaderSeesItsKeyDeleted(t *testing.T) {
 	waitUntil(t, "a renewal", func() bool { return l.n.byMethod()["LeaseKeepAlive"] >= 1 })
 	deleteLeaderKey(t, c, l)
 }
+
+// renewUntilCovered renews leases until a renewal sends the session's
+// keep-alive alone (a covered renewal), failing after three renewals: the
+// first looks the keys up, and a spurious reset of a new client's first
+// watch (see TestWatchGoroutinesIndependentOfSubscriptions) may make a
+// second one look up too.
+func renewUntilCovered(t *testing.T, b *etcdbackend.Backend, n *counter, leases []backend.Lease) {
+	t.Helper()
+	for range 3 {
+		n.reset()
+		for i, err := range b.RenewBatch(testCtx(t), leases) {
+			if err != nil {
+				t.Fatalf("RenewBatch, lease %d: %v", i, err)
+			}
+		}
+		if got := n.byMethod(); maps.Equal(got, map[string]int64{"LeaseKeepAlive": 1}) {
+			return
+		}
+	}
+	t.Fatalf("no renewal sent the keep-alive alone out of 3 with the watch up: last sent %v", n.byMethod())
+}
+
+// TestRenewalLooksUpWhileTheWatchIsDown: a renewal does without its
+// look-up only while the Backend's watch is established. Once etcd has
+// ended the watch and the next one is not yet confirmed, the watch delivers
+// nothing, so every renewal looks up: a key deleted by hand after the
+// first of them must be found lost by the second, not reported held on the
+// strength of the session's keep-alive.
+func TestRenewalLooksUpWhileTheWatchIsDown(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	prefix := newPrefix()
+	cli := newClient(t, nil, n.configure)
+	bw := newBreakableWatcher(cli.Watcher)
+	cli.Watcher = bw
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: prefix})
+	if _, err := b.Watch(ctx, "elsewhere"); err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	renewUntilCovered(t, b, &n, []backend.Lease{l})
+
+	// etcd ends the watch; the Backend's next one hangs unconfirmed.
+	bw.stall()
+	made := bw.made.get()
+	bw.cut()
+	bw.made.wait(t, "watches made", made+1)
+	n.reset()
+	if err := b.RenewBatch(ctx, []backend.Lease{l})[0]; err != nil {
+		t.Fatalf("RenewBatch with the watch down: %v", err)
+	}
+	if got := n.byMethod()["LeaseTimeToLive"]; got != 1 {
+		t.Errorf("renewal with the watch down: requests %v, want a look-up (LeaseTimeToLive) with the keep-alive", n.byMethod())
+	}
+	raw := newClient(t, nil, nil)
+	if _, err := raw.Delete(ctx, prefix+"k"); err != nil {
+		t.Fatal(err)
+	}
+	n.reset()
+	if err := b.RenewBatch(ctx, []backend.Lease{l})[0]; !errors.Is(err, backend.ErrLeaseLost) {
+		t.Errorf("second renewal, of a key deleted while the watch was down: got %v (requests %v), want ErrLeaseLost", err, n.byMethod())
+	}
+	bw.unstall()
+}
+
+// TestRenewalLooksUpAfterAReset: when the client's connection comes back
+// after a break, the etcd client resumes the Backend's watch without a
+// word, and the watch sends every subscription a reset: the store may have
+// restarted, or have been restored from a backup and lost a key with no
+// event the watch could deliver. The next renewal then looks the keys up
+// again, although the watch stayed established, as the reset asks.
+func TestRenewalLooksUpAfterAReset(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	cli := newClient(t, nil, n.configure)
+	b := newBackend(t, cli, &etcdbackend.Options{Prefix: newPrefix()})
+	events, err := b.Watch(ctx, "elsewhere")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	l, err := b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: "a", TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	renewUntilCovered(t, b, &n, []backend.Lease{l})
+	// A spurious reset, if any, came before the covered renewal: take it.
+	for len(events) > 0 {
+		<-events
+	}
+
+	etcdbackend.SignalReconnection(b) // what the connection monitor does
+	if e := next(t, events); e.Type != backend.EventReset {
+		t.Fatalf("after the reconnection: got %v, want %v", e.Type, backend.EventReset)
+	}
+	n.reset()
+	if err := b.RenewBatch(ctx, []backend.Lease{l})[0]; err != nil {
+		t.Fatalf("RenewBatch: %v", err)
+	}
+	if got := n.byMethod()["LeaseTimeToLive"]; got != 1 {
+		t.Errorf("renewal after a reset: requests %v, want a look-up (LeaseTimeToLive) with the keep-alive", n.byMethod())
+	}
+}

@@ -288,3 +288,39 @@ func TestDispatchDropsOtherRecordsWithoutAllocating(t *testing.T) {
 		t.Errorf("subscription of k: got %v, want no event", got)
 	}
 }
+
+// TestEndOfAStoppedRunLeavesTheNextAlone: a run stopped by the end of its
+// last subscription finishes after a new subscription may have started
+// the next run of the same hub; its end closes none of the new run's
+// subscriptions and leaves the new run serving the hub.
+func TestEndOfAStoppedRunLeavesTheNextAlone(t *testing.T) {
+	b := unconnectedBackend(t)
+	h, old, add := testHub(t, b)
+	h.unsubscribe(add("k")) // the last subscription of old ends: old stops
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	next := &hubRun{ctx: ctx, cancel: cancel, ended: make(chan struct{}), live: make(chan struct{})}
+	h.mu.Lock()
+	h.run, h.gone = next, false // a subscription came before the hub was retired
+	h.mu.Unlock()
+	s := add("k")
+
+	h.end(old, backend.ErrClosed)
+	select {
+	case _, ok := <-s.out:
+		if !ok {
+			t.Fatal("subscription of the next run: closed by the end of the stopped one")
+		}
+		t.Fatal("subscription of the next run: got an event, want none")
+	default:
+	}
+	h.mu.Lock()
+	run, n := h.run, h.n
+	h.mu.Unlock()
+	if run != next || n != 1 {
+		t.Errorf("after the end of the stopped run: got run %p with %d subscriptions, want the next run %p with 1", run, n, next)
+	}
+	if next.ctx.Err() != nil {
+		t.Error("the next run was cancelled by the end of the stopped one")
+	}
+}
