@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -134,9 +135,11 @@ func TestModesSetMetadataKeepsIntentsOnTheLease(t *testing.T) {
 // the permit up) does not leave its slot taken by nobody: its entry is
 // deleted in the background, whichever slot it took, well before the
 // session (kept for a minute) would end it, and that clean-up leaves alone
-// the permit of another holder on the same session. (Mutations cleaning up
-// nothing, only the first slot, or any entry on the session whatever its
-// token survived every test.)
+// the permit of another holder on the same session; a Detached one revokes
+// its grant before it returns, freeing its key and ancestors at once.
+// (Mutations cleaning up nothing, only the first slot, or any entry on the
+// session whatever its token, or not revoking the grant, survived every
+// test.)
 func TestModesLostReplyCleanedUp(t *testing.T) {
 	ctx := testCtx(t)
 	// Set: the reply of the next transaction of b is lost (the transaction
@@ -192,6 +195,22 @@ func TestModesLostReplyCleanedUp(t *testing.T) {
 		t.Fatalf("Renew of the first permit after the clean-up: got %v, want nil", err)
 	}
 	if err := b.Release(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+
+	// A Detached acquisition revokes its grant before it returns: the key
+	// and its ancestor are free at once.
+	d := modeRequest("t/d", "lost", backend.Exclusive)
+	d.Detached, d.Ancestors = true, []string{"t"}
+	loseReply.Store(true)
+	if _, err = b.AcquireMode(ctx, d); err == nil || errors.As(err, &he) {
+		t.Fatalf("Detached AcquireMode with its reply lost: got %v, want a failure", err)
+	}
+	above, err := other.AcquireMode(ctx, modeRequest("t", "above", backend.Exclusive))
+	if err != nil {
+		t.Fatalf("Exclusive AcquireMode of the ancestor right after a Detached acquisition below failed with its reply lost: got %v, want nil", err)
+	}
+	if err := other.Release(ctx, above); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -340,5 +359,342 @@ func TestModesRetryTakesTheRegistrationBack(t *testing.T) {
 	}
 	if err := other.Release(ctx, reader); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestModesAcquisitionForgetsSeenHeld: as for Acquire
+// (TestAcquireForgetsSeenHeld), an AcquireMode of a key this Backend found
+// held before is probed with a read-only transaction first; once one
+// succeeds, the next AcquireMode of the key is its transaction alone (one
+// request, as the package doc's table says). (A mutation leaving the key
+// recorded as seen held survived every test.)
+func TestModesAcquisitionForgetsSeenHeld(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	b, other := modesPair(t, &n, nil)
+	held, err := other.AcquireMode(ctx, modeRequest("k", "other", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := modeRequest("k", "a", backend.Shared)
+	if _, err := b.AcquireMode(ctx, req); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	if err := other.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	n.reset()
+	l, err := b.AcquireMode(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := n.byMethod()["Txn"]; got != 2 {
+		t.Errorf("AcquireMode of a key found held before: %d transactions (%v), want 2 (the probe, then the acquisition)", got, n.byMethod())
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	n.reset()
+	if l, err = b.AcquireMode(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.total(); got != 1 {
+		t.Errorf("AcquireMode after a successful one: %d requests (%v), want 1 (no probe)", got, n.byMethod())
+	}
+	if err := b.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestModesFairPlaceLostWithTheRegistration: a Fair waiter whose
+// registration was withdrawn (CancelWait, here from another Backend; or
+// its TTL) has lost its place in line, although its Backend remembers it:
+// a waiter that registered after it but is still registered goes first.
+// (A mutation dropping the check that the registration is still there
+// survived every test.)
+func TestModesFairPlaceLostWithTheRegistration(t *testing.T) {
+	ctx := testCtx(t)
+	b, other := modesPair(t, nil, nil)
+	held, err := other.AcquireMode(ctx, modeRequest("k", "holder", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fair := func(holder, waitID string) backend.ModeRequest {
+		r := modeRequest("k", holder, backend.Exclusive)
+		r.Fair, r.WaitID = true, waitID
+		return r
+	}
+	first, second := fair("first", "first-wait"), fair("second", "second-wait")
+	if _, err := b.AcquireMode(ctx, first); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Fair AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	if err := other.CancelWait(ctx, "k", first.WaitID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.AcquireMode(ctx, second); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Fair AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	if err := other.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	l, err := b.AcquireMode(ctx, first)
+	var he *backend.HeldError
+	if !errors.As(err, &he) || he.Waiting != 1 {
+		t.Fatalf("Fair retry of a waiter whose registration was withdrawn, with another waiting: got lease %+v, error %v; want a HeldError with Waiting 1", l, err)
+	}
+	if l, err = other.AcquireMode(ctx, second); err != nil {
+		t.Fatalf("Fair retry of the first waiter in line: got %v, want nil", err)
+	}
+	if err := other.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.CancelWait(ctx, "k", first.WaitID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestModesLimitMismatchRegistersNothing: a Fair Shared acquisition whose
+// limit differs from the live holders' fails with ErrLimitMismatch and
+// writes nothing, not even its waiter registration, which would hold up
+// every Fair acquirer of the key. (A mutation registering it anyway
+// survived every test.)
+func TestModesLimitMismatchRegistersNothing(t *testing.T) {
+	ctx := testCtx(t)
+	b, other := modesPair(t, nil, nil)
+	p, err := other.AcquireMode(ctx, sharedLimit("k", "permit", 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := sharedLimit("k", "mismatch", 2)
+	r.Fair, r.WaitID = true, "mismatch-wait"
+	if _, err := b.AcquireMode(ctx, r); !errors.Is(err, backend.ErrLimitMismatch) {
+		t.Fatalf("Fair Shared AcquireMode with limit 2, holders of 3: got %v, want ErrLimitMismatch", err)
+	}
+	f := sharedLimit("k", "fair", 3)
+	f.Fair = true
+	l, err := other.AcquireMode(ctx, f)
+	if err != nil {
+		t.Fatalf("Fair Shared AcquireMode with a free permit and no waiter: got %v, want nil", err)
+	}
+	for _, x := range []backend.Lease{l, p} {
+		if err := other.Release(ctx, x); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestModesWithdrawalBegunDuringTheProbe: a waiter's retry whose read-only
+// probe is under way when its Backend begins withdrawing the registration
+// as due (the probe was sent with no withdrawal under way, and finds the
+// registration still there) does not count that read as a refresh: it puts
+// the registration again, which the withdrawal's delete then leaves alone,
+// so a Shared reader that comes after the retry is refused. (A mutation
+// trusting the probe whenever it found the registration survived every
+// test; TestModesRetryDuringWithdrawal covers a withdrawal begun before
+// the probe was sent.)
+func TestModesWithdrawalBegunDuringTheProbe(t *testing.T) {
+	ctx := testCtx(t)
+	opts := &etcdbackend.Options{Prefix: newPrefix()}
+	var (
+		b       *etcdbackend.Backend
+		armed   atomic.Bool
+		at      time.Time // the instant the withdrawal runs at
+		proceed = make(chan struct{})
+		done    = make(chan struct{})
+	)
+	cli := newClient(t, nil, func(cfg *clientv3.Config) {
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if tr, ok := req.(*etcdserverpb.TxnRequest); ok && readOnly(tr) && armed.CompareAndSwap(true, false) {
+					// The probe is on its way: a withdrawal begins, and
+					// waits before its delete until the retry is over.
+					began := make(chan struct{})
+					etcdbackend.OnWithdrawal(b, func(stage string) {
+						if stage == "delete" {
+							close(began)
+							<-proceed
+						}
+					})
+					go func() {
+						defer close(done)
+						etcdbackend.ExpireRegistrations(b, at)
+					}()
+					<-began
+				}
+				return invoker(ctx, method, req, reply, cc, opts...)
+			}))
+	})
+	b = newBackend(t, cli, opts)
+	other := newBackend(t, newClient(t, nil, nil), opts)
+	held, err := other.AcquireMode(ctx, modeRequest("k", "other", backend.Shared))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := modeRequest("k", "waiter", backend.Exclusive)
+	w.WaitID = "wait"
+	if _, err := b.AcquireMode(ctx, w); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("AcquireMode of a held key: got %v, want ErrHeld", err)
+	}
+	at = time.Now().Add(w.TTL + time.Second) // the registration is due
+	armed.Store(true)
+	_, err = b.AcquireMode(ctx, w)
+	close(proceed)
+	if armed.Load() {
+		t.Fatal("the waiter's retry sent no read-only probe")
+	}
+	<-done
+	etcdbackend.OnWithdrawal(b, nil)
+	if !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("the waiter's retry: got %v, want ErrHeld", err)
+	}
+	var he *backend.HeldError
+	l, err := other.AcquireMode(ctx, modeRequest("k", "reader", backend.Shared))
+	if err == nil {
+		_ = other.Release(ctx, l)
+	}
+	if !errors.As(err, &he) || he.Waiting != 1 {
+		t.Errorf("Shared reader after the waiter's retry: got %v, want a HeldError with Waiting 1 (the retry keeps the waiter registered)", err)
+	}
+	if err := b.CancelWait(ctx, "k", w.WaitID); err != nil {
+		t.Error(err)
+	}
+	if err := other.Release(ctx, held); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestModesWaitingCountsExclusiveWaitersOnly: a Shared acquisition that is
+// not Fair yields to Exclusive waiters alone (writer preference), so its
+// HeldError's Waiting does not count a Fair Shared waiter of the key: a
+// full semaphore with one such waiter refuses it naming the permit holder,
+// with Waiting 0. (A mutation counting every waiter survived every test.)
+func TestModesWaitingCountsExclusiveWaitersOnly(t *testing.T) {
+	ctx := testCtx(t)
+	b, other := modesPair(t, nil, nil)
+	p, err := other.AcquireMode(ctx, sharedLimit("k", "permit", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := sharedLimit("k", "fair", 1)
+	f.Fair, f.WaitID = true, "fair-wait"
+	if _, err := other.AcquireMode(ctx, f); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Fair Shared AcquireMode of a full semaphore: got %v, want ErrHeld", err)
+	}
+	_, err = b.AcquireMode(ctx, sharedLimit("k", "plain", 1))
+	var he *backend.HeldError
+	if !errors.As(err, &he) || len(he.Holders) != 1 || he.Holders[0].Term != p.Term || he.Waiting != 0 {
+		t.Fatalf("Shared AcquireMode of a full semaphore with a Fair Shared waiter: got %v (%+v), want a HeldError naming the permit (term %d) with Waiting 0", err, he, p.Term)
+	}
+	if err := other.CancelWait(ctx, "k", f.WaitID); err != nil {
+		t.Error(err)
+	}
+	if err := other.Release(ctx, p); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestModesFairWaitingLeavesOutItsOwnRegistration: a Fair waiter whose
+// WaitID was registered in the other mode (its registration is replaced in
+// the same transaction) is not counted ahead of itself: alone in line, its
+// HeldError says Waiting 0. (A mutation counting the registration in the
+// other mode survived every test.)
+func TestModesFairWaitingLeavesOutItsOwnRegistration(t *testing.T) {
+	ctx := testCtx(t)
+	b, other := modesPair(t, nil, nil)
+	held, err := other.AcquireMode(ctx, modeRequest("k", "holder", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []backend.Mode{backend.Exclusive, backend.Shared, backend.Exclusive} {
+		r := modeRequest("k", "w", m)
+		r.Fair, r.WaitID = true, "w"
+		_, err := b.AcquireMode(ctx, r)
+		var he *backend.HeldError
+		if !errors.As(err, &he) || len(he.Holders) != 1 || he.Holders[0].Term != held.Term || he.Waiting != 0 {
+			t.Fatalf("Fair %v AcquireMode, alone in line: got %v (%+v), want a HeldError naming the holder (term %d) with Waiting 0", m, err, he, held.Term)
+		}
+	}
+	if err := b.CancelWait(ctx, "k", "w"); err != nil {
+		t.Error(err)
+	}
+	if err := other.Release(ctx, held); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestModesAncestorSharedWaitersNotCounted: only Exclusive waiters on an
+// ancestor hold up a hierarchical lock below; when they do, the HeldError
+// names the outermost ancestor that has any and counts them alone: a Fair
+// Shared waiter on an ancestor further out (waiting for a full semaphore)
+// is neither named nor counted. (A mutation counting every waiter of the
+// ancestors survived every test.)
+func TestModesAncestorSharedWaitersNotCounted(t *testing.T) {
+	ctx := testCtx(t)
+	b, other := modesPair(t, nil, nil)
+	// On "t": a full semaphore and a Fair Shared waiter for it.
+	permit, err := other.AcquireMode(ctx, sharedLimit("t", "permit", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw := sharedLimit("t", "shared-waiter", 1)
+	sw.Fair, sw.WaitID = true, "shared-wait"
+	if _, err := other.AcquireMode(ctx, sw); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Fair Shared AcquireMode of a full semaphore: got %v, want ErrHeld", err)
+	}
+	// On "t/a": a reader and an Exclusive waiter.
+	reader, err := other.AcquireMode(ctx, modeRequest("t/a", "reader", backend.Shared))
+	if err != nil {
+		t.Fatal(err)
+	}
+	xw := modeRequest("t/a", "writer", backend.Exclusive)
+	xw.WaitID = "writer-wait"
+	if _, err := other.AcquireMode(ctx, xw); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("Exclusive AcquireMode of a key with a reader: got %v, want ErrHeld", err)
+	}
+	below := modeRequest("t/a/b", "below", backend.Shared)
+	below.Ancestors = []string{"t", "t/a"}
+	l, err := b.AcquireMode(ctx, below)
+	var he *backend.HeldError
+	if !errors.As(err, &he) || len(he.Holders) != 0 || he.Waiting != 1 || he.Holder.Key != "t/a" {
+		t.Fatalf("Shared AcquireMode of %q below an Exclusive waiter on %q: got lease %+v, error %v (%+v); want a HeldError with no Holders, Waiting 1, Holder.Key %q",
+			below.Key, "t/a", l, err, he, "t/a")
+	}
+	for _, c := range []struct{ key, id string }{{"t", sw.WaitID}, {"t/a", xw.WaitID}} {
+		if err := other.CancelWait(ctx, c.key, c.id); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, x := range []backend.Lease{permit, reader} {
+		if err := other.Release(ctx, x); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestModesAncestorMustBeAValidKey: every ancestor must pass ValidateKey
+// (the backend.Modes contract): one that ends with "/heartbeat", although
+// a proper prefix of a valid key, is refused with ErrInvalid before any
+// request. (A mutation checking the key alone survived every test.)
+func TestModesAncestorMustBeAValidKey(t *testing.T) {
+	ctx := testCtx(t)
+	b, _ := modesPair(t, nil, nil)
+	r := modeRequest("a/heartbeat-x", "a", backend.Exclusive)
+	if err := b.ValidateKey(r.Key); err != nil {
+		t.Fatalf("ValidateKey(%q): %v", r.Key, err)
+	}
+	r.Ancestors = []string{"a/heartbeat"}
+	if l, err := b.AcquireMode(ctx, r); !errors.Is(err, backend.ErrInvalid) {
+		t.Fatalf("AcquireMode(%q) below %q: got lease %+v, error %v; want ErrInvalid", r.Key, r.Ancestors[0], l, err)
+	}
+}
+
+// TestModesCancelWaitRefusesAnEmptyWaitID: CancelWait with an empty wait
+// ID is ErrInvalid (the backend.Modes contract), not a silent no-op. (A
+// mutation accepting it survived every test.)
+func TestModesCancelWaitRefusesAnEmptyWaitID(t *testing.T) {
+	ctx := testCtx(t)
+	b, _ := modesPair(t, nil, nil)
+	if err := b.CancelWait(ctx, "k", ""); !errors.Is(err, backend.ErrInvalid) {
+		t.Fatalf("CancelWait with an empty wait ID: got %v, want ErrInvalid", err)
 	}
 }
