@@ -698,3 +698,41 @@ func TestModesCancelWaitRefusesAnEmptyWaitID(t *testing.T) {
 		t.Fatalf("CancelWait with an empty wait ID: got %v, want ErrInvalid", err)
 	}
 }
+
+// TestModesFailedDetachedAttemptRevokesItsGrant: a Detached acquisition
+// that finds its key held revokes the etcd lease it was granted for the
+// attempt (which holds nothing) before it returns: failed attempts leave
+// no lease behind for their TTL. (A mutation leaving the grant to expire
+// survived every test.)
+func TestModesFailedDetachedAttemptRevokesItsGrant(t *testing.T) {
+	ctx := testCtx(t)
+	b, other := modesPair(t, nil, nil)
+	raw := newClient(t, nil, nil)
+	held, err := other.AcquireMode(ctx, modeRequest("k", "holder", backend.Exclusive))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := func() int {
+		t.Helper()
+		resp, err := raw.Leases(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(resp.Leases)
+	}
+	// No other test runs meanwhile: leases of earlier ones may only end.
+	before := leases()
+	for _, m := range []backend.Mode{backend.Exclusive, backend.Shared} {
+		r := modeRequest("k", "detached", m)
+		r.Detached = true
+		if _, err := b.AcquireMode(ctx, r); !errors.Is(err, backend.ErrHeld) {
+			t.Fatalf("Detached %v AcquireMode of a held key: got %v, want ErrHeld", m, err)
+		}
+	}
+	if after := leases(); after > before {
+		t.Errorf("after 2 failed Detached attempts: %d leases on the server, want at most the %d before", after, before)
+	}
+	if err := other.Release(ctx, held); err != nil {
+		t.Error(err)
+	}
+}
