@@ -668,7 +668,9 @@ func heldError(key string, held *backend.HeldError) *HeldError {
 // else acquires it while fn winds down. It returns fn's error; when the lock
 // was lost while fn ran, the result also matches ErrLockLost (and carries
 // the reason). When the lock cannot be acquired, Do returns Acquire's error
-// and never calls fn. A failed release is retried in the background and
+// and never calls fn; nor when ctx ended while the acquisition's reply was
+// on its way (the lock is then released at once, and the error matches
+// ctx's). A failed release is retried in the background and
 // logged, not returned. After a pause (a long GC pause, SIGSTOP) the timer
 // that cancels fn's context falls due together with fn's own timers, and a
 // select may see fn's first: call Lock.Held, which reads the clock, right
@@ -697,6 +699,14 @@ func (l *Locker) do(ctx context.Context, key string, opts *AcquireOptions, fn fu
 	lk, err := acquire(cctx, key, opts)
 	if err != nil {
 		return err
+	}
+	if ctx.Err() != nil {
+		// The caller gave up while the acquisition's reply was on its way:
+		// the lock is given back at once, and fn does not start.
+		if err := lk.Release(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, ErrLockLost) {
+			l.log.Warn("lock: releasing an acquisition that completed after the caller gave up; it expires by its TTL", "key", key, "err", err)
+		}
+		return fmt.Errorf("lock %q: acquired after the caller gave up, and released: %w", key, context.Cause(ctx))
 	}
 	return l.run(ctx, lk, fn)
 }
