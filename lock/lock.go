@@ -30,6 +30,9 @@ type Lock struct {
 	cancelledAt time.Time         // when that function's context was cancelled; zero if not
 	fnRunning   bool              // a Do/TryDo function holds the lock
 	released    bool              // Release has begun
+	// releaseDeferred: a Release before MinHold passed left the release to
+	// a goroutine (deferRelease).
+	releaseDeferred bool
 }
 
 func (lk *Lock) fnStarted() {
@@ -457,7 +460,56 @@ func (lk *Lock) SetMetadata(ctx context.Context, md map[string]string) error {
 // background until the store answers or the Locker is closed (the lock
 // expires after its TTL regardless). Release is idempotent: later calls
 // return the first call's result. Any goroutine may call it.
+//
+// With AcquireOptions.MinHold, a Release before MinHold has passed since
+// the acquisition was sent returns nil at once, unless the lock was lost
+// already, and the lock stays held, renewed, until then; it is released
+// then, or as soon as it is lost or the Locker is closed.
 func (lk *Lock) Release(ctx context.Context) error {
+	if lk.p.minHold > 0 && lk.deferRelease() {
+		return nil
+	}
+	return lk.release(ctx)
+}
+
+// deferRelease reports whether the release of a lock with MinHold waits
+// (see Release): MinHold has not passed, the lock is held and the Locker
+// is open. A goroutine then releases it when MinHold has passed, or the
+// lock is lost or the Locker closed, whichever comes first.
+func (lk *Lock) deferRelease() bool {
+	wait := time.Until(lk.hold.Acquired().Add(lk.p.minHold))
+	if wait <= 0 || !lk.hold.Held() {
+		return false
+	}
+	lk.mu.Lock()
+	if lk.released || lk.releaseDeferred {
+		deferred := lk.releaseDeferred
+		lk.mu.Unlock()
+		return deferred
+	}
+	if err := lk.l.beginShared(); err != nil {
+		lk.mu.Unlock()
+		return false // closing: Close releases it
+	}
+	lk.releaseDeferred = true
+	lk.mu.Unlock()
+	go func() {
+		defer lk.l.ops.Done()
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-lk.hold.Done(): // lost, or the Locker is closing
+		}
+		if err := lk.release(context.Background()); err != nil {
+			lk.l.log.Warn("lock: release after MinHold", "key", lk.key, "err", err)
+		}
+	}()
+	return true
+}
+
+// release is Release without MinHold.
+func (lk *Lock) release(ctx context.Context) error {
 	l := lk.l
 	lk.mu.Lock()
 	first := !lk.released

@@ -164,6 +164,17 @@ type AcquireOptions struct {
 	// renewal.
 	MaxHold time.Duration
 
+	// MinHold, when positive, keeps the lock at least that long after its
+	// acquisition was sent: a Release before then, or the end of a Do or
+	// TryDo function, returns at once, and the lock stays held, renewed,
+	// until MinHold has passed (or it is lost, or the Locker closed), then
+	// is released. A job that every replica starts at each tick under TryDo
+	// with a MinHold of most of the period runs once a period, even on a
+	// replica whose tick comes after the job has finished elsewhere
+	// (ShedLock's lockAtLeastFor). At most MaxHold when MaxHold is set; not
+	// with NoRenew.
+	MinHold time.Duration
+
 	// Mode is Exclusive (the zero value: the holder is alone on the key) or
 	// Shared (any number of Shared holders, or at most Limit, hold the key
 	// at once, and no Exclusive holder). Shared needs a backend with
@@ -219,7 +230,7 @@ const (
 // carries one.
 type params struct {
 	ttl, renewDeadline, renewInterval, requestTimeout time.Duration
-	maxHold                                           time.Duration
+	maxHold, minHold                                  time.Duration
 	metadata                                          map[string]string
 
 	limit     int
@@ -245,6 +256,12 @@ func (l *Locker) params(ao *AcquireOptions) (params, error) {
 		return p, fmt.Errorf("%w: AcquireOptions.TTL is negative (%v)", ErrInvalidOptions, ao.TTL)
 	case ao.MaxHold < 0:
 		return p, fmt.Errorf("%w: AcquireOptions.MaxHold is negative (%v)", ErrInvalidOptions, ao.MaxHold)
+	case ao.MinHold < 0:
+		return p, fmt.Errorf("%w: AcquireOptions.MinHold is negative (%v)", ErrInvalidOptions, ao.MinHold)
+	case ao.MinHold > 0 && ao.NoRenew:
+		return p, fmt.Errorf("%w: AcquireOptions.MinHold (%v) needs renewals: not with NoRenew", ErrInvalidOptions, ao.MinHold)
+	case ao.MinHold > 0 && ao.MaxHold > 0 && ao.MinHold > ao.MaxHold:
+		return p, fmt.Errorf("%w: AcquireOptions.MinHold (%v) exceeds MaxHold (%v)", ErrInvalidOptions, ao.MinHold, ao.MaxHold)
 	case ao.Mode != Exclusive && ao.Mode != Shared:
 		return p, fmt.Errorf("%w: AcquireOptions.Mode is unknown (%v)", ErrInvalidOptions, ao.Mode)
 	case ao.Limit < 0:
@@ -252,7 +269,7 @@ func (l *Locker) params(ao *AcquireOptions) (params, error) {
 	case ao.Limit > 0 && ao.Mode != Shared:
 		return p, fmt.Errorf("%w: AcquireOptions.Limit (%d) is for Shared locks only", ErrInvalidOptions, ao.Limit)
 	}
-	p.noRenew, p.maxHold, p.metadata = ao.NoRenew, ao.MaxHold, maps.Clone(ao.Metadata)
+	p.noRenew, p.maxHold, p.minHold, p.metadata = ao.NoRenew, ao.MaxHold, ao.MinHold, maps.Clone(ao.Metadata)
 	p.mode, p.limit, p.hier, p.fair = ao.Mode, ao.Limit, ao.Hierarchical, ao.Fair
 	if ao.TTL != 0 && ao.TTL != o.TTL {
 		scale := func(d time.Duration) time.Duration {

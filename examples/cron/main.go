@@ -1,8 +1,11 @@
 // Command cron shows three replicas of a cron runner sharing one schedule:
 // at every tick each replica tries the job's lock with TryDo; one runs the
-// job, the other two skip it and say who holds it. A replica that crashes
-// mid-job loses nothing but its run: the lock expires after its TTL. It runs
-// on the in-memory backend, so no server is needed. Ctrl-C stops early.
+// job, the other two skip it and say who holds it. Their ticks arrive apart,
+// the last one after the job has finished: the lock's MinHold keeps it held
+// for most of the period, so that replica skips the job too instead of
+// running it again. A replica that crashes mid-job loses nothing but its
+// run: the lock expires after its TTL. It runs on the in-memory backend, so
+// no server is needed. Ctrl-C stops early.
 //
 //	go run ./examples/cron
 package main
@@ -62,15 +65,21 @@ func run(ctx context.Context, out io.Writer, ticks int, every time.Duration) err
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for tick := 1; tick <= ticks; tick++ {
-		// The replicas' ticks arrive together here. In production they
-		// arrive a little apart, and a replica whose tick comes after the
-		// run has finished and released the lock would run the job again:
-		// record the last run (with the lock's fencing term) where the job
-		// writes, and skip a run that is already recorded.
+		// The replicas' ticks arrive apart, as clocks and schedulers make
+		// them: replica-3's comes after the job (a fifth of the period)
+		// has finished. Without MinHold the lock would be free by then and
+		// replica-3 would run the job a second time.
 		key := lock.Key("cron", "nightly-report")
 		var wg sync.WaitGroup
-		for _, l := range lockers {
-			wg.Go(func() { replica(ctx, l, key, every/2, say) })
+		for i, l := range lockers {
+			late := time.Duration(i) * every / 5
+			wg.Go(func() {
+				select {
+				case <-time.After(late):
+					replica(ctx, l, key, every/5, every*9/10, say)
+				case <-ctx.Done():
+				}
+			})
 		}
 		wg.Wait()
 		if tick == ticks {
@@ -85,9 +94,11 @@ func run(ctx context.Context, out io.Writer, ticks int, every time.Duration) err
 	return nil
 }
 
-// replica runs the job for one tick, unless another replica does.
-func replica(ctx context.Context, l *lock.Locker, key string, work time.Duration, say func(string, ...any)) {
-	err := l.TryDo(ctx, key, nil, func(ctx context.Context, lk *lock.Lock) error {
+// replica runs the job for one tick, unless another replica does. The
+// lock is kept (renewed) for minHold after it was taken, however soon the
+// job finishes.
+func replica(ctx context.Context, l *lock.Locker, key string, work, minHold time.Duration, say func(string, ...any)) {
+	err := l.TryDo(ctx, key, &lock.AcquireOptions{MinHold: minHold}, func(ctx context.Context, lk *lock.Lock) error {
 		say("%s runs %s (fencing term %d)", l.ID(), key, lk.Term())
 		select {
 		case <-time.After(work):

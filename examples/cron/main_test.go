@@ -13,7 +13,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestRun(t *testing.T) {
 	var out bytes.Buffer
-	if err := run(t.Context(), &out, 2, 100*time.Millisecond); err != nil {
+	// The last replica's tick comes 0.4 of the period after the first,
+	// after the job has finished, and the lock is kept 0.9 of it: 200 ms
+	// to spare on a loaded machine.
+	if err := run(t.Context(), &out, 2, 400*time.Millisecond); err != nil {
 		t.Fatalf("run: %v", err)
 	}
 	s := out.String()
