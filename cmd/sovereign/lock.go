@@ -22,6 +22,7 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 	limit := fs.Int("limit", 0, "with --shared: at most `N` holders at once, a semaphore of N permits (0: no limit); every holder must give the same N")
 	hier := fs.Bool("hierarchical", false, "treat / in KEY as levels: also take intent on each outer key, so that an exclusive lock on an outer key and this one exclude each other")
 	fair := fs.Bool("fair", false, "wait in line: among the waiters of KEY, across processes, the first to wait is served first")
+	minHold := fs.Duration("min-hold", 0, "keep the lock at least this long after taking it, however soon the command exits (a cron job run on every replica: a replica whose tick comes after the job finished skips it); sovereign exits then")
 	key, argv, err := commandArgs(fs, args)
 	if err != nil {
 		return err
@@ -34,6 +35,9 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 	}
 	if *limit < 0 {
 		return usageError("--limit must not be negative")
+	}
+	if *minHold < 0 {
+		return usageError("--min-hold must not be negative")
 	}
 	if *limit > 0 && !*shared {
 		return usageError("--limit is for --shared locks only")
@@ -61,7 +65,7 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 	defer hs.close()
 	waitCtx, sup := hs.ctx, &hs.sup
 
-	ao := &lock.AcquireOptions{Metadata: h.meta(argv), Limit: *limit, Hierarchical: *hier, Fair: *fair}
+	ao := &lock.AcquireOptions{Metadata: h.meta(argv), Limit: *limit, Hierarchical: *hier, Fair: *fair, MinHold: *minHold}
 	if *shared {
 		ao.Mode = lock.Shared
 	}
@@ -118,6 +122,15 @@ func cmdLock(ctx context.Context, env *env, args []string) error {
 	if out.lost {
 		log.Warn("sovereign: lock lost; command stopped", "key", key, "term", lk.Term(), "cause", out.cause, "status", out.status)
 		return exitWith(exitLost, fmt.Errorf("%v; the command was stopped (%s)", out.cause, out.status))
+	}
+	if *minHold > 0 && lk.Err() == nil {
+		// Release left the lock held until MinHold has passed: wait for its
+		// release (or its loss), or a signal, which ends the wait early.
+		log.Info("sovereign: command exited; keeping the lock for --min-hold", "key", key, "term", lk.Term(), "status", out.status, "min_hold", *minHold)
+		select {
+		case <-lk.Done():
+		case <-waitCtx.Done():
+		}
 	}
 	log.Info("sovereign: command exited; lock released", "key", key, "term", lk.Term(), "status", out.status)
 	return exitWith(out.code, nil)

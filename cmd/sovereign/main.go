@@ -49,7 +49,10 @@
 // alone, not the processes it started); sovereign, continued, then exits 79.
 // The lease is released only after the command has exited and whatever was
 // left of its process group has been killed and reaped (sovereign is a child
-// subreaper on Linux).
+// subreaper on Linux). With --min-hold, lock keeps the lock after the
+// command exited until that long after taking it, then releases it and
+// exits: a job started from cron on every replica runs once a period even
+// when one replica's tick comes after the job finished elsewhere.
 //
 // # Shared locks, semaphores, hierarchies
 //

@@ -320,3 +320,23 @@ func TestLockExitStatus(t *testing.T) {
 		})
 	}
 }
+
+// TestLockMinHold: with --min-hold, sovereign lock keeps the lock after its
+// command exited until that long after taking it, then releases it and
+// exits with the command's status: a cron replica whose tick comes after
+// the job finished finds it held.
+func TestLockMinHold(t *testing.T) {
+	_, env, b := redisEnv(t)
+	p := start(t, env, "lock", "--try", "--ttl", "1s", "--min-hold", "4s", "cron/report", "--", "true")
+	p.waitLog("keeping the lock for --min-hold")
+	code, out, stderr := run(t, env, "lock", "--try", "cron/report", "--", "echo", "ran")
+	if code != exitHeld || out != "" {
+		t.Fatalf("a late replica's lock --try: exit %d output %q (%s), want %d and no run while --min-hold lasts", code, out, stderr, exitHeld)
+	}
+	if code := p.wait(); code != 0 {
+		t.Fatalf("got exit %d, want the command's 0", code)
+	}
+	if _, held := getRecord(t, b, lockPrefix+"cron/report"); held {
+		t.Fatal("cron/report held after sovereign exited, want it released")
+	}
+}
