@@ -188,4 +188,29 @@ var lockCases = []lockCase{
 			t.Errorf("List record: got %+v, want term %d with progress=50%%", recs[0], held[0].Term())
 		}
 	}},
+	{"min-hold keeps the lock past its TTL after TryDo", nil, func(ctx context.Context, t *testing.T, newL func(string) *lock.Locker, key string) {
+		a, b := newL("alice"), newL("bob")
+		ttl := a.Options().TTL
+		if ttl > 2*time.Second {
+			t.Skipf("TTL %v: the case waits 1.5 TTLs; it runs with TTLs up to 2 s", ttl)
+		}
+		minHold := ttl * 3 / 2 // beyond the TTL: the lock must be renewed meanwhile
+		start := time.Now()
+		if err := a.TryDo(ctx, key, &lock.AcquireOptions{MinHold: minHold}, func(context.Context, *lock.Lock) error { return nil }); err != nil {
+			t.Fatalf("alice's TryDo: %v", err)
+		}
+		if _, err := b.TryAcquire(ctx, key, nil); !errors.Is(err, lock.ErrHeld) {
+			t.Fatalf("bob's TryAcquire right after alice's TryDo returned: got %v, want ErrHeld (MinHold)", err)
+		}
+		lb, err := b.Acquire(ctx, key, nil)
+		if err != nil {
+			t.Fatalf("bob's Acquire: %v", err)
+		}
+		// Only a lower bound: a loaded machine makes the release later,
+		// never earlier.
+		if d := time.Since(start); d < minHold {
+			t.Errorf("bob acquired %v after alice's TryDo began, want no sooner than MinHold %v (TTL %v)", d, minHold, ttl)
+		}
+		lb.Release(ctx)
+	}},
 }
