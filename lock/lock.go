@@ -481,15 +481,15 @@ func (lk *Lock) deferRelease() bool {
 	if wait <= 0 || !lk.hold.Held() {
 		return false
 	}
+	if err := lk.l.beginShared(); err != nil {
+		return false // closing: Close releases it
+	}
 	lk.mu.Lock()
 	if lk.released || lk.releaseDeferred {
 		deferred := lk.releaseDeferred
 		lk.mu.Unlock()
+		lk.l.ops.Done()
 		return deferred
-	}
-	if err := lk.l.beginShared(); err != nil {
-		lk.mu.Unlock()
-		return false // closing: Close releases it
 	}
 	lk.releaseDeferred = true
 	lk.mu.Unlock()
