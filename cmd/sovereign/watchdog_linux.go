@@ -96,6 +96,7 @@ func startWatchdog(pgid int, deadline time.Time) (*watchdog, error) {
 	cmd := &exec.Cmd{
 		Path:        self,
 		Args:        []string{"sovereign", watchdogArg},
+		Env:         []string{}, // nothing it needs; SOVEREIGN_BACKEND (a password, maybe) stays out of the command's group
 		Stderr:      os.Stderr,
 		ExtraFiles:  []*os.File{r, fw}, // descriptors 3 and 4
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Pgid: pgid},
