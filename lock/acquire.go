@@ -703,7 +703,7 @@ func (l *Locker) do(ctx context.Context, key string, opts *AcquireOptions, fn fu
 	if ctx.Err() != nil {
 		// The caller gave up while the acquisition's reply was on its way:
 		// the lock is given back at once, and fn does not start.
-		if err := lk.Release(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, ErrLockLost) {
+		if err := lk.release(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, ErrLockLost) { // not kept for MinHold: fn never ran
 			l.log.Warn("lock: releasing an acquisition that completed after the caller gave up; it expires by its TTL", "key", key, "err", err)
 		}
 		return fmt.Errorf("lock %q: acquired after the caller gave up, and released: %w", key, context.Cause(ctx))

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/lock"
@@ -27,8 +28,8 @@ func (l *lateReply) Acquire(ctx context.Context, req backend.AcquireRequest) (ba
 }
 
 // Do and TryDo whose context ended while the acquisition's reply was on
-// its way do not call fn: they give the lock back at once and return the
-// context's error.
+// its way do not call fn: they give the lock back at once, MinHold
+// notwithstanding (fn never ran), and return the context's error.
 func TestDoAfterTheCallerGaveUp(t *testing.T) {
 	for _, try := range []bool{false, true} {
 		name := map[bool]string{false: "Do", true: "TryDo"}[try]
@@ -42,9 +43,9 @@ func TestDoAfterTheCallerGaveUp(t *testing.T) {
 				fn := func(context.Context, *lock.Lock) error { called.Store(true); return nil }
 				var err error
 				if try {
-					err = l.TryDo(ctx, "job", nil, fn)
+					err = l.TryDo(ctx, "job", &lock.AcquireOptions{MinHold: time.Minute}, fn)
 				} else {
-					err = l.Do(ctx, "job", nil, fn)
+					err = l.Do(ctx, "job", &lock.AcquireOptions{MinHold: time.Minute}, fn)
 				}
 				if !errors.Is(err, context.Canceled) {
 					t.Errorf("%s = %v, want context.Canceled", name, err)

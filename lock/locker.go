@@ -451,7 +451,7 @@ func releaseAll(locks []*Lock) {
 	for range min(len(locks), closeReleasers) {
 		wg.Go(func() {
 			for lk := range next {
-				_ = lk.Release(context.Background())
+				_ = lk.release(context.Background()) // at once, MinHold or not
 			}
 		})
 	}
