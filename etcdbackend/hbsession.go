@@ -149,7 +149,7 @@ func (s *hbSession) nextGap(now time.Time) time.Duration {
 //
 // While this Backend holds keys on a session of plain acquisitions (see
 // the package doc, "Sessions") whose TTL is no longer than the records'
-// and whose keys RenewBatch has looked up within half that TTL, the records
+// and whose keys RenewBatch has looked up within 0.6 of that TTL, the records
 // ride on that session instead: they are moved to its lease (one
 // transaction), and its renewals keep them alive and look them up, so a
 // batch sends nothing but the rewrite of a record that a renewal's look-up
@@ -165,6 +165,19 @@ func (s *hbSession) nextGap(now time.Time) time.Duration {
 // (it outlives the release by at least two thirds of its TTL, its last
 // renewal having been sent at most TTL/3 before; the next batch comes
 // within TTL/2), otherwise the records are missing until that batch.
+// When the renewals stop while the keys are still held (their holder
+// stopped renewing them without a release, or this Backend cannot reach
+// the store, when no batch could write a record either), the records end
+// with the session and are missing until the first batch that finds the
+// look-up 0.6 of a TTL old moves them: with heartbeats every TTL/2, for
+// about a tenth of the TTL at most. Their absence is never taken as the
+// holder's death. The bound is 0.6 rather than a half (which left no such
+// gap) so that renewals every TTL/2 (an elector with RenewInterval TTL/2,
+// the cadence of an etcd session's own keep-alives at TTL 2 s) keep the
+// records on the session: at a half, a batch that came just before a
+// renewal's look-up was recorded moved them back, and the next one onto
+// the session again (117 requests a minute for an idle leader at TTL 2 s
+// against 65; see bench/README.md).
 //
 // A record on the session that this Backend has not been asked to refresh
 // for a TTL is deleted by the next batch (owner-checked: only while it is
@@ -319,7 +332,7 @@ func (s *hbSession) place(on clientv3.LeaseID) {
 // the records of s can ride on at now, or 0: a session of a TTL no longer
 // than the records', on which this Backend holds keys (their holds renew
 // it until they release them), whose keys RenewBatch looked up less than
-// half its TTL ago (hostLookedUp). Its renewals keep the records alive and
+// 0.6 of its TTL ago (hostLookedUp; see HeartbeatBatch for the bound). Its renewals keep the records alive and
 // look them up, so they cost nothing of their own; this Backend never keeps
 // a session alive for its heartbeats (that would keep its keys alive too).
 // It runs with s.mu held.
@@ -331,7 +344,7 @@ func (b *Backend) hostSession(s *hbSession, now time.Time) clientv3.LeaseID {
 		id, ttl := ps.id, ps.ttl
 		ps.mu.Unlock()
 		looked, ok := s.hosts[id]
-		if id == 0 || !ok || ttl > s.secs || ttl <= bestTTL || now.Sub(looked) >= time.Duration(ttl)*time.Second/2 {
+		if id == 0 || !ok || ttl > s.secs || ttl <= bestTTL || now.Sub(looked) >= time.Duration(ttl)*time.Second*6/10 {
 			continue
 		}
 		b.mu.Lock()

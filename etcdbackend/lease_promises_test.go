@@ -493,7 +493,9 @@ func TestHeartbeatSessionCountsFromSendTime(t *testing.T) {
 
 // TestHeartbeatsLeaveASessionNotLookedUp: heartbeat records ride on a
 // session of plain acquisitions only while RenewBatch has looked its keys
-// up within half its TTL; once it has not (its keys are renewed otherwise,
+// up within 0.6 of its TTL (they stay on it when the look-up is 5.5 s old
+// at TTL 10 s, as with renewals every TTL/2 whose look-up is recorded just
+// after the batch); once it has not (its keys are renewed otherwise,
 // or not at all), the next batch moves them back to the heartbeat
 // session's own lease, whose look-ups find a record deleted by hand. (A
 // mutation keeping them on a session not looked up for up to the records'
@@ -531,12 +533,20 @@ func TestHeartbeatsLeaveASessionNotLookedUp(t *testing.T) {
 	if got := sessionOf(t, cli, prefix+"hb/0/heartbeat/a"); got != host {
 		t.Fatalf("record on lease %x after a look-up of the held key's session, want that session %x", got, host)
 	}
-	// The session's keys last looked up 6 s ago: more than half its TTL
-	// (10 s), less than the records' TTL (15 s).
-	etcdbackend.AgeHostLookups(b, 6*time.Second)
+	// The session's keys last looked up 5.5 s ago: more than half its TTL
+	// (10 s), less than 0.6 of it. A renewal every TTL/2 whose look-up is
+	// recorded just after a batch leaves them so: the records stay.
+	etcdbackend.AgeHostLookups(b, 5500*time.Millisecond)
+	batch()
+	if got := sessionOf(t, cli, prefix+"hb/0/heartbeat/a"); got != host {
+		t.Fatalf("record on lease %x after the session went 5.5 s without a look-up, want that session %x still", got, host)
+	}
+	// 7 s (in all): more than 0.6 of its TTL, less than the records' TTL
+	// (15 s).
+	etcdbackend.AgeHostLookups(b, 1500*time.Millisecond)
 	batch()
 	if got := sessionOf(t, cli, prefix+"hb/0/heartbeat/a"); int64(got) != own {
-		t.Errorf("record on lease %x after the session went 6 s without a look-up, want the heartbeat session's own %x", got, own)
+		t.Errorf("record on lease %x after the session went 7 s without a look-up, want the heartbeat session's own %x", got, own)
 	}
 }
 
