@@ -51,7 +51,12 @@ type Options struct {
 	// so with the defaults a renewal that times out (RequestTimeout 2 s) is
 	// still retried before RenewDeadline.
 	// Default: 1/3 of TTL (3.3 s), the cadence of an etcd session's
-	// keep-alive.
+	// keep-alive. A longer interval costs fewer requests but leaves less
+	// time to retry: at TTL/2 (what an etcd session's 500 ms tick makes of
+	// TTL/3 at TTL 2 s; a third fewer requests) a renewal is retried before
+	// RenewDeadline only if it fails fast, or times out within 0.075 of
+	// the TTL (RequestTimeout 150 ms at TTL 2 s): retry = failure +
+	// RenewInterval/4, due before 0.7 TTL.
 	RenewInterval time.Duration
 
 	// RequestTimeout bounds every backend call. A leader's calls are also cut

@@ -46,7 +46,8 @@ type Options struct {
 	// retried after a quarter of it. Must be less than RenewDeadline.
 	// Default: 1/3 of TTL (3.3 s), as for the elector (the locks and
 	// elections of a process with one backend and TTL then renew in the
-	// same batches).
+	// same batches). A longer interval costs fewer requests but leaves less
+	// time to retry (see sovereign.Options.RenewInterval).
 	RenewInterval time.Duration
 
 	// RequestTimeout bounds every backend call. Must be less than
