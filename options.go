@@ -56,7 +56,8 @@ type Options struct {
 	// TTL/3 at TTL 2 s; a third fewer requests) a renewal is retried before
 	// RenewDeadline only if it fails fast, or times out within 0.075 of
 	// the TTL (RequestTimeout 150 ms at TTL 2 s): retry = failure +
-	// RenewInterval/4, due before 0.7 TTL.
+	// RenewInterval/4, due before 0.7 TTL. New logs a warning when options
+	// leave no time for that retry.
 	RenewInterval time.Duration
 
 	// RequestTimeout bounds every backend call. A leader's calls are also cut

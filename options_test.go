@@ -2,7 +2,9 @@ package sovereign_test
 
 import (
 	"errors"
+	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,4 +73,40 @@ func TestOptionsLimitsAndDerivedDefaults(t *testing.T) {
 			t.Errorf("StartupJitter with NoStartupJitter set: got %v, want 0", got)
 		}
 	})
+}
+
+// TestWarnsWhenARenewalCannotBeRetried: New warns when a renewal that
+// times out could not be retried before the renew deadline (the retry
+// comes RenewInterval/4 after the failure), and only then: not for the
+// defaults, nor for RenewInterval TTL/2 with a RequestTimeout that leaves
+// room for the retry.
+func TestWarnsWhenARenewalCannotBeRetried(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts sovereign.Options
+		warn bool
+	}{
+		{"defaults", sovereign.Options{}, false},
+		{"defaults at TTL 2s", sovereign.Options{TTL: 2 * time.Second}, false},
+		{"RenewInterval TTL/2", sovereign.Options{TTL: 2 * time.Second, RenewInterval: time.Second}, true},
+		{"RenewInterval TTL/2, RequestTimeout 140ms", sovereign.Options{TTL: 2 * time.Second, RenewInterval: time.Second, RequestTimeout: 140 * time.Millisecond}, false},
+		{"RenewInterval TTL/2, RequestTimeout 150ms", sovereign.Options{TTL: 2 * time.Second, RenewInterval: time.Second, RequestTimeout: 150 * time.Millisecond}, true},
+		{"RequestTimeout 5s at TTL 10s", sovereign.Options{RequestTimeout: 5 * time.Second}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var warned atomic.Int32
+			o := c.opts
+			o.Logger = slog.New(countHandler{prefix: "sovereign: a renewal that times out is not retried", n: &warned})
+			b := memorybackend.New()
+			defer b.Close()
+			e, err := sovereign.New(b, "election", "a", &o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if got := warned.Load() == 1; got != c.warn {
+				t.Errorf("warnings: got %d, want %v", warned.Load(), c.warn)
+			}
+		})
+	}
 }
