@@ -67,7 +67,12 @@ type Options struct {
 	RequestTimeout time.Duration
 
 	// HeartbeatInterval is how often every instance, leader or not, refreshes
-	// its heartbeat record. Must be less than HeartbeatTTL.
+	// its heartbeat record. Must be less than HeartbeatTTL. A backend may
+	// skip the write of a record that outlives the next refresh with time to
+	// spare: redisbackend rewrites it only when it would otherwise have a
+	// quarter of HeartbeatTTL or less left at the next one, so with the
+	// defaults a follower's record is written every 10 s and the heartbeat
+	// age that Leader, Members and `sovereign status` show reaches 10 s.
 	// Default: 1/2 of TTL (5 s).
 	HeartbeatInterval time.Duration
 
