@@ -525,7 +525,15 @@ func runSpec(t *testing.T, s spec) *chaos.Report {
 		if len(faults)%25 == 0 {
 			t.Logf("chaos %s: %d faults injected, %v left", name, len(faults), time.Until(end).Round(time.Second))
 		}
-		if _, ok := h.waitLeader(f.Healed, above); !ok {
+		since := f.Healed
+		if f.DataLoss {
+			// A leader of a lease the store lost may write on for the
+			// data-loss window after the store came back: a leader seen
+			// writing then may be that one, which leads no longer (and
+			// the run could end before the real next leader began).
+			since += int64(dataLossWindow)
+		}
+		if _, ok := h.waitLeader(since, above); !ok {
 			t.Errorf("chaos %s: no leader within %v after %s of %s healed; logs in %s", name, leaderWait, f.Kind, f.Target, h.logs)
 			break
 		}
