@@ -413,6 +413,8 @@ type Backend struct {
 	hubs   hubs
 	noRole atomic.Bool // a Cluster node answered ROLE with an error (ACL): Watch does not ask again (see checkMaster)
 	beats  beats       // what HeartbeatBatch last wrote (batchrenew.go)
+
+	lostAcq lostTokens // acquisitions whose reply was lost (lostreply.go)
 }
 
 var (
@@ -806,6 +808,18 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	if err := b.ValidateKey(req.Key); err != nil {
 		return backend.Lease{}, err
 	}
+	l, err := b.acquire(ctx, req)
+	var held *backend.HeldError
+	if errors.As(err, &held) && b.reclaimLost(ctx, req.Key, req.HolderID, held.Holder) {
+		// Held by this Backend's own acquisition whose reply was lost,
+		// now deleted (see lostreply.go): once more.
+		l, err = b.acquire(ctx, req)
+	}
+	return l, err
+}
+
+// acquire is one attempt of Acquire, on a validated request.
+func (b *Backend) acquire(ctx context.Context, req backend.AcquireRequest) (backend.Lease, error) {
 	lease := b.keyBase(req.Key)
 	token := backend.NewToken()
 	ttl := ttlMillis(req.TTL)
@@ -816,6 +830,8 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	}
 	v, waitErr, err := b.runAny(ctx, acquireScript, b.waitN > 0, []string{lease, lease + ":term"}, args)
 	if err != nil {
+		// No reply: the script may still run (see lostreply.go).
+		b.lostAcq.remember(req.Key, req.HolderID, token, time.Now())
 		return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
 	}
 	if _, ok := v.(int64); ok { // acquired: the new term
