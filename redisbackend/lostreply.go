@@ -35,6 +35,7 @@ type lostTokens struct {
 	mu    sync.Mutex
 	byKey map[string][]lostToken
 	n     int
+	swept time.Time // the last sweep of every key's expired tokens
 }
 
 type lostToken struct {
@@ -48,8 +49,9 @@ const (
 	// remembering costs nothing on the way to success (the token is only
 	// looked up in a HELD reply naming the caller's own holder ID).
 	lostKeep = 10 * time.Minute
-	// lostMax bounds the tokens remembered by a Backend (the oldest of a
-	// key are dropped first; beyond it, new ones are not remembered).
+	// lostMax bounds the tokens remembered by a Backend: when it is
+	// reached, the expired tokens of every key are dropped, and new ones
+	// are not remembered while it still is.
 	lostMax = 1 << 16
 	// lostPerKey bounds the tokens remembered for one key.
 	lostPerKey = 64
@@ -62,6 +64,14 @@ func (t *lostTokens) remember(key, holder, token string, now time.Time) {
 	defer t.mu.Unlock()
 	if t.byKey == nil {
 		t.byKey = make(map[string][]lostToken)
+	}
+	if d := now.Sub(t.swept); d >= lostKeep || t.n >= lostMax && d >= time.Second {
+		// Tokens of keys not acquired again expire here (when full, at
+		// most once a second: a sweep visits every key).
+		for k := range t.byKey {
+			t.prune(k, now)
+		}
+		t.swept = now
 	}
 	ts := t.prune(key, now)
 	if len(ts) >= lostPerKey {
