@@ -392,7 +392,7 @@ const (
 type Backend struct {
 	client      Client
 	cluster     *redis.ClusterClient // client, when it is a cluster client (for WAIT routing)
-	ctxAware    bool                 // client applies ctx deadlines to socket I/O
+	ctxAware    bool                 // client returns by ctx's deadline (a *redis.Client with ContextTimeoutEnabled)
 	prefix      string
 	waitN       int
 	waitTimeout time.Duration
@@ -485,8 +485,13 @@ func New(client Client, opts *Options) (*Backend, error) {
 	case *redis.Client:
 		b.ctxAware = c.Options().ContextTimeoutEnabled
 	case *redis.ClusterClient:
+		// Not ctxAware, whatever its options: until it has its cache of
+		// the server's commands, a Cluster client fills it (COMMAND) before
+		// every command it routes, from a random node, under a context of
+		// its own of 5 s (go-redis#2145): a node that accepts connections
+		// but does not answer held a call that does not need it for 5 s
+		// past the caller's deadline (TestClusterCallKeepsItsDeadline).
 		b.cluster = c
-		b.ctxAware = c.Options().ContextTimeoutEnabled
 	}
 	if b.cluster == nil {
 		b.batch = &batcher{client: client, max: 64}
