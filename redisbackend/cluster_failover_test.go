@@ -403,6 +403,17 @@ func TestClusterWaitOnKeysMaster(t *testing.T) {
 	if err != nil || len(replicas) != 1 {
 		t.Fatalf("replicas of slot %d: got %v, %v; want one", slot, replicas, err)
 	}
+	// A first call while every node answers loads the client's slot map
+	// and go-redis's cache of the server's commands (COMMAND), each from a
+	// random node. Left to the calls after the freeze, a load that started
+	// on the frozen replica waited 5 s for it (go-redis's bound on a new
+	// connection's handshake), and a failed COMMAND lookup was tried again
+	// on the next call: three such waits used up ctx before the 14
+	// acquisitions were done, and the next one failed with "context
+	// deadline exceeded" (TestClusterCallKeepsItsDeadline).
+	if _, err := b.Get(ctx, "lock/t"); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("Get before the freeze: got %v, want ErrNotHeld", err)
+	}
 	frozen := c.Node(replicas[0])
 	frozen.Pause(t)
 	defer frozen.Resume(t)
