@@ -246,7 +246,11 @@
 // Every call returns by its context's deadline. A client created with
 // ContextTimeoutEnabled: true applies the deadline to the socket itself (the
 // recommended setting); with other clients the call stops waiting at the
-// deadline and go-redis abandons the request after its own ReadTimeout.
+// deadline and go-redis abandons the request after its own ReadTimeout. A
+// *redis.ClusterClient's calls always stop waiting at the deadline too:
+// until go-redis has loaded its table of the server's commands, it may
+// first wait up to 5 s for a node the call does not need, whatever the
+// call's deadline.
 package redisbackend
 
 import (
