@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -402,6 +403,17 @@ func TestClusterWaitOnKeysMaster(t *testing.T) {
 	if err != nil || len(replicas) != 1 {
 		t.Fatalf("replicas of slot %d: got %v, %v; want one", slot, replicas, err)
 	}
+	// A first call while every node answers loads the client's slot map
+	// and go-redis's cache of the server's commands (COMMAND), each from a
+	// random node. Left to the calls after the freeze, a load that started
+	// on the frozen replica waited 5 s for it (go-redis's bound on a new
+	// connection's handshake), and a failed COMMAND lookup was tried again
+	// on the next call: three such waits used up ctx before the 14
+	// acquisitions were done, and the next one failed with "context
+	// deadline exceeded" (TestClusterCallKeepsItsDeadline).
+	if _, err := b.Get(ctx, "lock/t"); !errors.Is(err, backend.ErrNotHeld) {
+		t.Fatalf("Get before the freeze: got %v, want ErrNotHeld", err)
+	}
 	frozen := c.Node(replicas[0])
 	frozen.Pause(t)
 	defer frozen.Resume(t)
@@ -409,6 +421,75 @@ func TestClusterWaitOnKeysMaster(t *testing.T) {
 		key := fmt.Sprintf("lock/t/%d", i) // all in the slot of {lock/t}
 		if _, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "a", TTL: time.Minute}); !errors.Is(err, redisbackend.ErrNotReplicated) {
 			t.Fatalf("Acquire %q with the shard's replica frozen: got %v, want ErrNotReplicated", key, err)
+		}
+	}
+}
+
+// TestClusterCallKeepsItsDeadline: a call on a Cluster client returns by
+// its context's deadline although the client is stuck on a node the call
+// does not need. go-redis fills its cache of the server's commands
+// (COMMAND) on the first command it routes, from a random node, under a
+// context of its own (5 s, whatever the caller's; go-redis#2145), and
+// tries again on the next command until it succeeds: a node that accepts
+// connections but does not answer (frozen here; hung, swapping, behind a
+// dropped route) held an Acquire of 300 ms for 5 s each time the lookup
+// started there (in TestClusterWaitOnKeysMaster, three such waits used up
+// its bound). Of two masters, the one without the key is frozen, so each
+// of the fresh clients starts its lookup there with a chance of 1 in 2:
+// some do, unless all of them miss it (1 in 65,536).
+func TestClusterCallKeepsItsDeadline(t *testing.T) {
+	const (
+		clients  = 16
+		deadline = 300 * time.Millisecond
+	)
+	c := testredis.StartCluster(t, testredis.ClusterConfig{Masters: 2})
+	ctx := ctxBound(t)
+	master, _, err := c.Shard(ctx, c.Addrs()[0], slotOf(t, ctx, c, "cd:", "k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := c.Addrs()[0]
+	if other == master {
+		other = c.Addrs()[1]
+	}
+	backends := make([]*redisbackend.Backend, clients)
+	for i := range backends {
+		cc := clusterClient(t, c)
+		// The slot map, loaded while every node answers (no COMMAND).
+		if err := cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		backends[i] = newBackend(t, cc, &redisbackend.Options{Prefix: "cd:"})
+	}
+	frozen := c.Node(other)
+	frozen.Pause(t)
+	defer frozen.Resume(t) // before the cleanups: lets go-redis's lookups end
+	var wg sync.WaitGroup
+	took := make([]time.Duration, clients)
+	errs := make([]error, clients)
+	for i, b := range backends {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, deadline)
+			defer cancel()
+			start := time.Now()
+			_, errs[i] = b.Acquire(ctx, backend.AcquireRequest{Key: "k", HolderID: fmt.Sprint(i), TTL: time.Minute})
+			took[i] = time.Since(start)
+		})
+	}
+	wg.Wait()
+	ended := 0
+	for _, err := range errs {
+		if errors.Is(err, context.DeadlineExceeded) {
+			ended++
+		}
+	}
+	t.Logf("%d of %d calls ran into the frozen node (context deadline exceeded)", ended, clients)
+	for i := range clients {
+		t.Logf("client %d: Acquire with %s frozen (the key on %s): %v after %v", i, other, master, errs[i], took[i])
+		// go-redis's own bound is 5 s; 2 s leaves a loaded machine room.
+		if took[i] > 2*time.Second {
+			t.Errorf("client %d: Acquire with a deadline of %v, a node it does not need frozen: returned after %v (%v), want by its deadline",
+				i, deadline, took[i], errs[i])
 		}
 	}
 }

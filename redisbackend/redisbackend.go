@@ -246,7 +246,11 @@
 // Every call returns by its context's deadline. A client created with
 // ContextTimeoutEnabled: true applies the deadline to the socket itself (the
 // recommended setting); with other clients the call stops waiting at the
-// deadline and go-redis abandons the request after its own ReadTimeout.
+// deadline and go-redis abandons the request after its own ReadTimeout. A
+// *redis.ClusterClient's calls always stop waiting at the deadline too:
+// until go-redis has loaded its table of the server's commands, it may
+// first wait up to 5 s for a node the call does not need, whatever the
+// call's deadline.
 package redisbackend
 
 import (
@@ -392,7 +396,7 @@ const (
 type Backend struct {
 	client      Client
 	cluster     *redis.ClusterClient // client, when it is a cluster client (for WAIT routing)
-	ctxAware    bool                 // client applies ctx deadlines to socket I/O
+	ctxAware    bool                 // client returns by ctx's deadline (a *redis.Client with ContextTimeoutEnabled)
 	prefix      string
 	waitN       int
 	waitTimeout time.Duration
@@ -487,8 +491,13 @@ func New(client Client, opts *Options) (*Backend, error) {
 	case *redis.Client:
 		b.ctxAware = c.Options().ContextTimeoutEnabled
 	case *redis.ClusterClient:
+		// Not ctxAware, whatever its options: until it has its cache of
+		// the server's commands, a Cluster client fills it (COMMAND) before
+		// every command it routes, from a random node, under a context of
+		// its own of 5 s (go-redis#2145): a node that accepts connections
+		// but does not answer held a call that does not need it for 5 s
+		// past the caller's deadline (TestClusterCallKeepsItsDeadline).
 		b.cluster = c
-		b.ctxAware = c.Options().ContextTimeoutEnabled
 	}
 	if b.cluster == nil {
 		b.batch = &batcher{client: client, max: 64}
