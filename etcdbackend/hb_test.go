@@ -301,7 +301,7 @@ func TestHeartbeatBatchUnreachable(t *testing.T) {
 		t.Fatalf("first batch: %v", err)
 	}
 	if err := batch(); err != nil || n.total() != 0 {
-		t.Fatalf("batch with nothing due, connected: got %v after %d requests, want nil after none", err, n.total())
+		t.Fatalf("batch with nothing due, connected: got %v after %d requests %v, want nil after none", err, n.total(), n.byMethod())
 	}
 	p.setCut(true)
 	electortest.Eventually(t, "the client sees its connection down", func() bool {
