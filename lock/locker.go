@@ -366,7 +366,7 @@ func New(b backend.Backend, id string, opts *Options) (*Locker, error) {
 		tries:  make(map[uint64]context.CancelFunc),
 	}
 	if keeper.NoRetryBudget(o.RenewInterval, o.RequestTimeout, o.RenewDeadline) {
-		l.log.Warn("sovereign/lock: a renewal that times out is not retried before the renew deadline: one slow reply loses the lock; "+
+		l.log.Warn("lock: a renewal that times out is not retried before the renew deadline: one slow reply loses the lock; "+
 			"lower RequestTimeout or RenewInterval so that RenewInterval*5/4 + RequestTimeout < RenewDeadline",
 			"renew_interval", o.RenewInterval, "request_timeout", o.RequestTimeout, "renew_deadline", o.RenewDeadline)
 	}
