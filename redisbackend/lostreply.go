@@ -39,31 +39,41 @@ import (
 // token that no caller has, which takes a permit of a semaphore, blocks
 // Exclusive acquirers or, by its intents, locks above it until its TTL
 // ends; or, when it found the key held, a waiter registration (its wait
-// ID) that no caller will renew nor withdraw, which keeps later Fair
-// acquirers (and, when Exclusive, new Shared ones) waiting until its TTL
-// ends. The Backend remembers such an acquisition's token, wait ID and
-// ancestors, and its next AcquireMode of the key for that holder ID
-// passes them to its script, which first deletes (owner-checked by holder
-// and token) the entry still there under one of the tokens, with its
-// intents and the release event that wakes waiters, and withdraws (with
-// CancelWait's event) the registrations of those wait IDs, then acquires
-// as usual, in the same round trip: a call made while no token of the key
-// is remembered sends nothing more. A wait ID is random per wait
-// (backend.ModeRequest) and only the caller had it, so no one else's
-// registration is touched; the caller's own wait ID of the call, and that
-// of a wait that goes on (a later attempt with it was answered HELD, and
-// neither its success nor its CancelWait has been seen since), is left
-// alone. It is safe for the same reason: no caller ever got that entry,
-// so no one acts under it; the new entry's term is greater (the key's
-// counter is not touched). A token stays remembered until its entry has
-// been found and deleted or it expires: the deletion may run before the
-// lost script (another connection), which may then still write its entry
-// or registration, found by the next call. An entry of another key named
-// by a HELD reply (an intent of a lost lock below, a lost holder of an
-// ancestor), or of the key when the call names other ancestors than the
-// lost one did, is released by its token (releaseEntry) and the
-// acquisition tried once more; so is one that a plain Acquire's reply
-// (HELDM) names.
+// ID) that no caller renews or withdraws, which keeps later Fair acquirers
+// (and, when Exclusive, new Shared ones) waiting until its TTL ends. The
+// Backend remembers such an acquisition's token, wait ID and ancestors.
+// Its next AcquireMode of the key for that holder ID passes them to the
+// script (lostTokens.forMode), which first deletes the entry still there
+// under one of the tokens, owner-checked by holder ID and token, with its
+// intents and the release event that wakes waiters, and withdraws the
+// registrations of those wait IDs, with CancelWait's event; then it
+// acquires as usual, in the same round trip. A call made while no token of
+// the key is remembered sends nothing more. A wait ID's registration is
+// withdrawn only when its wait is over as far as the Backend can tell: not
+// the call's own wait ID, nor one whose later attempt was answered HELD,
+// until a success with it or its CancelWait (so the registration of
+// another wait of the holder ID on the key, going on at the same time, is
+// left alone). An entry that a HELD reply names but the script could
+// not reach (the intent of a lost lock below the key, a lost holder of an
+// ancestor, a lost entry taken with other ancestors than the call names)
+// is released by its token (releaseEntry) and the acquisition tried once
+// more; so is one that a plain Acquire's reply (HELDM) names.
+//
+// Safety: an entry is deleted only under a token that this Backend drew
+// for an acquisition whose reply it never received, so no caller ever got
+// a lease with that token, and no one can act under that entry (a fencing
+// term nobody holds); entries of other tokens, and of other Backends
+// (which do not know the token), are never touched. A registration is
+// withdrawn only by a wait ID this Backend sent in such an acquisition,
+// random per wait (backend.ModeRequest), and not while that wait is known
+// to go on: it is a place in line that nobody will take (and were the wait
+// to go on after all, it would only lose its place: a registration grants
+// nothing). The key's term counter is
+// not touched, so the next acquisition's term is greater than the deleted
+// entry's. A token stays remembered until its entry has been found and
+// deleted, or it expires: the deletion may run before the lost script
+// (scripts sent on different connections are not ordered), which may then
+// still write its entry or registration, found by the next call.
 type lostTokens struct {
 	mu    sync.Mutex
 	byKey map[string][]lostToken
