@@ -2,7 +2,9 @@ package redisbackend
 
 import (
 	"context"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
@@ -31,16 +33,65 @@ import (
 // the retry finds the key held again, and the next attempt deletes that.
 // Other Backends, which do not know the token, see the key held until its
 // TTL ends, as before.
+//
+// An acquisition by AcquireMode may leave, once it runs, an entry (a
+// Shared or Exclusive holder, with its intents on its ancestors) under a
+// token that no caller has, which takes a permit of a semaphore, blocks
+// Exclusive acquirers or, by its intents, locks above it until its TTL
+// ends; or, when it found the key held, a waiter registration (its wait
+// ID) that no caller renews or withdraws, which keeps later Fair acquirers
+// (and, when Exclusive, new Shared ones) waiting until its TTL ends. The
+// Backend remembers such an acquisition's token, wait ID and ancestors.
+// Its next AcquireMode of the key for that holder ID passes them to the
+// script (lostTokens.forMode), which first deletes the entry still there
+// under one of the tokens, owner-checked by holder ID and token, with its
+// intents and the release event that wakes waiters, and withdraws the
+// registrations of those wait IDs, with CancelWait's event; then it
+// acquires as usual, in the same round trip. A call made while no token of
+// the key is remembered sends nothing more. A wait ID's registration is
+// withdrawn only when its wait is over as far as the Backend can tell: not
+// the call's own wait ID, nor one whose later attempt was answered HELD,
+// until a success with it or its CancelWait (so the registration of
+// another wait of the holder ID on the key, going on at the same time, is
+// left alone). An entry that a HELD reply names but the script could
+// not reach (the intent of a lost lock below the key, a lost holder of an
+// ancestor, a lost entry taken with other ancestors than the call names)
+// is released by its token (releaseEntry) and the acquisition tried once
+// more; so is one that a plain Acquire's reply (HELDM) names.
+//
+// Safety: an entry is deleted only under a token that this Backend drew
+// for an acquisition whose reply it never received, so no caller ever got
+// a lease with that token, and no one can act under that entry (a fencing
+// term nobody holds); entries of other tokens, and of other Backends
+// (which do not know the token), are never touched. A registration is
+// withdrawn only by a wait ID this Backend sent in such an acquisition,
+// random per wait (backend.ModeRequest), and not while that wait is known
+// to go on: it is a place in line that nobody will take (and were the wait
+// to go on after all, it would only lose its place: a registration grants
+// nothing). The key's term counter is
+// not touched, so the next acquisition's term is greater than the deleted
+// entry's. A token stays remembered until its entry has been found and
+// deleted, or it expires: the deletion may run before the lost script
+// (scripts sent on different connections are not ordered), which may then
+// still write its entry or registration, found by the next call.
 type lostTokens struct {
 	mu    sync.Mutex
 	byKey map[string][]lostToken
-	n     int
-	swept time.Time // the last sweep of every key's expired tokens
+	n     atomic.Int64 // tokens remembered (written with mu held; read without it on the way to success)
+	swept time.Time    // the last sweep of every key's expired tokens
 }
 
 type lostToken struct {
 	holder, token string
 	until         time.Time
+	// entry is set for an acquisition by AcquireMode, with its wait ID
+	// (empty: none) and ancestors; waiting says that a later attempt with
+	// that wait ID was answered HELD and the wait has not ended since (a
+	// success with it or CancelWait).
+	entry     bool
+	waitID    string
+	ancestors []string
+	waiting   bool
 }
 
 const (
@@ -57,15 +108,26 @@ const (
 	lostPerKey = 64
 )
 
-// remember records the token of an acquisition of key for holder whose
-// reply was lost.
+// remember records the token of an acquisition (by Acquire) of key for
+// holder whose reply was lost.
 func (t *lostTokens) remember(key, holder, token string, now time.Time) {
+	t.add(key, lostToken{holder: holder, token: token}, now)
+}
+
+// rememberEntry records the token, wait ID and ancestors of an
+// acquisition by AcquireMode of key for holder whose reply was lost.
+func (t *lostTokens) rememberEntry(key, holder, token, waitID string, ancestors []string, now time.Time) {
+	t.add(key, lostToken{holder: holder, token: token, entry: true, waitID: waitID, ancestors: slices.Clone(ancestors)}, now)
+}
+
+// add records lt (its until set from now) for key.
+func (t *lostTokens) add(key string, lt lostToken, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.byKey == nil {
 		t.byKey = make(map[string][]lostToken)
 	}
-	if d := now.Sub(t.swept); d >= lostKeep || t.n >= lostMax && d >= time.Second {
+	if d := now.Sub(t.swept); d >= lostKeep || t.n.Load() >= lostMax && d >= time.Second {
 		// Tokens of keys not acquired again expire here (when full, at
 		// most once a second: a sweep visits every key).
 		for k := range t.byKey {
@@ -76,25 +138,82 @@ func (t *lostTokens) remember(key, holder, token string, now time.Time) {
 	ts := t.prune(key, now)
 	if len(ts) >= lostPerKey {
 		ts = append(ts[:0], ts[1:]...)
-		t.n--
+		t.n.Add(-1)
 	}
-	if t.n >= lostMax {
+	if t.n.Load() >= lostMax {
+		t.byKey[key] = ts
+		if len(ts) == 0 {
+			delete(t.byKey, key)
+		}
 		return
 	}
-	t.byKey[key] = append(ts, lostToken{holder: holder, token: token, until: now.Add(lostKeep)})
-	t.n++
+	lt.until = now.Add(lostKeep)
+	t.byKey[key] = append(ts, lt)
+	t.n.Add(1)
 }
 
-// lost reports whether token of holder is one of key's lost acquisitions.
-func (t *lostTokens) lost(key, holder, token string, now time.Time) bool {
+// find returns the lost acquisition of key for holder under token, if
+// there is one.
+func (t *lostTokens) find(key, holder, token string, now time.Time) (lostToken, bool) {
+	if t.n.Load() == 0 {
+		return lostToken{}, false
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, lt := range t.prune(key, now) {
 		if lt.holder == holder && lt.token == token {
-			return true
+			return lt, true
 		}
 	}
-	return false
+	return lostToken{}, false
+}
+
+// forMode returns what an AcquireMode of key for holder, with waitID and
+// ancestors, passes to its script: the kind (p: a plain lease, e: an
+// entry) and token of each lost acquisition it can delete (an entry only
+// when it was taken with the same ancestors, whose intents the script
+// reaches), and the wait IDs of lost acquisitions whose registrations it
+// withdraws (not waitID, nor that of a wait that goes on). Both are nil
+// when key has no lost acquisition, without taking t.mu when none at all.
+func (t *lostTokens) forMode(key, holder, waitID string, ancestors []string, now time.Time) (toks, wids []any) {
+	if t.n.Load() == 0 {
+		return nil, nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, lt := range t.prune(key, now) {
+		if lt.holder != holder {
+			continue
+		}
+		switch {
+		case !lt.entry:
+			toks = append(toks, "p", lt.token)
+		case slices.Equal(lt.ancestors, ancestors):
+			toks = append(toks, "e", lt.token)
+		}
+		if lt.waitID != "" && lt.waitID != waitID && !lt.waiting && !slices.Contains(wids, any(lt.waitID)) {
+			wids = append(wids, lt.waitID)
+		}
+	}
+	return toks, wids
+}
+
+// waitSeen records that an attempt of key with waitID was answered: HELD
+// (waiting: the wait goes on, its registration is the caller's) or not (a
+// success, or CancelWait: the wait has ended, and a registration the lost
+// acquisition writes later is nobody's).
+func (t *lostTokens) waitSeen(key, waitID string, waiting bool) {
+	if waitID == "" || t.n.Load() == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ts := t.byKey[key]
+	for i := range ts {
+		if ts[i].waitID == waitID {
+			ts[i].waiting = waiting
+		}
+	}
 }
 
 // forget drops token from key's lost acquisitions: its lease was deleted,
@@ -106,7 +225,7 @@ func (t *lostTokens) forget(key, token string) {
 	for i, lt := range ts {
 		if lt.token == token {
 			ts = append(ts[:i], ts[i+1:]...)
-			t.n--
+			t.n.Add(-1)
 			break
 		}
 	}
@@ -127,7 +246,7 @@ func (t *lostTokens) prune(key string, now time.Time) []lostToken {
 	}
 	if i > 0 {
 		ts = append(ts[:0], ts[i:]...)
-		t.n -= i
+		t.n.Add(-int64(i))
 		if len(ts) == 0 {
 			delete(t.byKey, key)
 		} else {
@@ -137,17 +256,43 @@ func (t *lostTokens) prune(key string, now time.Time) []lostToken {
 	return ts
 }
 
-// reclaimLost deletes the lease of key that holder's lost acquisition
-// took under rec's token, if rec is that lease, and reports whether it
-// did.
-func (b *Backend) reclaimLost(ctx context.Context, key, holder string, rec backend.Record) bool {
-	if rec.HolderID != holder || !b.lostAcq.lost(key, holder, rec.Token, time.Now()) {
-		return false
+// reclaimNamed deletes the leases and entries that held names (its
+// Holders, or its Holder when it has none) which holder's lost
+// acquisitions of this Backend took, owner-checked by their tokens, and
+// reports whether it deleted any.
+func (b *Backend) reclaimNamed(ctx context.Context, holder string, held *backend.HeldError) bool {
+	recs := held.Holders
+	if len(recs) == 0 {
+		recs = []backend.Record{held.Holder}
 	}
-	v, _, err := b.runAny(ctx, releaseScript, false, []string{b.keyBase(key)}, []any{holder, rec.Token, b.publishArg})
-	if err != nil || v != int64(1) {
-		return false
+	done := false
+	for _, r := range recs {
+		if r.HolderID != holder || r.Token == "" {
+			continue
+		}
+		lt, ok := b.lostAcq.find(r.Key, holder, r.Token, time.Now())
+		if ok && b.reclaim(ctx, r.Key, lt) {
+			done = true
+		}
 	}
-	b.lostAcq.forget(key, rec.Token)
+	return done
+}
+
+// reclaim deletes the lease or entry of key that the lost acquisition lt
+// took, if it is still there (owner-checked, with the release event), and
+// reports whether it did.
+func (b *Backend) reclaim(ctx context.Context, key string, lt lostToken) bool {
+	if lt.entry {
+		l := backend.Lease{Key: key, HolderID: lt.holder, Token: lt.token, Entry: &backend.Entry{Ancestors: lt.ancestors}}
+		if b.releaseEntry(ctx, l) != nil {
+			return false
+		}
+	} else {
+		v, _, err := b.runAny(ctx, releaseScript, false, []string{b.keyBase(key)}, []any{lt.holder, lt.token, b.publishArg})
+		if err != nil || v != int64(1) {
+			return false
+		}
+	}
+	b.lostAcq.forget(key, lt.token)
 	return true
 }

@@ -3,6 +3,7 @@ package redisbackend
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -87,6 +88,19 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 				backend.ErrInvalid, a, req.Key, backend.LockKeyPrefix+"<root>")
 		}
 	}
+	l, err := b.acquireMode(ctx, req, base)
+	var held *backend.HeldError
+	if errors.As(err, &held) && b.reclaimNamed(ctx, req.HolderID, held) {
+		// Held by an entry of this Backend's own acquisition whose reply
+		// was lost, now deleted (see lostreply.go): once more.
+		l, err = b.acquireMode(ctx, req, base)
+	}
+	return l, err
+}
+
+// acquireMode is one attempt of AcquireMode, on a validated request; base
+// is keyBase(req.Key).
+func (b *Backend) acquireMode(ctx context.Context, req backend.ModeRequest, base string) (backend.Lease, error) {
 	token := backend.NewToken()
 	ttl := ttlMillis(req.TTL)
 	mode, fair := "x", "0"
@@ -98,7 +112,10 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 	}
 	keys := make([]string, 0, 3+2*len(req.Ancestors))
 	keys = append(keys, base, base+":term", base+":waiters")
-	args := make([]any, 0, 13+len(req.Ancestors)+2*len(req.Metadata))
+	// The lost acquisitions this one cleans up (lostreply.go): nil but
+	// after a lost reply.
+	toks, wids := b.lostAcq.forMode(req.Key, req.HolderID, req.WaitID, req.Ancestors, time.Now())
+	args := make([]any, 0, 15+len(req.Ancestors)+len(toks)+len(wids)+2*len(req.Metadata))
 	args = append(args, req.HolderID, token, ttl, ttlMillis(b.termKeep), mode, strconv.Itoa(req.Limit), fair,
 		req.WaitID, b.publishCmd, b.channel(req.Key), req.Key, len(req.Ancestors))
 	for _, a := range req.Ancestors {
@@ -108,13 +125,28 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 	for _, a := range req.Ancestors {
 		keys = append(keys, b.keyBase(a)+":waiters")
 	}
+	args = append(args, len(toks)/2, len(wids))
+	args = append(args, toks...)
+	args = append(args, wids...)
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
 	}
 	args = append(args, b.guard(req.AcquireRequest))
 	reply, waitErr, err := b.run(ctx, acquireModeScript, b.waitN > 0, keys, args...)
 	if err != nil {
+		// No reply: the script may still run (see lostreply.go).
+		b.lostAcq.rememberEntry(req.Key, req.HolderID, token, req.WaitID, req.Ancestors, time.Now())
 		return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
+	}
+	if len(reply) >= 2 && str(reply[0]) == "RECLAIMED" {
+		// Lost acquisitions' entries (or leases) found and deleted.
+		n := int(max(0, min(num(reply[1]), int64(len(reply)-2))))
+		for _, tok := range reply[2 : 2+n] {
+			b.lostAcq.forget(req.Key, str(tok))
+		}
+		if reply = reply[2+n:]; len(reply) == 0 {
+			return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: short reply", req.Key)
+		}
 	}
 	status, err := checkStatus("acquire", req.Key, reply)
 	if err != nil {
@@ -122,6 +154,10 @@ func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (bac
 	}
 	if err, ok := restartRefusal(req.Key, status, reply); ok {
 		return backend.Lease{}, err
+	}
+	if req.WaitID != "" && (status == "OK" || status == "HELD") {
+		// The wait goes on (HELD) or has ended (see lostreply.go).
+		b.lostAcq.waitSeen(req.Key, req.WaitID, status == "HELD")
 	}
 	switch status {
 	case "OK":
@@ -221,6 +257,9 @@ func (b *Backend) CancelWait(ctx context.Context, key, waitID string) error {
 	if waitID == "" {
 		return fmt.Errorf("redisbackend: %w: empty wait ID", backend.ErrInvalid)
 	}
+	// The wait has ended: a registration that a lost attempt of it writes
+	// later is nobody's (see lostreply.go).
+	b.lostAcq.waitSeen(key, waitID, false)
 	reply, _, err := b.run(ctx, cancelWaitScript, false, []string{b.keyBase(key) + ":waiters"},
 		waitID, b.publishCmd, b.channel(key))
 	if err != nil {

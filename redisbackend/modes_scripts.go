@@ -232,14 +232,15 @@ local function load_waiters(k, now)
   end
   return {ws = ws, dead = dead, maxe = maxe, n = #h}
 end
--- drop_waiter removes waiter id (and the dead ones) from the waiters hash
--- k with state w; the hash goes with its last live waiter. It returns
--- whether id was a live waiter.
-local function drop_waiter(k, w, id)
-  local found, maxe, left = false, 0, 0
+-- drop_waiters removes the waiters whose IDs are keys of the table ids
+-- (and the dead ones) from the waiters hash k with state w; the hash goes
+-- with its last live waiter. It returns how many of ids were live waiters.
+local function drop_waiters(k, w, ids)
+  local found, maxe, left, del = 0, 0, 0, {}
   for _, x in ipairs(w.ws) do
-    if x.id == id then
-      found = true
+    if ids[x.id] then
+      found = found + 1
+      del[#del + 1] = 'w:' .. x.id
     else
       left = left + 1
       if x.e > maxe then maxe = x.e end
@@ -249,14 +250,17 @@ local function drop_waiter(k, w, id)
     if w.n > 0 then redis.call('DEL', k) end
     return found
   end
-  local del = {}
   for _, f in ipairs(w.dead) do del[#del + 1] = f end
-  if found then del[#del + 1] = 'w:' .. id end
   if #del > 0 then
     call_chunked('HDEL', k, del)
     redis.call('PEXPIREAT', k, fmt(maxe))
   end
   return found
+end
+-- drop_waiter is drop_waiters of the one waiter id; it returns whether id
+-- was a live waiter.
+local function drop_waiter(k, w, id)
+  return drop_waiters(k, w, {[id] = true}) > 0
 end
 -- check_entry is the owner check of an entry: the holder entry of token
 -- ARGV[2] in the modes hash k, if it is holder ARGV[1]'s and live; else nil
@@ -276,14 +280,20 @@ end
 // ancestor's lease hash, then each ancestor's waiters hash; ARGV holder,
 // token, ttl ms, TermRetention ms, mode (x or s), limit, fair (1 or 0), wait
 // ID (empty: none), publish command (empty: none), channel, the key, the
-// number of ancestors, the ancestors' keys, metadata name/value pairs, then
-// the RestartGuard flag (1 or empty). Returns OK and the term; RESTARTED and
+// number of ancestors, the ancestors' keys, the number of lost tokens and of
+// lost wait IDs, each lost token's kind (p: a plain lease, e: an entry) and
+// token, the lost wait IDs (see lostreply.go), metadata name/value pairs,
+// then the RestartGuard flag (1 or empty). Returns OK and the term; RESTARTED and
 // the milliseconds of the refusal (see luaRestartWait) or NOINFO; HELD, the number of waiters yielded to, the
 // number of conflicting records, those records in term order, then, when no
 // record conflicts, the record of the key's oldest holder or, when the
 // acquisition yielded to the Exclusive waiters of an ancestor, that
 // ancestor's oldest holder's record (or just the ancestor's key, a string,
 // when it has none); or MISMATCH and the live holders' limit.
+//
+// When it found and deleted the lease or entry of a lost token, the reply
+// begins with RECLAIMED, the number of such tokens and the tokens, before
+// the above.
 //
 // The Exclusive waiters of an ancestor (those of the first ancestor,
 // outermost first, that has any) refuse a hierarchical acquisition that is
@@ -297,6 +307,63 @@ local sec, usec = tonumber(t[1]), tonumber(t[2])
 local now = sec * 1000 + math.floor(usec / 1000)
 local mode, limit, fair, wid = ARGV[5], ARGV[6], ARGV[7] == '1', ARGV[8]
 local na = tonumber(ARGV[12])
+local nt, nw = tonumber(ARGV[13 + na]), tonumber(ARGV[14 + na])
+local lb = 14 + na -- lost token j: kind ARGV[lb + 2j - 1], token ARGV[lb + 2j]
+local md = lb + 2 * nt + nw + 1 -- the first metadata argument
+-- Lost acquisitions of this holder (see lostreply.go): their lease or
+-- entry (with its intents), owner-checked by holder and token, and their
+-- waiter registrations, deleted with the events of Release and CancelWait.
+local found = {}
+if nt > 0 then
+  local pub, entries = ARGV[9], false
+  for j = 1, nt do
+    local tok = ARGV[lb + 2 * j]
+    if ARGV[lb + 2 * j - 1] == 'p' then
+      local f = redis.pcall('HMGET', KEYS[1], 'holder', 'token', 'term')
+      if not failed(f) and f[1] == ARGV[1] and f[2] == tok and tonumber(f[3] or '') then
+        redis.call('DEL', KEYS[1])
+        if pub ~= '' then redis.call(pub, ARGV[10], 'released:' .. f[3]) end
+        found[#found + 1] = tok
+      end
+    else
+      local v = redis.pcall('HGET', KEYS[1], 'h:' .. tok)
+      local e = nil
+      if type(v) == 'string' then e = holder_of(tok, v) end
+      if e and e.id == ARGV[1] then
+        redis.call('HDEL', KEYS[1], 'h:' .. tok)
+        for i = 1, na do redis.pcall('HDEL', KEYS[3 + i], 'i:' .. tok) end
+        if pub ~= '' and e.e > now then
+          -- The channels are the lease hashes' names with :events.
+          redis.call(pub, ARGV[10], 'released:' .. e.t)
+          for i = 1, na do redis.call(pub, KEYS[3 + i] .. ':events', 'released:' .. e.t) end
+        end
+        found[#found + 1] = tok
+        entries = true
+      end
+    end
+  end
+  if entries then
+    for i = 0, na do
+      local k = KEYS[1]
+      if i > 0 then k = KEYS[3 + i] end
+      local s = load(k, now)
+      if s and s.modes then settle(k, s) end
+    end
+  end
+end
+if nw > 0 then
+  local w0 = load_waiters(KEYS[3], now)
+  if w0 and w0.n > 0 then
+    local ids = {}
+    for j = 1, nw do ids[ARGV[lb + 2 * nt + j]] = true end
+    if drop_waiters(KEYS[3], w0, ids) > 0 and ARGV[9] ~= '' then
+      redis.call(ARGV[9], ARGV[10], 'waiter:cancelled')
+    end
+  end
+end
+-- acquire is the acquisition proper; its reply is the script's, after
+-- RECLAIMED and the tokens found above, if any.
+local function acquire()
 local st, bad = load(KEYS[1], now)
 if bad then return bad end
 if mode == 's' then
@@ -407,7 +474,7 @@ redis.call('SET', KEYS[2], term, 'PX', ARGV[4])
 local exp = now + tonumber(ARGV[3])
 local e = {tok = ARGV[2], id = ARGV[1], t = term, m = mode, l = limit, a = fmt(now), r = fmt(now),
   d = ARGV[3], e = exp, md = {}}
-for i = 13 + na, #ARGV - 1 do e.md[#e.md + 1] = ARGV[i] end
+for i = md, #ARGV - 1 do e.md[#e.md + 1] = ARGV[i] end
 if #st.dead > 0 then call_chunked('HDEL', KEYS[1], st.dead) end
 redis.call('HSET', KEYS[1], 'modes', '1', 'h:' .. ARGV[2], holder_enc(e))
 redis.call('PEXPIREAT', KEYS[1], fmt(math.max(st.maxe, exp)))
@@ -423,6 +490,13 @@ end
 if w.n > 0 then drop_waiter(KEYS[3], w, wid) end
 if ARGV[9] ~= '' then redis.call(ARGV[9], ARGV[10], 'acquired:' .. term) end
 return {'OK', term}
+end
+local out = acquire()
+if #found == 0 then return out end
+local r = {'RECLAIMED', #found}
+for _, tok in ipairs(found) do r[#r + 1] = tok end
+for _, v in ipairs(out) do r[#r + 1] = v end
+return r
 `)
 
 // renewEntryScript: KEYS lease hash, then each ancestor's lease hash; ARGV

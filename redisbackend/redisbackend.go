@@ -819,7 +819,7 @@ func (b *Backend) Acquire(ctx context.Context, req backend.AcquireRequest) (back
 	}
 	l, err := b.acquire(ctx, req)
 	var held *backend.HeldError
-	if errors.As(err, &held) && b.reclaimLost(ctx, req.Key, req.HolderID, held.Holder) {
+	if errors.As(err, &held) && b.reclaimNamed(ctx, req.HolderID, held) {
 		// Held by this Backend's own acquisition whose reply was lost,
 		// now deleted (see lostreply.go): once more.
 		l, err = b.acquire(ctx, req)
