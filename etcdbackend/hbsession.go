@@ -176,8 +176,8 @@ func (s *hbSession) nextGap(now time.Time) time.Duration {
 // the cadence of an etcd session's own keep-alives at TTL 2 s) keep the
 // records on the session: at a half, a batch that came just before a
 // renewal's look-up was recorded moved them back, and the next one onto
-// the session again (117 requests a minute for an idle leader at TTL 2 s
-// against 65; see bench/README.md).
+// the session again (107-123 requests a minute for an idle leader at TTL
+// 2 s against 60-68; see bench/README.md).
 //
 // A record on the session that this Backend has not been asked to refresh
 // for a TTL is deleted by the next batch (owner-checked: only while it is
