@@ -41,8 +41,9 @@ var (
 // concurrent use.
 type Elector struct {
 	b        backend.Backend
-	watcher  backend.Watcher       // nil when b cannot watch
-	notifier backend.WatchNotifier // nil when b's watches cannot wake the elector
+	watcher  backend.Watcher        // nil when b cannot watch
+	notifier backend.WatchNotifier  // nil when b's watches cannot wake the elector
+	renewals backend.RenewalWatcher // nil when b's watches cannot tell of renewals
 	name     string
 	id       string
 	// okAt is when the backend last answered a call of this elector, in
@@ -141,6 +142,7 @@ func New(b backend.Backend, name, id string, opts *Options) (*Elector, error) {
 	e.watcher, _ = b.(backend.Watcher)
 	if e.watcher != nil {
 		e.notifier, _ = b.(backend.WatchNotifier)
+		e.renewals, _ = b.(backend.RenewalWatcher)
 	}
 	return e, nil
 }

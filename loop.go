@@ -52,6 +52,10 @@ type loopState struct {
 	// store refusing free keys after a restart (redisbackend's
 	// RestartGuard) lets through. Cleared by an attempt the store answers.
 	reclaimUntil time.Time
+	// renewedUntil is how long the holder's lease lives at least, by this
+	// elector's clock, from the last renewal its watch told of (see
+	// renewedEvent); zero after a release or an expiry.
+	renewedUntil time.Time
 }
 
 // stopped runs when the loop ends: the elector is a follower again and its
@@ -104,6 +108,7 @@ func (e *Elector) campaignStep() (until time.Time, wait bool) {
 				continue
 			}
 			if lease, sent, rec, ok := e.attempt(ctx, ls); ok {
+				ls.renewedUntil = time.Time{}
 				e.leadBegin(lease, sent, rec)
 				rs.phase = phaseLead
 				return until, false
@@ -122,11 +127,16 @@ func (e *Elector) campaignStep() (until time.Time, wait bool) {
 			return next, true
 		}
 		if ev, woke := e.idleInput(in); woke {
+			if ev.Type == backend.EventRenewed {
+				e.renewedEvent(ls, ev)
+				continue
+			}
 			if ev.Type == backend.EventReset && ls.answered {
 				e.suspect(ls)
 			}
 			gone := ev.Type == backend.EventReleased || ev.Type == backend.EventExpired
 			if gone {
+				ls.renewedUntil = time.Time{}
 				e.setLeader(Record{})
 				if canAttempt {
 					e.setState(Candidate)
@@ -148,6 +158,24 @@ func (e *Elector) campaignStep() (until time.Time, wait bool) {
 	}
 	rs.phase = phaseEnd
 	return until, false
+}
+
+// renewedEvent takes a renewal of the key's lease (backend.RenewalWatcher):
+// the lease lives at least ev.TTL from now, so there is no look before then,
+// even if the store would show the key free sooner (its clock stepped
+// forward, the key evicted or deleted by hand): only the lease's TTL ends
+// it. A holder that stops renewing is looked at when its last renewal's TTL
+// is up, as after a read, and a release or an expiry clears the bound.
+// While this elector may reclaim a lease of its own that the store lost
+// (reclaimUntil), a renewal can only be of that lease, told late: it is
+// not taken, or the reclaim would wait a TTL.
+func (e *Elector) renewedEvent(ls *loopState, ev backend.Event) {
+	now := time.Now()
+	if now.Before(ls.reclaimUntil) {
+		return
+	}
+	ls.renewedUntil = maxTime(ls.renewedUntil, now.Add(ev.TTL+expiryMargin))
+	ls.nextAttempt = maxTime(ls.nextAttempt, ls.renewedUntil)
 }
 
 // suspect starts (or prolongs) a wait after this elector lost contact with
@@ -331,6 +359,9 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 			ls.expiring = 0
 			ls.nextAttempt = time.Now().Add(max(rec.TTL, minRetry))
 		}
+		// Not before the last renewal told of ends (see renewedEvent): the
+		// TTL just read is shorter when the store's clock was stepped.
+		ls.nextAttempt = maxTime(ls.nextAttempt, ls.renewedUntil)
 	default:
 		if ctx.Err() != nil {
 			break
@@ -486,6 +517,13 @@ func (e *Elector) cleanupMembers(ctx context.Context) {
 		}
 		e.log.Info("sovereign: removed stale heartbeat record", "member", m.ID, "age", m.Age)
 	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func minTime(a, b time.Time) time.Time {

@@ -56,10 +56,14 @@ func (e *Elector) startWatch(ctx context.Context) {
 			return
 		}
 		var r watchResult
-		if e.notifier != nil {
+		switch {
+		case e.renewals != nil:
+			r.ch, r.err = e.renewals.WatchRenewals(ctx, e.name, e.wake)
+			r.notified = true
+		case e.notifier != nil:
 			r.ch, r.err = e.notifier.WatchNotify(ctx, e.name, e.wake)
 			r.notified = true
-		} else {
+		default:
 			r.ch, r.err = e.watcher.Watch(ctx, e.name)
 		}
 		leave()

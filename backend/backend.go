@@ -311,6 +311,12 @@ const (
 	// after one that kept it, a watch that resumes without missing a change
 	// may simply go on delivering.
 	EventReset
+	// EventRenewed reports that the key's lease was renewed, and Event.TTL
+	// the TTL it was renewed for: the store received the renewal before the
+	// event left, so the lease lives at least that long from the event's
+	// arrival, by the receiver's clock (see RenewalWatcher). Only
+	// RenewalWatcher.WatchRenewals delivers it.
+	EventRenewed
 )
 
 // String returns the name of the event type.
@@ -324,6 +330,8 @@ func (t EventType) String() string {
 		return "expired"
 	case EventReset:
 		return "reset"
+	case EventRenewed:
+		return "renewed"
 	default:
 		return fmt.Sprintf("EventType(%d)", int(t))
 	}
@@ -334,6 +342,9 @@ func (t EventType) String() string {
 type Event struct {
 	Key  string
 	Type EventType
+	// TTL is, for EventRenewed, the TTL the lease was renewed for; zero
+	// otherwise.
+	TTL time.Duration
 }
 
 // Watcher is an optional capability of a Backend: a Backend that also
@@ -367,6 +378,26 @@ type WatchNotifier interface {
 	// return promptly and must not call the backend. A nil notify makes
 	// WatchNotify the same as Watch.
 	WatchNotify(ctx context.Context, key string, notify func()) (<-chan Event, error)
+}
+
+// RenewalWatcher is an optional capability of a Watcher whose watches can
+// also tell of every renewal of a key's lease, as Redis's can (the renewal
+// script publishes it). A waiter that hears of each renewal knows, by its
+// own clock, how long the lease lives at least, so it does not take the key
+// before then even when the store shows it free earlier: a store whose
+// clock was stepped forward (Redis times key expiry by its wall clock), an
+// evicted key, a lease deleted by hand. Only the lease's own TTL ends it.
+// A store that times expiry by a clock that is never stepped and reports
+// every expiry (etcd, memory) has no need of it.
+type RenewalWatcher interface {
+	// WatchRenewals is WatchNotify (the same subscription: same events,
+	// coalescing and close rules), and it also delivers an EventRenewed,
+	// with the TTL, for each renewal of the key's lease from Acquire (by
+	// Renew or a BatchRenewer), not for entries of Modes. A renewal event
+	// dropped because the channel was full leaves the receiver with an
+	// earlier renewal's, so it may look at the key early, as it would
+	// without renewal events; one received late makes it look late.
+	WatchRenewals(ctx context.Context, key string, notify func()) (<-chan Event, error)
 }
 
 // AcquireConfirmer is an optional capability of a Backend whose Acquire

@@ -260,7 +260,9 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 	// have restarted, and the wait starts again from it. It returns false
 	// when ctx ended.
 	pause := func(d time.Duration, ahead int) bool {
-		if !l.waitTurn(ctx, sub, anc, w.wake, d, ahead) {
+		// A registration must be refreshed in time: its wait is not
+		// extended by the holder's renewals.
+		if !l.waitTurn(ctx, sub, anc, w.wake, d, ahead, !registered) {
 			return false
 		}
 		if sub.takeReset() {
@@ -473,10 +475,13 @@ func (l *Locker) holdersOf(ctx context.Context, bk string, modes bool, timeout t
 // ahead expired unannounced). So a hand-off in a line of n Fair waiters
 // costs the store about two attempts, not n. Everyone else, and a Fair
 // waiter first in line, tries again at any event.
-func (l *Locker) waitTurn(ctx context.Context, sub, anc *subscription, wake <-chan struct{}, d time.Duration, ahead int) bool {
+func (l *Locker) waitTurn(ctx context.Context, sub, anc *subscription, wake <-chan struct{}, d time.Duration, ahead int, extend bool) bool {
 	until := time.Now().Add(d)
 	for {
-		why, ok := sub.wait(ctx, time.Until(until), wake, anc)
+		why, ok := sub.wait(ctx, time.Until(until), wake, anc, extend)
+		if extend {
+			until = maxTime(until, sub.renewedUntil)
+		}
 		switch {
 		case !ok:
 			return false
@@ -786,7 +791,7 @@ func (l *Locker) WaitFree(ctx context.Context, key string) error {
 			lastErr = err
 			wait = backoff(o.RenewInterval, failures)
 		}
-		if _, ok := sub.wait(ctx, wait, nil, nil); !ok {
+		if _, ok := sub.wait(ctx, wait, nil, nil, true); !ok {
 			return l.gaveUp(ctx, "wait free", key, last, lastErr)
 		}
 	}
@@ -807,7 +812,11 @@ type subscription struct {
 	off        bool      // the backend cannot watch
 	resubbed   bool      // set by ensure when a subscription replaced a closed one
 	everClosed bool
-	lostTouch  bool // an EventReset came, or the channel closed, since the last takeReset
+	// renewedUntil is how long the key's lease lives at least, by this
+	// waiter's clock, from the last renewal the watch told of
+	// (backend.RenewalWatcher); cleared by a release or an expiry.
+	renewedUntil time.Time
+	lostTouch    bool // an EventReset came, or the channel closed, since the last takeReset
 }
 
 // takeReset reports whether the subscription was reset or broken since the
@@ -822,6 +831,15 @@ func (l *Locker) subscribe(ctx context.Context, key string, timeout, interval ti
 	return &subscription{l: l, ctx: ctx, key: key, timeout: timeout, interval: interval, off: l.watcher == nil}
 }
 
+// watch subscribes to the key, with renewal events when the backend can
+// tell of them.
+func (s *subscription) watch(ctx context.Context) (<-chan backend.Event, error) {
+	if rw, ok := s.l.b.(backend.RenewalWatcher); ok {
+		return rw.WatchRenewals(ctx, s.key, nil)
+	}
+	return s.l.watcher.Watch(ctx, s.key)
+}
+
 // ensure subscribes when there is no live subscription and one may be tried
 // now. Changes made after a successful ensure are delivered.
 func (s *subscription) ensure() {
@@ -832,7 +850,7 @@ func (s *subscription) ensure() {
 	// The subscription lives as long as wctx, so its timeout cancels wctx
 	// only while Watch has not returned.
 	t := time.AfterFunc(s.timeout, cancel)
-	ch, err := s.l.watcher.Watch(wctx, s.key)
+	ch, err := s.watch(wctx)
 	if !t.Stop() && err == nil {
 		err = fmt.Errorf("watch %q: timed out after %v", s.key, s.timeout)
 	}
@@ -865,8 +883,15 @@ const (
 // wait blocks for d, until an event arrives on s or on also (which may be
 // nil), wake fires, or ctx ends (then ok is false). A closed channel ends
 // the wait too, after re-subscribing when allowed, since changes may have
-// been missed. why says what ended it.
-func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan struct{}, also *subscription) (why woke, ok bool) {
+// been missed. why says what ended it. A renewal of s's key does not end
+// it: with extend, the wait lasts at least until the renewed lease's TTL
+// is up (renewedUntil), so that a key the store shows free before then (its
+// clock stepped forward, the key evicted or deleted by hand) is not taken
+// while its holder may still hold it; only the lease's TTL ends it.
+func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan struct{}, also *subscription, extend bool) (why woke, ok bool) {
+	if extend {
+		d = max(d, time.Until(s.renewedUntil))
+	}
 	if !s.off && s.ch == nil {
 		d = min(d, max(time.Until(s.next), 0))
 	}
@@ -877,30 +902,50 @@ func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan st
 		}
 		alsoCh = also.ch
 	}
+	end := time.Now().Add(d)
 	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return wokeOther, false
-	case <-t.C:
-	case <-wake:
-	case ev, ok := <-s.ch:
-		switch {
-		case !ok:
-			s.closed()
-		case ev.Type == backend.EventReset:
-			s.lostTouch = true
-		case ev.Type == backend.EventReleased || ev.Type == backend.EventExpired:
-			why = wokeReleased
-		case ev.Type == backend.EventChanged:
-			why = wokeChanged
+	for {
+		select {
+		case <-ctx.Done():
+			return wokeOther, false
+		case <-t.C:
+		case <-wake:
+		case ev, ok := <-s.ch:
+			switch {
+			case !ok:
+				s.closed()
+			case ev.Type == backend.EventRenewed:
+				s.renewedUntil = maxTime(s.renewedUntil, time.Now().Add(ev.TTL+expiryMargin))
+				if extend && s.renewedUntil.After(end) {
+					end = s.renewedUntil
+					t.Reset(time.Until(end))
+				}
+				continue
+			case ev.Type == backend.EventReset:
+				s.lostTouch = true
+			case ev.Type == backend.EventReleased || ev.Type == backend.EventExpired:
+				s.renewedUntil = time.Time{}
+				why = wokeReleased
+			case ev.Type == backend.EventChanged:
+				why = wokeChanged
+			}
+		case ev, ok := <-alsoCh:
+			if !ok {
+				also.closed()
+			} else if ev.Type == backend.EventRenewed {
+				continue // the ancestor's holder renewed: nothing to look at
+			}
 		}
-	case _, ok := <-alsoCh:
-		if !ok {
-			also.closed()
-		}
+		return why, ctx.Err() == nil
 	}
-	return why, ctx.Err() == nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // broke reports, without blocking, whether s's channel has closed or
@@ -915,9 +960,12 @@ func (s *subscription) broke() bool {
 				s.closed()
 				return true
 			}
-			if ev.Type == backend.EventReset {
+			switch ev.Type {
+			case backend.EventReset:
 				s.lostTouch = true
 				return true
+			case backend.EventRenewed:
+				s.renewedUntil = maxTime(s.renewedUntil, time.Now().Add(ev.TTL+expiryMargin))
 			}
 		default:
 			return false

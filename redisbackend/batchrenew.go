@@ -17,6 +17,7 @@ var (
 	_ backend.BatchRenewer     = (*Backend)(nil)
 	_ backend.BatchHeartbeater = (*Backend)(nil)
 	_ backend.AcquireConfirmer = (*Backend)(nil)
+	_ backend.RenewalWatcher   = (*Backend)(nil)
 )
 
 // maxBatchKeys bounds the items (leases or heartbeats) one batch script
@@ -30,7 +31,8 @@ const maxBatchKeys = 256
 // two in step), and refreshes the heartbeat record of a lease's holder
 // when asked to.
 // ARGV holds holder, token, ttl ms and heartbeat ttl ms for each lease in
-// turn; KEYS are, for each lease in turn, its key and, when its heartbeat
+// turn, then, optionally, the publish command: each renewal is then
+// published as renewScript publishes it; KEYS are, for each lease in turn, its key and, when its heartbeat
 // ttl is not 0, its holder's heartbeat record and the members set, all of
 // one hash slot. It returns one status per lease: OK (renewed), OKH
 // (renewed, and the heartbeat refreshed), LOST, or an array of WRONGTYPE,
@@ -66,7 +68,9 @@ var renewManyScript = redis.NewScript(luaBase + `
 local out = {}
 local now
 local k = 0
-for i = 1, #ARGV / 4 do
+local pub = ''
+if #ARGV % 4 == 1 then pub = ARGV[#ARGV] end
+for i = 1, math.floor(#ARGV / 4) do
   local a = (i - 1) * 4
   local holder, token, ttl, hbttl = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   k = k + 1
@@ -81,6 +85,7 @@ for i = 1, #ARGV / 4 do
   if f[1] == holder and f[2] == token and tonumber(f[3] or '') then
     redis.call('PEXPIRE', lk, ttl)
     if f[4] ~= ttl then redis.call('HSET', lk, 'ttl', ttl) end
+    if pub ~= '' then redis.call(pub, lk .. ':events', 'renewed:' .. f[3] .. ':' .. ttl) end
     out[i] = 'OK'
     if hk then
       -- The holder's record, when it is there and ours (an error reply,
@@ -226,6 +231,11 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 		}
 		c.args = append(c.args, l.HolderID, l.Token, ms.of(l.TTL), hbTTL)
 		c.items = append(c.items, i)
+	}
+	if b.publishCmd != "" {
+		for i := range calls {
+			calls[i].args = append(calls[i].args, b.publishCmd)
+		}
 	}
 	b.runBatch(ctx, renewManyScript, calls, func(i int, reply any, err error) {
 		l := leases[i]

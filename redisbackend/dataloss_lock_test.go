@@ -102,10 +102,10 @@ func TestLockAcquisitionInFlightAcrossRestart(t *testing.T) {
 
 func lockAcquisitionInFlightAcrossRestart(t *testing.T, o *lock.AcquireOptions) {
 	srv := testredis.Start(t) // no persistence
-	newLocker := func(id string, h *cutHook) *lock.Locker {
+	newLocker := func(id string, h *cutHook, o *redisbackend.Options) *lock.Locker {
 		rdb := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
 		rdb.AddHook(h)
-		b, err := redisbackend.New(rdb, nil)
+		b, err := redisbackend.New(rdb, o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +118,10 @@ func lockAcquisitionInFlightAcrossRestart(t *testing.T, o *lock.AcquireOptions) 
 		return l
 	}
 	ha, hb := &cutHook{}, &cutHook{}
-	a, b := newLocker("a", ha), newLocker("b", hb)
+	// The holder publishes nothing (PubSubOff): a waiter that hears of its
+	// renewals makes no attempt while they come, and the test needs the
+	// waiter's look at the end of the TTL it read.
+	a, b := newLocker("a", ha, &redisbackend.Options{PubSub: redisbackend.PubSubOff}), newLocker("b", hb, nil)
 	ctx := context.Background()
 	la, err := a.TryAcquire(ctx, "job", o)
 	if err != nil {

@@ -907,7 +907,7 @@ func (b *Backend) Renew(ctx context.Context, l backend.Lease) error {
 		return b.renewEntry(ctx, l)
 	}
 	lease := b.keyBase(l.Key)
-	reply, waitErr, err := b.run(ctx, renewScript, b.waitN > 0, []string{lease}, l.HolderID, l.Token, ttlMillis(l.TTL))
+	reply, waitErr, err := b.run(ctx, renewScript, b.waitN > 0, []string{lease}, l.HolderID, l.Token, ttlMillis(l.TTL), b.publishArg)
 	if err != nil {
 		return fmt.Errorf("redisbackend: renew %q: %w", l.Key, err)
 	}

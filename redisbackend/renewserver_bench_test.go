@@ -61,8 +61,16 @@ func benchBatchServerCPU(b *testing.B, batch int) {
 		}
 		beats[i] = backend.HeartbeatRequest{Key: key, ID: "bench", TTL: 15 * time.Second}
 	}
+	// quiet renews as be does, without publishing the renewals
+	// (PubSubOff): what the renewal events cost.
+	quiet, err := New(c, &Options{PubSub: PubSubOff})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = quiet.Close() })
 	check := func(errs []error) error { return errors.Join(errs...) }
 	renewLocks := func() error { return check(be.RenewBatch(ctx, locks)) }
+	renewQuiet := func() error { return check(quiet.RenewBatch(ctx, locks)) }
 	renewLeaders := func() error { return check(be.RenewBatch(ctx, leaders)) }
 	// askBeats asks for the leaders' records as the elector's heartbeat
 	// scheduler does (the records being fresh, it sends nothing), and
@@ -88,7 +96,7 @@ func benchBatchServerCPU(b *testing.B, batch int) {
 		}
 		return check(be.HeartbeatBatch(ctx, reqs))
 	}
-	for _, f := range []func() error{renewLocks, askBeats, renewLeaders, writeBeats} { // warm up
+	for _, f := range []func() error{renewLocks, renewQuiet, askBeats, renewLeaders, writeBeats} { // warm up
 		if err := f(); err != nil {
 			b.Fatal(err)
 		}
@@ -116,6 +124,7 @@ func benchBatchServerCPU(b *testing.B, batch int) {
 		b.ReportMetric(total/float64(n), "server-cpu-µs/op")
 	}
 	b.Run("renew", func(b *testing.B) { measure(b, nil, renewLocks) })
+	b.Run("renew-unpublished", func(b *testing.B) { measure(b, nil, renewQuiet) })
 	b.Run("renew+heartbeat", func(b *testing.B) { measure(b, askBeats, renewLeaders) })
 	b.Run("heartbeat", func(b *testing.B) { measure(b, nil, writeBeats) })
 }

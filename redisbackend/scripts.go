@@ -300,13 +300,15 @@ local function restart_wait(ttl)
 end
 `
 
-// renewScript: KEYS lease; ARGV holder, token, ttl ms. Two calls: HMGET
-// (of holder, token, term and ttl) and PEXPIRE, and a third, HSET of the
-// field ttl, only when the renewal changes the lease's TTL: the time of
-// the renewal is not written, readers derive it from the expiry PEXPIRE
-// sets (see Renewals in redisbackend.go). The owner check's helpers are
-// defined only when the lease is not the caller's (check_owner then reads
-// the lease again, with the marker field modes).
+// renewScript: KEYS lease; ARGV holder, token, ttl ms, publish command
+// (empty for none). Three calls: HMGET (of holder, token, term and ttl),
+// PEXPIRE and PUBLISH ("renewed:<term>:<ttl ms>" on the watch channel, for
+// backend.RenewalWatcher), and a fourth, HSET of the field ttl, only when
+// the renewal changes the lease's TTL: the time of the renewal is not
+// written, readers derive it from the expiry PEXPIRE sets (see Renewals in
+// redisbackend.go). The owner check's helpers are defined only when the
+// lease is not the caller's (check_owner then reads the lease again, with
+// the marker field modes).
 var renewScript = redis.NewScript(`
 local f = redis.pcall('HMGET', KEYS[1], 'holder', 'token', 'term', 'ttl')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or not tonumber(f[3] or '') then
@@ -315,6 +317,9 @@ if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] or not tonumber(f[3] or '') then
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 if f[4] ~= ARGV[3] then redis.call('HSET', KEYS[1], 'ttl', ARGV[3]) end
+if ARGV[4] and ARGV[4] ~= '' then
+  redis.call(ARGV[4], KEYS[1] .. ':events', 'renewed:' .. f[3] .. ':' .. ARGV[3])
+end
 return {'OK'}
 `)
 

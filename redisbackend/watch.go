@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -89,8 +90,11 @@ type watch struct {
 	key    string
 	ch     chan backend.Event
 	notify func() // called after each send and after the close; nil for none
-	closed bool
-	stop   func() bool // stops the context.AfterFunc that ends the watch
+	// renewals: deliver EventRenewed (WatchRenewals); other watches skip
+	// renewal messages.
+	renewals bool
+	closed   bool
+	stop     func() bool // stops the context.AfterFunc that ends the watch
 }
 
 // Watch implements backend.Watcher. It returns once the server has confirmed
@@ -110,6 +114,19 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 // drops) on the channel, and whoever closes the channel calls it after
 // closing it.
 func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
+	return b.watch(ctx, key, notify, false)
+}
+
+// WatchRenewals implements backend.RenewalWatcher: it is WatchNotify, and
+// it also delivers an EventRenewed for each renewal of the key's lease
+// (Renew and RenewBatch publish "renewed:<term>:<ttl ms>" on the key's
+// channel; watches without renewals skip those messages).
+func (b *Backend) WatchRenewals(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
+	return b.watch(ctx, key, notify, true)
+}
+
+// watch is WatchNotify, with renewal events when renewals is true.
+func (b *Backend) watch(ctx context.Context, key string, notify func(), renewals bool) (<-chan backend.Event, error) {
 	if err := b.beginKey(ctx, key); err != nil {
 		return nil, err
 	}
@@ -129,7 +146,7 @@ func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<
 	if err != nil {
 		return nil, fmt.Errorf("redisbackend: watch %q: %w", key, err)
 	}
-	w := &watch{key: key, ch: make(chan backend.Event, b.watchBuffer), notify: notify}
+	w := &watch{key: key, ch: make(chan backend.Event, b.watchBuffer), notify: notify, renewals: renewals}
 
 	select {
 	case h.wsem <- struct{}{}:
@@ -538,11 +555,19 @@ func (b *Backend) serverUnsubscribed(h *hub, channel string) {
 // blocking.
 func (b *Backend) dispatch(h *hub, channel, payload string) {
 	typ := backend.EventChanged
+	var ttl time.Duration
 	switch {
 	case strings.HasPrefix(payload, "released:"):
 		typ = backend.EventReleased
 	case strings.HasPrefix(payload, "expired:"):
 		typ = backend.EventExpired
+	case strings.HasPrefix(payload, "renewed:"):
+		// renewed:<term>:<ttl ms>. A malformed one is a change to look at.
+		if i := strings.LastIndexByte(payload, ':'); i > len("renewed") {
+			if ms, err := strconv.ParseInt(payload[i+1:], 10, 64); err == nil && ms > 0 {
+				typ, ttl = backend.EventRenewed, time.Duration(ms)*time.Millisecond
+			}
+		}
 	}
 	b.hubs.mu.Lock()
 	defer b.hubs.mu.Unlock()
@@ -551,11 +576,11 @@ func (b *Backend) dispatch(h *hub, channel, payload string) {
 		return
 	}
 	for w := range s.watches {
-		if w.closed {
+		if w.closed || (typ == backend.EventRenewed && !w.renewals) {
 			continue
 		}
 		select {
-		case w.ch <- backend.Event{Key: w.key, Type: typ}:
+		case w.ch <- backend.Event{Key: w.key, Type: typ, TTL: ttl}:
 		default: // full: the pending events already tell the receiver to look
 		}
 		if w.notify != nil {

@@ -128,6 +128,7 @@ func Run(t *testing.T, newEnv func(t *testing.T) Env) {
 		{"HeartbeatsAndMembers", testHeartbeats},
 		{"GetFreeKey", testGetFree},
 		{"Watch", testWatch},
+		{"WatchRenewals", testWatchRenewals},
 		{"WatchNotify", testWatchNotify},
 		{"CancelledContext", testCancelled},
 		{"Closed", testClosed},

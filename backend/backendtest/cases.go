@@ -596,6 +596,75 @@ func testWatch(t *testing.T, h *harness) {
 	closed(events, "the backend was closed")
 }
 
+// testWatchRenewals: a RenewalWatcher's WatchRenewals delivers an
+// EventRenewed with the lease's TTL for each renewal (by Renew, and by
+// RenewBatch where the backend has it), between the acquisition's and the
+// release's events; a plain Watch of the same key delivers none.
+func testWatchRenewals(t *testing.T, h *harness) {
+	rw, ok := h.open().(backend.RenewalWatcher)
+	if !ok {
+		t.Skip("backend does not implement backend.RenewalWatcher")
+	}
+	a := h.open()
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel()
+	renewals, err := rw.WatchRenewals(ctx, key, nil)
+	if err != nil {
+		t.Fatalf("WatchRenewals: %v", err)
+	}
+	plain, err := rw.(backend.Watcher).Watch(ctx, key)
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	// next returns the next event of ch within watchBound.
+	next := func(ch <-chan backend.Event, what string) backend.Event {
+		t.Helper()
+		timer := time.NewTimer(watchBound)
+		defer timer.Stop()
+		select {
+		case e, ok := <-ch:
+			if !ok {
+				t.Fatalf("%s: watch channel closed, want an event", what)
+			}
+			return e
+		case <-timer.C:
+			t.Fatalf("%s: no event within %v", what, watchBound)
+		}
+		return backend.Event{}
+	}
+	l := h.acquireKey(a, key, "a", longTTL)
+	if e := next(renewals, "acquire"); e.Type != backend.EventChanged {
+		t.Errorf("acquire: got %v, want %v", e.Type, backend.EventChanged)
+	}
+	if err := a.Renew(h.ctx, l); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	if e := next(renewals, "Renew"); e.Type != backend.EventRenewed || e.TTL != l.TTL || e.Key != key {
+		t.Errorf("Renew: got %+v, want %v of %q with TTL %v", e, backend.EventRenewed, key, l.TTL)
+	}
+	if br, ok := a.(backend.BatchRenewer); ok {
+		if errs := br.RenewBatch(h.ctx, []backend.Lease{l}); errs[0] != nil {
+			t.Fatalf("RenewBatch: %v", errs[0])
+		}
+		if e := next(renewals, "RenewBatch"); e.Type != backend.EventRenewed || e.TTL != l.TTL {
+			t.Errorf("RenewBatch: got %+v, want %v with TTL %v", e, backend.EventRenewed, l.TTL)
+		}
+	}
+	if err := a.Release(h.ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if e := next(renewals, "release"); e.Type != backend.EventReleased && e.Type != backend.EventExpired {
+		t.Errorf("release: got %v, want %v", e.Type, backend.EventReleased)
+	}
+	// The plain watch: the acquisition, then the release, nothing between.
+	if e := next(plain, "acquire (plain Watch)"); e.Type != backend.EventChanged {
+		t.Errorf("plain Watch, acquire: got %v, want %v", e.Type, backend.EventChanged)
+	}
+	if e := next(plain, "release (plain Watch)"); e.Type != backend.EventReleased && e.Type != backend.EventExpired {
+		t.Errorf("plain Watch, after the renewals and the release: got %+v, want %v (no renewal events)", e, backend.EventReleased)
+	}
+}
+
 // calls returns one closure per method of b, each making a call with valid
 // arguments on ctx. l is a lease to renew and release.
 func calls(b backend.Backend, ctx context.Context, l backend.Lease) map[string]func() error {

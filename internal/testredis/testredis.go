@@ -51,6 +51,11 @@ type Config struct {
 	Cluster bool
 	// Args are extra redis-server arguments, e.g. "--notify-keyspace-events", "Kx".
 	Args []string
+	// SteppableClock starts the server with a shim that lets the test step
+	// its wall clock (Server.StepClock), as an NTP step would. It needs a C
+	// compiler (cc) to build the shim; without one the test is skipped
+	// loudly (failed when SOVEREIGN_REQUIRE_REDIS is set). default: false
+	SteppableClock bool
 
 	// sentinelConf is the path of a Sentinel configuration file: when set,
 	// the process runs as a Sentinel (redis-server <file> --sentinel) and
@@ -84,14 +89,29 @@ func Start(t testing.TB) *Server {
 // StartConfig is Start with a Config. With REDIS_ADDR set, cfg is ignored.
 func StartConfig(t testing.TB, cfg Config) *Server {
 	t.Helper()
-	if cfg.Cluster {
+	switch {
+	case cfg.SteppableClock:
+		// An external server's clock cannot be stepped: start one.
+	case cfg.Cluster:
 		if addr := os.Getenv("REDIS_CLUSTER_ADDR"); addr != "" {
 			return &Server{addr: addr, external: true}
 		}
-	} else if addr := os.Getenv("REDIS_ADDR"); addr != "" {
-		return &Server{addr: addr, external: true}
+	default:
+		if addr := os.Getenv("REDIS_ADDR"); addr != "" {
+			return &Server{addr: addr, external: true}
+		}
 	}
 	bin := findServerOrSkip(t, "or set REDIS_ADDR")
+	if cfg.SteppableClock {
+		if _, err := clockShimPath(); err != nil {
+			msg := fmt.Sprintf("testredis: SKIPPING test %s, which steps the server's clock: %v", t.Name(), err)
+			if os.Getenv("SOVEREIGN_REQUIRE_REDIS") != "" {
+				t.Fatal(msg + " (SOVEREIGN_REQUIRE_REDIS is set, so this is a failure)")
+			}
+			fmt.Fprintln(os.Stderr, msg)
+			t.Skip(msg)
+		}
+	}
 	s, err := start(bin, t.TempDir(), cfg)
 	if err != nil {
 		t.Fatalf("testredis: %v", err)
@@ -223,6 +243,13 @@ func (s *Server) launch() error {
 		args = append(args, s.cfg.Args...)
 	}
 	cmd := exec.Command(s.bin, args...)
+	if s.cfg.SteppableClock {
+		env, err := s.clockEnv()
+		if err != nil {
+			return err
+		}
+		cmd.Env = env
+	}
 	cmd.Stdout = s.log
 	cmd.Stderr = s.log
 	// Pdeathsig: the server dies with the process that started it, even when

@@ -89,3 +89,43 @@ func TestPauseResume(t *testing.T) {
 	}
 	s.Pause(t) // Stop at cleanup must still end a paused server
 }
+
+// TestStepClock: a step moves the server's TIME and its key expiry, as an
+// NTP step of its wall clock would, and steps add up.
+func TestStepClock(t *testing.T) {
+	s := testredis.StartConfig(t, testredis.Config{SteppableClock: true})
+	c := s.NewClient(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.Set(ctx, "k", "v", 50*time.Second).Err(); err != nil {
+		t.Fatalf("SET: %v", err)
+	}
+	before, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatalf("TIME: %v", err)
+	}
+	s.StepClock(t, 30*time.Second)
+	after, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatalf("TIME: %v", err)
+	}
+	// The step, give or take the time the two calls took.
+	if d := after.Sub(before); d < 30*time.Second || d > 35*time.Second {
+		t.Errorf("TIME moved by %v across a 30 s step, want 30-35 s", d)
+	}
+	if ttl, err := c.PTTL(ctx, "k").Result(); err != nil || ttl > 20*time.Second || ttl <= 0 {
+		t.Errorf("PTTL after a 30 s step of a 50 s key: %v, %v; want at most 20 s left", ttl, err)
+	}
+	s.StepClock(t, 30*time.Second)
+	if n, err := c.Exists(ctx, "k").Result(); err != nil || n != 0 {
+		t.Errorf("EXISTS after two 30 s steps of a 50 s key: %d, %v; want 0 (expired)", n, err)
+	}
+	s.StepClock(t, -time.Hour)
+	back, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatalf("TIME: %v", err)
+	}
+	if d := before.Sub(back); d < 55*time.Minute || d > time.Hour {
+		t.Errorf("TIME %v after the steps +30 s, +30 s, -1 h; want about 59 min before %v", back, before)
+	}
+}

@@ -1,0 +1,152 @@
+package redisbackend_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	sovereign "github.com/sovereign-go/sovereign"
+	"github.com/sovereign-go/sovereign/internal/electortest"
+	"github.com/sovereign-go/sovereign/internal/testredis"
+	"github.com/sovereign-go/sovereign/lock"
+	"github.com/sovereign-go/sovereign/redisbackend"
+)
+
+// Redis times key expiry by its wall clock, so a step of the server's clock
+// forward by more than a lease's remaining TTL ends the lease at once, with
+// no event, while its holder is well inside its renew deadline. The
+// waiters hear of every renewal (backend.RenewalWatcher) and do not take
+// the key before the last renewal's TTL is up by their own clocks; the
+// holder's next renewal finds its lease gone and it stops (a leader takes
+// the key again at once). These tests step a real redis-server's clock
+// (testredis.Config.SteppableClock) at random moments of the renewal cycle,
+// with a RenewInterval that does not divide the TTL: without the renewal
+// events, a waiter whose look, timed by the TTL it last read, came after a
+// step and before the holder's next renewal took the key while the holder
+// still held it (every run of either test failed).
+
+// clockStepRenew is the RenewInterval of these tests: at TTL 1 s, renewals
+// at 0.4, 0.8, 1.2 s, so the waiters' looks (a TTL after the renewal they
+// read) do not come just after a renewal.
+const clockStepRenew = 400 * time.Millisecond
+
+// TestElectorServerClockStepsForward: three replicas; the server's clock is
+// stepped forward by two TTLs, eight times. No two may lead at once, and
+// terms must keep increasing.
+func TestElectorServerClockStepsForward(t *testing.T) {
+	srv := testredis.StartConfig(t, testredis.Config{SteppableClock: true})
+	rec := &electortest.Recorder{}
+	var es []*sovereign.Elector
+	for _, id := range []string{"r1", "r2", "r3"} {
+		rdb := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
+		b, err := redisbackend.New(rdb, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		e, err := sovereign.New(b, "daemon", id, &sovereign.Options{TTL: electorTTL, RenewInterval: clockStepRenew, Logger: electortest.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec.Campaign(t, e)
+		es = append(es, e)
+	}
+	electortest.Eventually(t, "a leader", func() bool { return len(electortest.Leaders(es...)) == 1 })
+	for range 8 {
+		time.Sleep(electorTTL + rand.N(electorTTL)) // the fault's timing, not synchronisation
+		srv.StepClock(t, 2*electorTTL)
+	}
+	time.Sleep(2 * electorTTL) // the last step's aftermath
+	for _, e := range es {
+		_ = e.Close()
+	}
+	ivs := rec.Intervals()
+	t.Logf("terms: %v", ivs)
+	electortest.CheckNoOverlap(t, ivs)
+	slices.SortFunc(ivs, func(a, b electortest.Interval) int { return a.Start.Compare(b.Start) })
+	for i := 1; i < len(ivs); i++ {
+		if ivs[i].Term <= ivs[i-1].Term {
+			t.Errorf("term %d of %s began after term %d of %s: want a higher term", ivs[i].Term, ivs[i].ID, ivs[i-1].Term, ivs[i-1].ID)
+		}
+	}
+}
+
+// TestLockServerClockStepsForward: two Lockers take turns at one lock with
+// Do, each holding it for about a TTL, while the server's clock is stepped
+// forward by two TTLs, twelve times. A lock whose lease the step ended is
+// lost (its function's context is cancelled at its next renewal); the
+// other Locker, waiting in Do, must not get the lock before that.
+func TestLockServerClockStepsForward(t *testing.T) {
+	srv := testredis.StartConfig(t, testredis.Config{SteppableClock: true})
+	type hold struct {
+		id         string
+		term       uint64
+		start, end time.Time // fn entered; the lock's context done or fn returned
+	}
+	var (
+		mu    sync.Mutex
+		holds []hold
+	)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, id := range []string{"a", "b"} {
+		rdb := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
+		b, err := redisbackend.New(rdb, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		l, err := lock.New(b, id, &lock.Options{TTL: electorTTL, RenewInterval: clockStepRenew, Logger: electortest.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				err := l.Do(ctx, "job", nil, func(fctx context.Context, lk *lock.Lock) error {
+					h := hold{id: id, term: lk.Term(), start: time.Now()}
+					select {
+					case <-fctx.Done():
+					case <-time.After(electorTTL/2 + rand.N(electorTTL)): // holding, not synchronisation
+					}
+					h.end = time.Now()
+					mu.Lock()
+					holds = append(holds, h)
+					mu.Unlock()
+					return nil
+				})
+				if err != nil && ctx.Err() == nil && !errors.Is(err, lock.ErrLockLost) {
+					t.Errorf("%s: Do: %v", id, err)
+				}
+			}
+		})
+	}
+	for range 12 {
+		time.Sleep(electorTTL + rand.N(electorTTL)) // the fault's timing, not synchronisation
+		srv.StepClock(t, 2*electorTTL)
+	}
+	cancel()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	slices.SortFunc(holds, func(a, b hold) int { return a.start.Compare(b.start) })
+	if len(holds) < 8 {
+		t.Errorf("%d holds in 12 to 24 s, want at least 8", len(holds))
+	}
+	for i := 1; i < len(holds); i++ {
+		p, h := holds[i-1], holds[i]
+		if h.start.Before(p.end) {
+			t.Errorf("%s held the lock (term %d) from %s while %s still held it (term %d, until %s): overlap %v",
+				h.id, h.term, h.start.Format("15:04:05.000"), p.id, p.term, p.end.Format("15:04:05.000"), p.end.Sub(h.start))
+		}
+		if h.term <= p.term {
+			t.Errorf("term %d of %s after term %d of %s: want a higher term", h.term, h.id, p.term, p.id)
+		}
+	}
+}
