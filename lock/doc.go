@@ -4,7 +4,7 @@
 // moment the lock is lost or no longer certain, and every acquisition carries
 // a fencing term.
 //
-//	lk, err := lock.New(b, hostname, nil) // nil: default options
+//	lk, err := lock.New(b, id, nil) // id: unique per replica (hostname-pid); nil: default options
 //	if err != nil { ... }
 //	defer lk.Close()
 //	err = lk.Do(ctx, lock.Key("tally", electionID), nil, func(ctx context.Context, l *lock.Lock) error {
