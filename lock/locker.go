@@ -601,7 +601,10 @@ func (l *Locker) Holders(ctx context.Context, key string) ([]backend.Record, err
 // List returns the records of every held lock whose key begins with prefix
 // (every held lock when prefix is empty), sorted by key: one record per
 // holder, so a Shared lock appears once per holder, in term order. Record
-// keys are lock keys, without the backend prefix.
+// keys are lock keys, without the backend prefix. The prefix is matched as a
+// string, not by levels: "alice" lists "alicex/edits/doc-9" too; give
+// "alice/" to list one subject. Intents that hierarchical locks take on
+// their ancestors are not holders and are not listed.
 func (l *Locker) List(ctx context.Context, prefix string) ([]backend.Record, error) {
 	ctx, end, err := l.beginRequest(ctx)
 	if err != nil {
@@ -639,7 +642,8 @@ type SubjectStats struct {
 // Stats returns per-subject counts of the locks held whose keys begin with
 // prefix (every lock when prefix is empty), sorted by subject: one List
 // call, for dashboards ("3 consolidation locks, 2 of them shared, the
-// oldest held by alice since 10:02").
+// oldest held by alice since 10:02"). The prefix is matched as List matches
+// it, as a string.
 func (l *Locker) Stats(ctx context.Context, prefix string) ([]SubjectStats, error) {
 	recs, err := l.List(ctx, prefix)
 	if err != nil {
