@@ -112,5 +112,9 @@
 //
 // Use memorybackend in tests: its clients can be partitioned, hung or slowed
 // down, and inside a testing/synctest bubble every TTL and renewal runs on
-// virtual time.
+// virtual time. Create the store, and close every Locker, inside the bubble:
+// a Locker's goroutines and timers belong to it. A holder that crashed is a
+// client that was partitioned: its lock is free one TTL after its last
+// renewal, and its context was cancelled at its renew deadline before that
+// (examples/tally/main_test.go tests an HTTP service this way).
 package lock
