@@ -172,8 +172,11 @@ type AcquireOptions struct {
 	// is released. A job that every replica starts at each tick under TryDo
 	// with a MinHold of most of the period runs once a period, even on a
 	// replica whose tick comes after the job has finished elsewhere
-	// (ShedLock's lockAtLeastFor). At most MaxHold when MaxHold is set; not
-	// with NoRenew.
+	// (ShedLock's lockAtLeastFor), as long as it comes less than MinHold
+	// after the first replica's: a replica that reaches a tick later (paused
+	// or overloaded across it) should skip it, or it runs the job again and
+	// holds the lock across the next tick. At most MaxHold when MaxHold is
+	// set; not with NoRenew.
 	MinHold time.Duration
 
 	// Mode is Exclusive (the zero value: the holder is alone on the key) or
