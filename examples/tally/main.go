@@ -87,6 +87,13 @@ func (s *server) create(w http.ResponseWriter, r *http.Request) {
 	lk, err := s.l.TryAcquire(r.Context(), electionKey(n), &lock.AcquireOptions{Metadata: md})
 	var held *lock.HeldError
 	switch {
+	case errors.As(err, &held) && held.MayBeHeld:
+		// The store restarted less than a TTL ago (redisbackend's
+		// RestartGuard) and cannot tell whether a tally runs: nobody to
+		// name, try again when the refusal ends.
+		w.Header().Set("Retry-After", fmt.Sprint(int(held.Holder.TTL.Seconds())+1))
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
 	case errors.As(err, &held):
 		h := held.Holder
 		w.Header().Set("Content-Type", "application/json")

@@ -148,3 +148,22 @@ func TestFreeOneTTLAfterTheHolderStopsRenewing(t *testing.T) {
 		}
 	})
 }
+
+// After a restart that may have lost the lease (redisbackend's RestartGuard;
+// RestartOptions.Guard here), the store refuses the key without a holder to
+// name: 503 with Retry-After, then 202 once the refusal ends.
+func TestRestartGuardGets503(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memorybackend.NewStore()
+		b := newTestServer(t, store.Client(), "svc-b")
+		store.Restart(&memorybackend.RestartOptions{Guard: testTTL})
+		w := postTally(b, "bob")
+		if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "4" {
+			t.Fatalf("request right after the restart: got %d, Retry-After %q, %s; want 503, Retry-After 4", w.Code, w.Header().Get("Retry-After"), w.Body)
+		}
+		time.Sleep(testTTL)
+		if w := postTally(b, "bob"); w.Code != http.StatusAccepted {
+			t.Fatalf("request once the refusal ended: got %d %s, want 202", w.Code, w.Body)
+		}
+	})
+}
