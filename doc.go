@@ -7,7 +7,7 @@
 // tests) and calls your function while it leads:
 //
 //	b, _ := redisbackend.New(redisClient, nil)
-//	e, err := sovereign.New(b, "billing-cron", hostname, nil)
+//	e, err := sovereign.New(b, "billing-cron", id, nil) // id: unique per replica (hostname-pid), not the hostname
 //	if err != nil { ... }
 //	err = e.Run(ctx, func(ctx context.Context) error {
 //		// Leader work. ctx is cancelled the moment leadership is lost or

@@ -10,7 +10,7 @@
 //	defer cli.Close()
 //	b, _ := etcdbackend.New(cli, nil) // keys under "sovereign/"
 //	defer b.Close()                   // does not close cli
-//	e, _ := sovereign.New(b, "scheduler", hostname, nil)
+//	e, _ := sovereign.New(b, "scheduler", id, nil) // id: unique per replica
 //
 // # How leases map onto etcd
 //

@@ -671,15 +671,16 @@ func heldError(key string, held *backend.HeldError) *HeldError {
 // the moment the lock is lost (or ctx ends, or Close is called), and
 // releases the lock once fn has returned, renewing it meanwhile, so nobody
 // else acquires it while fn winds down. It returns fn's error; when the lock
-// was lost while fn ran, the result also matches ErrLockLost (and carries
-// the reason). When the lock cannot be acquired, Do returns Acquire's error
+// was lost while fn ran, the result is fn's error joined (errors.Join: one
+// line each) with Release's, which matches ErrLockLost and carries the
+// reason. When the lock cannot be acquired, Do returns Acquire's error
 // and never calls fn; nor when ctx ended while the acquisition's reply was
 // on its way (the lock is then released at once, and the error matches
 // ctx's). A failed release is retried in the background and
 // logged, not returned. After a pause (a long GC pause, SIGSTOP) the timer
 // that cancels fn's context falls due together with fn's own timers, and a
 // select may see fn's first: call Lock.Held, which reads the clock, right
-// before each action.
+// before each action (when it answers false, Lock.Err already says why).
 func (l *Locker) Do(ctx context.Context, key string, opts *AcquireOptions, fn func(ctx context.Context, l *Lock) error) error {
 	return l.do(ctx, key, opts, fn, l.Acquire)
 }

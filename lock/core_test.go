@@ -29,7 +29,8 @@ func (m *onLost) Lost(string, string) { m.f() }
 // timer's callback, which steps them down one after the other), the second
 // are past their deadline but not stepped down yet. Locks 0 and 1 are asked
 // Held, 2 and 3 SetMetadata (which would step them down first): one of each
-// pair is still up when the first loss is reported.
+// pair is still up when the first loss is reported. Once Held has answered
+// false, Err says why, though the timer has not stepped the lock down yet.
 func TestHeldChecksTheClock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memorybackend.NewStore()
@@ -51,6 +52,7 @@ func TestHeldChecksTheClock(t *testing.T) {
 		var (
 			first    atomic.Bool
 			held     [2]bool
+			errs     [2]error
 			metadata [2]error
 			at       time.Time
 			done     = make(chan struct{})
@@ -61,6 +63,7 @@ func TestHeldChecksTheClock(t *testing.T) {
 			}
 			at = time.Now()
 			held[0], held[1] = locks[0].Held(), locks[1].Held()
+			errs[0], errs[1] = locks[0].Err(), locks[1].Err()
 			for i, lk := range locks[2:] {
 				metadata[i] = lk.SetMetadata(context.Background(), map[string]string{"late": "yes"})
 			}
@@ -77,6 +80,9 @@ func TestHeldChecksTheClock(t *testing.T) {
 		for i := range 2 {
 			if held[i] {
 				t.Errorf("lock %d: Held at %v, past its deadline %v: got true, want false", i, at, locks[i].Deadline())
+			}
+			if !errors.Is(errs[i], lock.ErrLockLost) {
+				t.Errorf("lock %d: Err right after Held answered false: got %v, want ErrLockLost", i, errs[i])
 			}
 			if !errors.Is(metadata[i], lock.ErrLockLost) {
 				t.Errorf("lock %d: SetMetadata past its deadline: got %v, want ErrLockLost", i+2, metadata[i])

@@ -4,7 +4,7 @@
 // moment the lock is lost or no longer certain, and every acquisition carries
 // a fencing term.
 //
-//	lk, err := lock.New(b, hostname, nil) // nil: default options
+//	lk, err := lock.New(b, id, nil) // id: unique per replica (hostname-pid); nil: default options
 //	if err != nil { ... }
 //	defer lk.Close()
 //	err = lk.Do(ctx, lock.Key("tally", electionID), nil, func(ctx context.Context, l *lock.Lock) error {
@@ -112,5 +112,9 @@
 //
 // Use memorybackend in tests: its clients can be partitioned, hung or slowed
 // down, and inside a testing/synctest bubble every TTL and renewal runs on
-// virtual time.
+// virtual time. Create the store, and close every Locker, inside the bubble:
+// a Locker's goroutines and timers belong to it. A holder that crashed is a
+// client that was partitioned: its lock is free one TTL after its last
+// renewal, and its context was cancelled at its renew deadline before that
+// (examples/tally/main_test.go tests an HTTP service this way).
 package lock

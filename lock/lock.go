@@ -370,7 +370,10 @@ func (lk *Lock) Err() error {
 // Held reports whether the lock is held now: not released, lost or stopped,
 // and its renew deadline not passed. It does no I/O and checks the deadline
 // against the monotonic clock on every call, so a process that was paused
-// answers false as soon as it runs again.
+// answers false as soon as it runs again. When it finds the deadline passed
+// before the timer that cancels the lock's context has run, it cancels the
+// context itself: once Held has answered false, Err and Context report the
+// loss (cause matching ErrLockLost).
 func (lk *Lock) Held() bool { return lk.hold.Held() }
 
 // Deadline returns when the lock will be considered lost unless a renewal

@@ -172,8 +172,11 @@ type AcquireOptions struct {
 	// is released. A job that every replica starts at each tick under TryDo
 	// with a MinHold of most of the period runs once a period, even on a
 	// replica whose tick comes after the job has finished elsewhere
-	// (ShedLock's lockAtLeastFor). At most MaxHold when MaxHold is set; not
-	// with NoRenew.
+	// (ShedLock's lockAtLeastFor), as long as it comes less than MinHold
+	// after the first replica's: a replica that reaches a tick later (paused
+	// or overloaded across it) should skip it, or it runs the job again and
+	// holds the lock across the next tick. At most MaxHold when MaxHold is
+	// set; not with NoRenew.
 	MinHold time.Duration
 
 	// Mode is Exclusive (the zero value: the holder is alone on the key) or
@@ -601,7 +604,10 @@ func (l *Locker) Holders(ctx context.Context, key string) ([]backend.Record, err
 // List returns the records of every held lock whose key begins with prefix
 // (every held lock when prefix is empty), sorted by key: one record per
 // holder, so a Shared lock appears once per holder, in term order. Record
-// keys are lock keys, without the backend prefix.
+// keys are lock keys, without the backend prefix. The prefix is matched as a
+// string, not by levels: "alice" lists "alicex/edits/doc-9" too; give
+// "alice/" to list one subject. Intents that hierarchical locks take on
+// their ancestors are not holders and are not listed.
 func (l *Locker) List(ctx context.Context, prefix string) ([]backend.Record, error) {
 	ctx, end, err := l.beginRequest(ctx)
 	if err != nil {
@@ -639,7 +645,8 @@ type SubjectStats struct {
 // Stats returns per-subject counts of the locks held whose keys begin with
 // prefix (every lock when prefix is empty), sorted by subject: one List
 // call, for dashboards ("3 consolidation locks, 2 of them shared, the
-// oldest held by alice since 10:02").
+// oldest held by alice since 10:02"). The prefix is matched as List matches
+// it, as a string.
 func (l *Locker) Stats(ctx context.Context, prefix string) ([]SubjectStats, error) {
 	recs, err := l.List(ctx, prefix)
 	if err != nil {

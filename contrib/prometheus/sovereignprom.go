@@ -8,7 +8,7 @@
 //	reg := prometheus.NewRegistry()
 //	m, err := sovereignprom.New(reg, nil)
 //	...
-//	e, err := sovereign.New(b, "billing-cron", hostname, &sovereign.Options{Metrics: m})
+//	e, err := sovereign.New(b, "billing-cron", id, &sovereign.Options{Metrics: m})
 //	m.Init("billing-cron") // export is_leader 0 before the first leadership
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 //
