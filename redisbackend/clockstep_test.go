@@ -3,9 +3,13 @@ package redisbackend_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"net"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -149,4 +153,106 @@ func TestLockServerClockStepsForward(t *testing.T) {
 			t.Errorf("term %d of %s after term %d of %s: want a higher term", h.term, h.id, p.term, p.id)
 		}
 	}
+}
+
+// acquireCounter counts a client's acquisition scripts (EVALSHA or EVAL
+// with two keys, the second the term counter), sent alone or in a
+// pipeline, and can cut the client off from the server.
+type acquireCounter struct {
+	n   atomic.Int64
+	cut atomic.Bool
+}
+
+func (h *acquireCounter) count(cmd redis.Cmder) {
+	args := cmd.Args()
+	if name := cmd.Name(); (name == "evalsha" || name == "eval") && len(args) >= 5 && fmt.Sprint(args[2]) == "2" &&
+		strings.HasSuffix(fmt.Sprint(args[4]), ":term") {
+		h.n.Add(1)
+	}
+}
+
+func (h *acquireCounter) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if h.cut.Load() {
+			return nil, errCut
+		}
+		return next(ctx, network, addr)
+	}
+}
+
+func (h *acquireCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.cut.Load() {
+			cmd.SetErr(errCut)
+			return errCut
+		}
+		h.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *acquireCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.cut.Load() {
+			for _, c := range cmds {
+				c.SetErr(errCut)
+			}
+			return errCut
+		}
+		for _, c := range cmds {
+			h.count(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestFollowerHearsRenewals: a follower that hears of the leader's
+// renewals makes no attempt while they come (it used to look once a TTL),
+// and takes over once they stop: a TTL after the last one, not sooner.
+func TestFollowerHearsRenewals(t *testing.T) {
+	srv := testredis.Start(t)
+	newElector := func(id string, h *acquireCounter) *sovereign.Elector {
+		rdb := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
+		rdb.AddHook(h)
+		b, err := redisbackend.New(rdb, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		e, err := sovereign.New(b, "daemon", id, &sovereign.Options{TTL: electorTTL, Logger: electortest.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	ha, hb := &acquireCounter{}, &acquireCounter{}
+	rec := &electortest.Recorder{}
+	a := newElector("a", ha)
+	rec.Campaign(t, a)
+	electortest.Eventually(t, "a leads", a.IsLeader)
+	b := newElector("b", hb)
+	rec.Campaign(t, b)
+	electortest.Eventually(t, "b's first attempt", func() bool { return hb.n.Load() > 0 })
+	before := hb.n.Load()
+	time.Sleep(3 * electorTTL) // the window observed, not synchronisation
+	if n := hb.n.Load() - before; n != 0 {
+		t.Errorf("the follower made %d acquisition attempts in 3 TTLs while the leader renewed, want 0", n)
+	}
+	// The leader is cut off: its renewals stop.
+	ha.cut.Store(true)
+	cut := time.Now()
+	electortest.Eventually(t, "b leads", b.IsLeader)
+	ivs := rec.Intervals()
+	electortest.CheckNoOverlap(t, ivs)
+	var took time.Duration
+	for _, iv := range ivs {
+		if iv.ID == "b" {
+			took = iv.Start.Sub(cut)
+		}
+	}
+	// The last renewal came at most RenewInterval (TTL/3) before the cut.
+	if took < electorTTL-electorTTL/3 || took > 2*electorTTL {
+		t.Errorf("b led %v after the leader was cut off, want between 2/3 TTL and 2 TTLs (a TTL after the last renewal)", took)
+	}
+	t.Logf("b led %v after the leader was cut off; it made %d attempts in all", took, hb.n.Load())
 }
