@@ -11,8 +11,8 @@ import (
 )
 
 // Event is something that happened to an elector: one of StateChanged,
-// LeadershipAcquired, LeadershipLost, LeaderChanged, ElectionFailed and
-// EventsDropped. Listeners switch on the concrete type.
+// LeadershipAcquired, LeadershipLost, LeaderChanged, LeaderStale,
+// ElectionFailed and EventsDropped. Listeners switch on the concrete type.
 type Event interface {
 	event()
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -24,6 +25,16 @@ type kaStream struct {
 	waiters []*kaWaiter        // requests sent on stream, awaiting their replies, oldest first
 }
 
+// kaHedgeAfter is how long a keep-alive waits for its reply before a copy
+// is sent on a stream of its own, and then the next copy, up to kaHedges
+// copies (see keepAliveOnce): a renewal with an elector's default
+// RequestTimeout (2 s) tries up to four streams, some of which may go to a
+// member that hangs.
+const (
+	kaHedgeAfter = 500 * time.Millisecond
+	kaHedges     = 3
+)
+
 // kaWaiter is one keep-alive sent on the stream.
 type kaWaiter struct {
 	id   clientv3.LeaseID
@@ -38,6 +49,20 @@ type kaWaiter struct {
 // etcd no longer has gives an error matching rpctypes.ErrLeaseNotFound, as
 // clientv3's KeepAliveOnce does. When the stream cannot be opened it falls
 // back to KeepAliveOnce.
+//
+// A keep-alive still without a reply after kaHedgeAfter is sent again
+// through KeepAliveOnce, on a stream of its own, up to kaHedges times, and
+// the first reply wins. etcd answers the requests of a stream in order, so
+// one that is stuck holds up every later one: a follower forwards
+// keep-alives to the raft leader and waits up to its request timeout (7 s
+// with etcd's default timing) when that leader hangs (SIGSTOP, a frozen VM,
+// a disk stall), and a stream on a member that hangs waits until gRPC's
+// keepalive drops the connection (10 to 13 s). Either outlasted a leader's
+// renew deadline, although etcd had another raft leader within about a
+// second. A stream of its own goes on the client's next connection (its
+// balancer is round robin), and once the follower knows the new raft leader
+// its forward goes there. The keep-alive stream is kept: a slow one still
+// answers. A keep-alive is idempotent, so sending one twice is harmless.
 func (b *Backend) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) (ttl int64, err error) {
 	w, err := b.sendKeepAlive(ctx, id)
 	if err != nil {
@@ -47,18 +72,51 @@ func (b *Backend) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) (ttl i
 		}
 		return resp.TTL, nil
 	}
-	select {
-	case <-w.done:
-		switch {
-		case w.err != nil:
-			return 0, clientv3.ContextError(ctx, w.err)
-		case w.ttl <= 0:
-			return 0, rpctypes.ErrLeaseNotFound
+	hctx, cancel := context.WithCancel(ctx)
+	var hedges sync.WaitGroup
+	defer func() {
+		cancel()
+		hedges.Wait()
+	}()
+	type result struct {
+		ttl int64
+		err error
+	}
+	hedged := make(chan result, kaHedges)
+	t := time.NewTimer(kaHedgeAfter)
+	defer t.Stop()
+	for sent := 0; ; {
+		select {
+		case <-w.done:
+			switch {
+			case w.err != nil:
+				return 0, clientv3.ContextError(ctx, w.err)
+			case w.ttl <= 0:
+				return 0, rpctypes.ErrLeaseNotFound
+			}
+			return w.ttl, nil
+		case r := <-hedged:
+			if r.err == nil || errors.Is(r.err, rpctypes.ErrLeaseNotFound) {
+				return r.ttl, r.err
+			}
+			// Keep waiting for the stream and the other copies.
+		case <-ctx.Done():
+			// The reply, when it comes, is read and dropped by the reader.
+			return 0, ctx.Err()
+		case <-t.C:
+			sent++
+			hedges.Go(func() {
+				resp, err := b.cli.KeepAliveOnce(hctx, id)
+				if err != nil {
+					hedged <- result{err: err}
+					return
+				}
+				hedged <- result{ttl: resp.TTL}
+			})
+			if sent < kaHedges {
+				t.Reset(kaHedgeAfter)
+			}
 		}
-		return w.ttl, nil
-	case <-ctx.Done():
-		// The reply, when it comes, is read and dropped by the reader.
-		return 0, ctx.Err()
 	}
 }
 

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
+	"github.com/sovereign-go/sovereign/etcdbackend"
+	"github.com/sovereign-go/sovereign/internal/testetcd"
 	"github.com/sovereign-go/sovereign/memorybackend"
 )
 
@@ -446,5 +448,37 @@ func TestServeRedis(t *testing.T) {
 	p.signal(syscall.SIGTERM)
 	if code := p.wait(); code != 0 {
 		t.Fatalf("got serve exit %d after SIGTERM, want 0", code)
+	}
+}
+
+// TestServeEtcdHolderHeartbeat runs the status server on etcd, whose List
+// records carry no heartbeat: the holder's heartbeat must still show, from
+// its member record, and the page must not warn that the holder has none
+// (every etcd election showed "heartbeat none" and that warning).
+func TestServeEtcdHolderHeartbeat(t *testing.T) {
+	cluster := testetcd.Start(t)
+	b, err := etcdbackend.New(cluster.Client(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	heartbeat(t, b, "job", "a", "b")
+	acquire(t, b, "job", "a", time.Minute, nil)
+	acquire(t, b, "orphan", "c", time.Minute, nil) // no heartbeat: the warning stays
+	hs := startServe(t, b)
+	snap := subscribeEvents(t, hs.URL).next(func(s snapshot) bool { return s.OK && len(s.Entries) == 2 })
+	for _, e := range snap.Entries {
+		switch e.Key {
+		case "job":
+			if e.Holder != "a" || e.LastHeartbeat == nil || e.HeartbeatAgeSeconds == nil || len(e.Warnings) != 0 {
+				t.Errorf("job: got holder %q, heartbeat %v, warnings %q; want a, its heartbeat, no warning", e.Holder, e.LastHeartbeat, e.Warnings)
+			}
+		case "orphan":
+			if e.LastHeartbeat != nil || len(e.Warnings) != 1 || !strings.Contains(e.Warnings[0], "no live heartbeat") {
+				t.Errorf("orphan: got heartbeat %v, warnings %q; want none and the missing-heartbeat warning", e.LastHeartbeat, e.Warnings)
+			}
+		default:
+			t.Errorf("got entry %q, want job and orphan only", e.Key)
+		}
 	}
 }

@@ -117,6 +117,12 @@ func newEntry(key string, rec *backend.Record, members []backend.Member) entry {
 		}
 	}
 	for _, m := range members {
+		if rec != nil && m.ID == rec.HolderID && e.LastHeartbeat == nil {
+			// A record from List need not carry the holder's heartbeat
+			// (etcd's does not): take it from the holder's member record.
+			t, age := m.HeartbeatAt, ms(m.Age)
+			e.LastHeartbeat, e.HeartbeatAgeSeconds = &t, &age
+		}
 		e.Members = append(e.Members, member{
 			ID:            m.ID,
 			LastHeartbeat: m.HeartbeatAt,

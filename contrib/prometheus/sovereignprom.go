@@ -88,8 +88,9 @@
 //
 // alerts.yaml, beside this package's source, holds example Prometheus
 // alerting rules over these metrics (no leader, no replica reporting, more
-// than one leader, flapping, involuntary loss, renew failures, dropped
-// events, lost locks), with promtool unit tests in testdata.
+// than one leader, flapping, involuntary loss, renew failures, a fencing
+// term that went back, dropped events, lost locks), with promtool unit tests
+// in testdata.
 package sovereignprom
 
 import (
