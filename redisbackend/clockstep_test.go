@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -157,10 +156,10 @@ func TestLockServerClockStepsForward(t *testing.T) {
 
 // acquireCounter counts a client's acquisition scripts (EVALSHA or EVAL
 // with two keys, the second the term counter), sent alone or in a
-// pipeline, and can cut the client off from the server.
+// pipeline; its cutHook can cut the client off from the server.
 type acquireCounter struct {
-	n   atomic.Int64
-	cut atomic.Bool
+	cutHook
+	n atomic.Int64
 }
 
 func (h *acquireCounter) count(cmd redis.Cmder) {
@@ -171,39 +170,20 @@ func (h *acquireCounter) count(cmd redis.Cmder) {
 	}
 }
 
-func (h *acquireCounter) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if h.cut.Load() {
-			return nil, errCut
-		}
-		return next(ctx, network, addr)
-	}
-}
-
 func (h *acquireCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if h.cut.Load() {
-			cmd.SetErr(errCut)
-			return errCut
-		}
+	return h.cutHook.ProcessHook(func(ctx context.Context, cmd redis.Cmder) error {
 		h.count(cmd)
 		return next(ctx, cmd)
-	}
+	})
 }
 
 func (h *acquireCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if h.cut.Load() {
-			for _, c := range cmds {
-				c.SetErr(errCut)
-			}
-			return errCut
-		}
+	return h.cutHook.ProcessPipelineHook(func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, c := range cmds {
 			h.count(c)
 		}
 		return next(ctx, cmds)
-	}
+	})
 }
 
 // TestFollowerHearsRenewals: a follower that hears of the leader's
