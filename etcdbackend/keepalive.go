@@ -27,12 +27,15 @@ type kaStream struct {
 
 // kaHedgeAfter is how long a keep-alive waits for its reply before a copy
 // is sent on a stream of its own, and then the next copy, up to kaHedges
-// copies (see keepAliveOnce): a renewal with an elector's default
-// RequestTimeout (2 s) tries up to four streams, some of which may go to a
-// member that hangs.
+// copies (see keepAliveOnce), or a quarter of the call's time when that is
+// shorter: a renewal with an elector's default RequestTimeout (2 s) tries
+// up to four streams, some of which may go to a member that hangs.
 const (
 	kaHedgeAfter = 500 * time.Millisecond
 	kaHedges     = 3
+	// kaHedgeMin bounds the wait before a copy from below, whatever the
+	// call's deadline.
+	kaHedgeMin = 20 * time.Millisecond
 )
 
 // kaWaiter is one keep-alive sent on the stream.
@@ -83,7 +86,13 @@ func (b *Backend) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) (ttl i
 		err error
 	}
 	hedged := make(chan result, kaHedges)
-	t := time.NewTimer(kaHedgeAfter)
+	// A call with less time than that (a short TTL's RequestTimeout) sends
+	// its copies at quarters of its time, so that they can still answer.
+	after := kaHedgeAfter
+	if dl, ok := ctx.Deadline(); ok {
+		after = max(min(after, time.Until(dl)/(kaHedges+1)), kaHedgeMin)
+	}
+	t := time.NewTimer(after)
 	defer t.Stop()
 	for sent := 0; ; {
 		select {
@@ -114,7 +123,7 @@ func (b *Backend) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) (ttl i
 				hedged <- result{ttl: resp.TTL}
 			})
 			if sent < kaHedges {
-				t.Reset(kaHedgeAfter)
+				t.Reset(after)
 			}
 		}
 	}

@@ -102,9 +102,11 @@ func TestStuckKeepAliveIsSentAgain(t *testing.T) {
 	if err := b.Renew(ctx, l); err != nil { // the keep-alive stream is open now
 		t.Fatal(err)
 	}
-	for i := range 2 {
+	// An elector's default RequestTimeout (2 s) twice, then the one of a
+	// TTL of 2 s (400 ms): its copies go at quarters of its time.
+	for i, timeout := range []time.Duration{2 * time.Second, 2 * time.Second, 400 * time.Millisecond} {
 		k.stick()
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second) // an elector's default RequestTimeout
+		rctx, cancel := context.WithTimeout(ctx, timeout)
 		start := time.Now()
 		err := b.Renew(rctx, l)
 		cancel()
