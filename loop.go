@@ -107,6 +107,12 @@ func (e *Elector) campaignStep() (until time.Time, wait bool) {
 				e.lookAfterReset(ctx, ls)
 				continue
 			}
+			if now.Before(ls.renewedUntil) && !now.Before(ls.reclaimUntil) {
+				// The lease renewed last lives until then (see
+				// renewedEvent), whatever set this attempt earlier.
+				ls.nextAttempt = ls.renewedUntil
+				continue
+			}
 			if lease, sent, rec, ok := e.attempt(ctx, ls); ok {
 				ls.renewedUntil = time.Time{}
 				e.leadBegin(lease, sent, rec)
@@ -134,9 +140,14 @@ func (e *Elector) campaignStep() (until time.Time, wait bool) {
 			if ev.Type == backend.EventReset && ls.answered {
 				e.suspect(ls)
 			}
+			if ev.Type != backend.EventReset {
+				// Released, expired, or changed (acquired anew, say): the
+				// lease the renewals told of may be gone, and the look
+				// below learns the holder's TTL.
+				ls.renewedUntil = time.Time{}
+			}
 			gone := ev.Type == backend.EventReleased || ev.Type == backend.EventExpired
 			if gone {
-				ls.renewedUntil = time.Time{}
 				e.setLeader(Record{})
 				if canAttempt {
 					e.setState(Candidate)
