@@ -661,6 +661,9 @@ func caps(b backend.Backend) []string {
 	if _, ok := b.(backend.Modes); ok {
 		cs = append(cs, "Modes")
 	}
+	if _, ok := b.(backend.RenewalWatcher); ok {
+		cs = append(cs, "RenewalWatcher")
+	}
 	return cs
 }
 

@@ -137,6 +137,13 @@ func (c *crashable) Watch(ctx context.Context, key string) (<-chan backend.Event
 	return c.watcher.Watch(ctx, key)
 }
 
+func (c *crashable) watchRenewals(ctx context.Context, inner backend.RenewalWatcher, key string, notify func()) (<-chan backend.Event, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	return inner.WatchRenewals(ctx, key, notify)
+}
+
 func (c *crashable) Close() error { return c.inner.Close() }
 
 func (c *crashable) renewBatch(ctx context.Context, inner backend.BatchRenewer, leases []backend.Lease) []error {

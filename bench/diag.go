@@ -245,6 +245,15 @@ func (c *countingBackend) RemoveMember(ctx context.Context, key, id string) erro
 	return err
 }
 
+// watchRenewals counts the subscription call, as Watch does; the events of
+// such a watch are not counted by type.
+func (c *countingBackend) watchRenewals(ctx context.Context, inner backend.RenewalWatcher, key string, notify func()) (<-chan backend.Event, error) {
+	t0 := time.Now()
+	ch, err := inner.WatchRenewals(ctx, key, notify)
+	c.done(opWatch, t0, err)
+	return ch, err
+}
+
 func (c *countingBackend) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
 	if c.watcher == nil {
 		return nil, errors.ErrUnsupported

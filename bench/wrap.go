@@ -27,6 +27,7 @@ type wrapper interface {
 	acquireMode(ctx context.Context, inner backend.Modes, req backend.ModeRequest) (backend.Lease, error)
 	holders(ctx context.Context, inner backend.Modes, key string) ([]backend.Record, error)
 	cancelWait(ctx context.Context, inner backend.Modes, key, waitID string) error
+	watchRenewals(ctx context.Context, inner backend.RenewalWatcher, key string, notify func()) (<-chan backend.Event, error)
 }
 
 // capBase forwards the Backend and Watcher methods to the wrapper and the
@@ -62,6 +63,12 @@ func (x capBatchHeartbeat) HeartbeatBatch(ctx context.Context, reqs []backend.He
 	return x.c.heartbeatBatch(ctx, x.c.inner.(backend.BatchHeartbeater), reqs)
 }
 
+type capRenewals struct{ c *capBase }
+
+func (x capRenewals) WatchRenewals(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
+	return x.c.watchRenewals(ctx, x.c.inner.(backend.RenewalWatcher), key, notify)
+}
+
 type capModes struct{ c *capBase }
 
 func (x capModes) ModeSupport() backend.ModeSupport { return x.c.inner.(backend.Modes).ModeSupport() }
@@ -86,8 +93,19 @@ func compose(w wrapper, inner backend.Backend) backend.Backend {
 	_, br := inner.(backend.BatchRenewer)
 	_, bh := inner.(backend.BatchHeartbeater)
 	_, md := inner.(backend.Modes)
+	_, rw := inner.(backend.RenewalWatcher)
 	r, h, m := capBatchRenew{c}, capBatchHeartbeat{c}, capModes{c}
 	switch {
+	case br && bh && md && rw: // Redis
+		return &struct {
+			*capBase
+			capBatchRenew
+			capBatchHeartbeat
+			capModes
+			capRenewals
+		}{c, r, h, m, capRenewals{c}}
+	case rw:
+		panic("bench: compose: a backend.RenewalWatcher without BatchRenewer, BatchHeartbeater and Modes has no wrapper")
 	case br && bh && md:
 		return &struct {
 			*capBase
@@ -239,6 +257,15 @@ func (l *limiter) RemoveMember(ctx context.Context, key, id string) error {
 	}
 	defer l.leave()
 	return l.inner.RemoveMember(ctx, key, id)
+}
+
+// watchRenewals limits the subscription call only, as Watch does.
+func (l *limiter) watchRenewals(ctx context.Context, inner backend.RenewalWatcher, key string, notify func()) (<-chan backend.Event, error) {
+	if err := l.enter(ctx); err != nil {
+		return nil, err
+	}
+	defer l.leave()
+	return inner.WatchRenewals(ctx, key, notify)
 }
 
 // Watch limits the subscription call only, not the watch's lifetime.
