@@ -2,6 +2,7 @@ package etcdbackend
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -27,4 +28,29 @@ func DeleteOrphans(ctx context.Context, b *Backend, id int64, orphans []string, 
 // at acquiredAt (newSessionToken).
 func SessionToken(id int64, acquiredAt time.Time) string {
 	return newSessionToken(clientv3.LeaseID(id), acquiredAt)
+}
+
+// Owns reports whether b counts key, or an etcd key of an entry of key, as
+// held on one of its session leases (own, disown).
+func Owns(b *Backend, key string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range b.owned {
+		for k := range m {
+			if k == key || strings.HasPrefix(k, key+"\x00") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// CleanUpEntries starts the background clean-up of entry l, an entry on
+// one of b's sessions, that a Release or an acquisition whose outcome is
+// unknown starts (cleanUpEntries).
+func CleanUpEntries(b *Backend, l backend.Lease) {
+	id, _ := parseToken(l.Token)
+	req := backend.ModeRequest{AcquireRequest: backend.AcquireRequest{Key: l.Key, HolderID: l.HolderID},
+		Mode: l.Entry.Mode, Limit: l.Entry.Limit, Ancestors: l.Entry.Ancestors}
+	b.cleanUpEntries(req, id, []string{l.Token})
 }
