@@ -54,7 +54,8 @@ type loopState struct {
 	reclaimUntil time.Time
 	// renewedUntil is how long the holder's lease lives at least, by this
 	// elector's clock, from the last renewal its watch told of (see
-	// renewedEvent); zero after a release or an expiry.
+	// renewedEvent); zero after any other event but a reset (a release,
+	// an expiry, a change) and once this elector leads.
 	renewedUntil time.Time
 }
 
@@ -176,7 +177,8 @@ func (e *Elector) campaignStep() (until time.Time, wait bool) {
 // even if the store would show the key free sooner (its clock stepped
 // forward, the key evicted or deleted by hand): only the lease's TTL ends
 // it. A holder that stops renewing is looked at when its last renewal's TTL
-// is up, as after a read, and a release or an expiry clears the bound.
+// is up, as after a read, and any other event but a reset clears the
+// bound (see campaignStep).
 // While this elector may reclaim a lease of its own that the store lost
 // (reclaimUntil), a renewal can only be of that lease, told late: it is
 // not taken, or the reclaim would wait a TTL.
