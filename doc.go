@@ -100,9 +100,12 @@
 // refuses every free key but a reclaim until the server has been up for a
 // TTL (a backend.HeldError with MayBeHeld; the candidate attempts again
 // when the refusal ends). A store that deletes a live lease
-// without any sign (an evicted key, a delete by hand) breaks the first
-// proviso: the old leader learns of it from its next renewal, within
-// RenewInterval + RequestTimeout. Fencing terms increase across a loss on
+// without any sign (an evicted key, a delete by hand, a Redis server whose
+// clock was stepped forward, which expires keys early) is taken by no
+// follower that heard of the lease's renewals (backend.RenewalWatcher:
+// Redis) before a TTL after the last one; the old leader learns of it from
+// its next renewal, within RenewInterval + RequestTimeout, and takes the key
+// again. A caller that was not watching may take it meanwhile. Fencing terms increase across a loss on
 // Redis (they follow the server's clock, see redisbackend) and in memory,
 // and on etcd when a restore raises the revision (see etcdbackend), so a
 // downstream store that checks terms rejects the old leader's late writes.

@@ -134,10 +134,16 @@
 // publish on the key's channel, so waiting candidates learn of a release
 // within milliseconds; the release of an entry of backend.Modes is
 // published on its key's channel and on each of its ancestors', and
-// CancelWait publishes a change on the key's channel. The expiry of a crashed holder's lease is not
-// published (keyspace notifications are not used; the backend never runs
-// CONFIG SET): the elector schedules its next attempt from the TTL the
-// record reports. A pub/sub connection silent for two intervals of
+// CancelWait publishes a change on the key's channel. Renew and RenewBatch
+// publish each renewal ("renewed:<term>:<ttl ms>"), which only WatchRenewals
+// (backend.RenewalWatcher) delivers, as EventRenewed: the elector and the
+// lock package's waiters then take the key no sooner than a TTL after the
+// last renewal, by their own clocks, even if the server shows it free
+// earlier (Redis expires keys by its wall clock, so a step of the server's
+// clock forward ends leases early). The expiry of a crashed holder's lease
+// is not published (keyspace notifications are not used; the backend never
+// runs CONFIG SET): the elector schedules its next attempt from the last
+// renewal it heard of, or the TTL the record reports. A pub/sub connection silent for two intervals of
 // Options.HealthCheckInterval is broken (an idle one is pinged a little
 // before, to tell idle from dead). If it breaks, every watch on it is
 // closed at once: when the server restarts (with or without persistence,
@@ -176,9 +182,10 @@
 // rewritten every 10 s: see HeartbeatBatch) an idle leader sends about 18
 // scripts a minute, its renewals, 12 of which also refresh the leader's
 // own heartbeat record, so that no heartbeat is left to send (see
-// RenewBatch), and an idle follower about 12 (6 heartbeats, about 6
-// acquisition attempts scheduled from the lease's remaining TTL), plus about
-// 2 PINGs a minute each on the watch connection (one per 27 s of silence).
+// RenewBatch), and an idle follower about 6, its heartbeats: it hears of
+// the renewals, so it makes no attempt while they come, and the renewals'
+// messages keep the watch connection from falling silent, so it is not
+// pinged (one PING per 27 s of silence otherwise).
 //
 // # Fencing terms
 //
