@@ -479,9 +479,6 @@ func (l *Locker) waitTurn(ctx context.Context, sub, anc *subscription, wake <-ch
 	until := time.Now().Add(d)
 	for {
 		why, ok := sub.wait(ctx, time.Until(until), wake, anc, extend)
-		if extend {
-			until = maxTime(until, sub.renewedUntil)
-		}
 		switch {
 		case !ok:
 			return false

@@ -300,22 +300,8 @@ func TestLostReplyReclaimPublishesRelease(t *testing.T) {
 // ahead of a waiter that registered after it, and gets the key first.
 func TestLostReplyOwnWaitKeepsItsPlace(t *testing.T) {
 	const key = "lock/place"
-	fair := func(holder, waitID string) backend.ModeRequest {
-		r := lostReq(key, holder, backend.Exclusive, 0)
-		r.Fair, r.WaitID = true, waitID
-		return r
-	}
-	e := newLostModeEnv(t, "lr5:")
-	x, err := e.other.AcquireMode(e.ctx, fair("x", ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.lose(t, fair("a", "w1"))
-	eventually(t, "the stalled acquisition registers once the server resumes", func() bool {
-		_, err := e.other.AcquireMode(e.ctx, fair("y", ""))
-		var held *backend.HeldError
-		return errors.As(err, &held) && held.Waiting == 1
-	})
+	fair := fairReq(key)
+	e, x := lostFairWait(t, "lr5:", fair)
 	if held := wantHeld(t, "Fair AcquireMode of y", e.otherErr(fair("y", "wy"))); held.Waiting != 1 {
 		t.Fatalf("Fair AcquireMode of y: waiting %d, want 1 (w1 ahead)", held.Waiting)
 	}
@@ -338,6 +324,35 @@ func TestLostReplyOwnWaitKeepsItsPlace(t *testing.T) {
 	}
 }
 
+// fairReq returns a builder of Fair Exclusive requests of key.
+func fairReq(key string) func(holder, waitID string) backend.ModeRequest {
+	return func(holder, waitID string) backend.ModeRequest {
+		r := lostReq(key, holder, backend.Exclusive, 0)
+		r.Fair, r.WaitID = true, waitID
+		return r
+	}
+}
+
+// lostFairWait sets up a lost Fair wait: holder x (the other Backend) holds
+// the key, and holder a's Fair acquisition with wait ID w1 is lost (sent
+// while the server was stopped), and registers once the server resumes.
+// It returns the environment and x's lease.
+func lostFairWait(t *testing.T, prefix string, fair func(holder, waitID string) backend.ModeRequest) (*lostModeEnv, backend.Lease) {
+	t.Helper()
+	e := newLostModeEnv(t, prefix)
+	x, err := e.other.AcquireMode(e.ctx, fair("x", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.lose(t, fair("a", "w1"))
+	eventually(t, "the stalled acquisition registers once the server resumes", func() bool {
+		_, err := e.other.AcquireMode(e.ctx, fair("y", ""))
+		var held *backend.HeldError
+		return errors.As(err, &held) && held.Waiting == 1
+	})
+	return e, x
+}
+
 // TestLostReplyEndedWaitWithdrawn: once the wait of a lost Fair
 // acquisition has ended (a later attempt of it answered HELD, then its
 // CancelWait or a success with it), a registration of its wait ID found
@@ -347,11 +362,7 @@ func TestLostReplyOwnWaitKeepsItsPlace(t *testing.T) {
 // it.
 func TestLostReplyEndedWaitWithdrawn(t *testing.T) {
 	const key = "lock/ended"
-	fair := func(holder, waitID string) backend.ModeRequest {
-		r := lostReq(key, holder, backend.Exclusive, 0)
-		r.Fair, r.WaitID = true, waitID
-		return r
-	}
+	fair := fairReq(key)
 	for _, tc := range []struct {
 		name string
 		end  func(t *testing.T, e *lostModeEnv, x backend.Lease)
@@ -378,17 +389,7 @@ func TestLostReplyEndedWaitWithdrawn(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newLostModeEnv(t, "lr6:")
-			x, err := e.other.AcquireMode(e.ctx, fair("x", ""))
-			if err != nil {
-				t.Fatal(err)
-			}
-			e.lose(t, fair("a", "w1"))
-			eventually(t, "the stalled acquisition registers once the server resumes", func() bool {
-				_, err := e.other.AcquireMode(e.ctx, fair("y", ""))
-				var held *backend.HeldError
-				return errors.As(err, &held) && held.Waiting == 1
-			})
+			e, x := lostFairWait(t, "lr6:", fair)
 			wantHeld(t, "AcquireMode with the lost wait ID while the key is held", e.bErr(fair("a", "w1")))
 			tc.end(t, e, x)
 			wantHeld(t, "twin's registration of w1", e.twinErr(fair("a", "w1")))

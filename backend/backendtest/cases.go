@@ -531,23 +531,14 @@ func testWatch(t *testing.T, h *harness) {
 	next := func(ch <-chan backend.Event, what string, want func(backend.Event) bool) {
 		t.Helper()
 		start := time.Now()
-		timer := time.NewTimer(watchBound)
-		defer timer.Stop()
 		for {
-			select {
-			case e, ok := <-ch:
-				if !ok {
-					t.Fatalf("%s: watch channel closed, want an event", what)
-				}
-				if e.Key != key {
-					t.Errorf("%s: got event for key %q, want %q", what, e.Key, key)
-				}
-				if want(e) {
-					t.Logf("%s delivered as %v after %v", what, e.Type, time.Since(start))
-					return
-				}
-			case <-timer.C:
-				t.Fatalf("%s: no event within %v", what, watchBound)
+			e := nextEvent(t, ch, what, watchBound-time.Since(start))
+			if e.Key != key {
+				t.Errorf("%s: got event for key %q, want %q", what, e.Key, key)
+			}
+			if want(e) {
+				t.Logf("%s delivered as %v after %v", what, e.Type, time.Since(start))
+				return
 			}
 		}
 	}
@@ -596,6 +587,24 @@ func testWatch(t *testing.T, h *harness) {
 	closed(events, "the backend was closed")
 }
 
+// nextEvent returns the next event of ch, failing t when none comes within
+// d or the channel closes.
+func nextEvent(t *testing.T, ch <-chan backend.Event, what string, d time.Duration) backend.Event {
+	t.Helper()
+	timer := time.NewTimer(max(d, 0))
+	defer timer.Stop()
+	select {
+	case e, ok := <-ch:
+		if !ok {
+			t.Fatalf("%s: watch channel closed, want an event", what)
+		}
+		return e
+	case <-timer.C:
+		t.Fatalf("%s: no event within %v", what, watchBound)
+	}
+	return backend.Event{}
+}
+
 // testWatchRenewals: a RenewalWatcher's WatchRenewals delivers an
 // EventRenewed with the lease's TTL for each renewal (by Renew, and by
 // RenewBatch where the backend has it), between the acquisition's and the
@@ -616,21 +625,9 @@ func testWatchRenewals(t *testing.T, h *harness) {
 	if err != nil {
 		t.Fatalf("Watch: %v", err)
 	}
-	// next returns the next event of ch within watchBound.
 	next := func(ch <-chan backend.Event, what string) backend.Event {
 		t.Helper()
-		timer := time.NewTimer(watchBound)
-		defer timer.Stop()
-		select {
-		case e, ok := <-ch:
-			if !ok {
-				t.Fatalf("%s: watch channel closed, want an event", what)
-			}
-			return e
-		case <-timer.C:
-			t.Fatalf("%s: no event within %v", what, watchBound)
-		}
-		return backend.Event{}
+		return nextEvent(t, ch, what, watchBound)
 	}
 	l := h.acquireKey(a, key, "a", longTTL)
 	if e := next(renewals, "acquire"); e.Type != backend.EventChanged {

@@ -104,12 +104,7 @@ func StartConfig(t testing.TB, cfg Config) *Server {
 	bin := findServerOrSkip(t, "or set REDIS_ADDR")
 	if cfg.SteppableClock {
 		if _, err := clockShimPath(); err != nil {
-			msg := fmt.Sprintf("testredis: SKIPPING test %s, which steps the server's clock: %v", t.Name(), err)
-			if os.Getenv("SOVEREIGN_REQUIRE_REDIS") != "" {
-				t.Fatal(msg + " (SOVEREIGN_REQUIRE_REDIS is set, so this is a failure)")
-			}
-			fmt.Fprintln(os.Stderr, msg)
-			t.Skip(msg)
+			skipLoudly(t, fmt.Sprintf("testredis: SKIPPING test %s, which steps the server's clock: %v", t.Name(), err))
 		}
 	}
 	s, err := start(bin, t.TempDir(), cfg)
@@ -134,12 +129,19 @@ func findServerOrSkip(t testing.TB, alternative string) string {
 	if alternative != "" {
 		msg += " " + alternative
 	}
+	skipLoudly(t, msg)
+	return ""
+}
+
+// skipLoudly skips t with msg, also printed on stderr, or fails it when the
+// environment variable SOVEREIGN_REQUIRE_REDIS is set (CI sets it).
+func skipLoudly(t testing.TB, msg string) {
+	t.Helper()
 	if os.Getenv("SOVEREIGN_REQUIRE_REDIS") != "" {
 		t.Fatal(msg + " (SOVEREIGN_REQUIRE_REDIS is set, so this is a failure)")
 	}
 	fmt.Fprintln(os.Stderr, msg)
 	t.Skip(msg)
-	return ""
 }
 
 // Launch starts redis-server binary bin (FindServer finds one) on a free
