@@ -30,13 +30,17 @@ const maxBatchKeys = 256
 // (owner check, PEXPIRE, and HSET of ttl only when it changes; keep the
 // two in step), and refreshes the heartbeat record of a lease's holder
 // when asked to.
-// ARGV holds holder, token, ttl ms and heartbeat ttl ms for each lease in
-// turn, then, optionally, the publish command: each renewal is then
-// published as renewScript publishes it; KEYS are, for each lease in turn, its key and, when its heartbeat
-// ttl is not 0, its holder's heartbeat record and the members set, all of
-// one hash slot. It returns one status per lease: OK (renewed), OKH
-// (renewed, and the heartbeat refreshed), LOST, or an array of WRONGTYPE,
-// the key and a description of the foreign data found.
+// Its arguments (A) are holder, token, ttl ms and heartbeat ttl ms for
+// each lease in turn, then, optionally, the publish command: each renewal
+// is then published as renewScript publishes it; its keys (K) are, for
+// each lease in turn, its key and, when its heartbeat ttl is not 0, its
+// holder's heartbeat record and the members set: in KEYS, all of one hash
+// slot (renewManyScript), or on a Cluster all served by one master
+// (renewManyNodeScript; see nodebatch.go for how they are passed). It
+// returns one status per lease: OK (renewed), OKH (renewed, and the
+// heartbeat refreshed), LOST, an array of WRONGTYPE, the key and a
+// description of the foreign data found, or, in a master's script only,
+// MOVED (the master does not serve the key).
 //
 // The heartbeat refresh writes the record as heartbeatManyScript does
 // (PEXPIRE, and HSET of at and ttl only when the TTL changes; keep the two
@@ -64,19 +68,26 @@ const maxBatchKeys = 256
 // of holder and token alone measures 2.5 µs with its PEXPIRE, an HGET of
 // the token alone 2.1), and the refresh makes three calls (HMGET, PTTL,
 // PEXPIRE).
-var renewManyScript = redis.NewScript(luaBase + `
+var (
+	renewManyScript     = redis.NewScript(luaBase + slotKeys + slotLua(renewManyLua))
+	renewManyNodeScript = redis.NewScript(luaBase + nodeKeys + luaNotHere + nodeLua(renewManyLua))
+)
+
+// renewManyLua is the body of renewManyScript and renewManyNodeScript: its
+// keys are K, its arguments A (see slotKeys and nodeKeys).
+const renewManyLua = `
 local out = {}
 local now
 local k = 0
 local pub = ''
-if #ARGV % 4 == 1 then pub = ARGV[#ARGV] end
-for i = 1, math.floor(#ARGV / 4) do
+if #A % 4 == 1 then pub = A[#A] end
+for i = 1, math.floor(#A / 4) do
   local a = (i - 1) * 4
-  local holder, token, ttl, hbttl = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  local holder, token, ttl, hbttl = A[a + 1], A[a + 2], A[a + 3], A[a + 4]
   k = k + 1
-  local lk, hk, mk = KEYS[k], nil, nil
+  local lk, hk, mk = K[k], nil, nil
   if hbttl ~= '0' then
-    hk, mk = KEYS[k + 1], KEYS[k + 2]
+    hk, mk = K[k + 1], K[k + 2]
     k = k + 2
   end
   -- The common case first, with the fewest fields: every string read
@@ -111,6 +122,8 @@ for i = 1, math.floor(#ARGV / 4) do
         end
       end
     end
+  elseif $moved(f) then
+    out[i] = 'MOVED' -- not on this node: sent again, by slot
   elseif failed(f) then
     out[i] = {'WRONGTYPE', lk, 'a ' .. ktype(lk)}
   elseif f[1] and f[2] and tonumber(f[3] or '') then
@@ -124,21 +137,32 @@ for i = 1, math.floor(#ARGV / 4) do
   end
 end
 return out
-`)
+`
 
 // heartbeatManyScript records many heartbeats, each exactly as
-// heartbeatScript does (keep the two in step). KEYS are, for each
-// heartbeat in turn, its record and its members set, all of one hash slot;
-// ARGV holds id and ttl ms for each. It returns one status per heartbeat:
-// OK, or an array of WRONGTYPE, the key and a description.
-var heartbeatManyScript = redis.NewScript(luaBase + `
+// heartbeatScript does (keep the two in step). Its keys (K) are, for each
+// heartbeat in turn, its record and its members set, all of one hash slot
+// (or one master: heartbeatManyNodeScript, as for renewManyScript); its
+// arguments (A) are id and ttl ms for each. It returns one status per
+// heartbeat: OK, an array of WRONGTYPE, the key and a description, or, in
+// a master's script only, MOVED.
+var (
+	heartbeatManyScript     = redis.NewScript(luaBase + slotKeys + slotLua(heartbeatManyLua))
+	heartbeatManyNodeScript = redis.NewScript(luaBase + nodeKeys + luaNotHere + nodeLua(heartbeatManyLua))
+)
+
+// heartbeatManyLua is the body of heartbeatManyScript and
+// heartbeatManyNodeScript: its keys are K, its arguments A.
+const heartbeatManyLua = `
 local out = {}
 local now
-for i = 1, #KEYS / 2 do
-  local hk, mk = KEYS[2 * i - 1], KEYS[2 * i]
-  local id, ttl = ARGV[2 * i - 1], ARGV[2 * i]
+for i = 1, #K / 2 do
+  local hk, mk = K[2 * i - 1], K[2 * i]
+  local id, ttl = A[2 * i - 1], A[2 * i]
   local v = redis.pcall('HMGET', hk, 'at', 'ttl')
-  if failed(v) then
+  if $moved(v) then
+    out[i] = 'MOVED' -- not on this node: sent again, by slot
+  elseif failed(v) then
     out[i] = {'WRONGTYPE', hk, 'a ' .. ktype(hk)}
   elseif not (tonumber(v[1] or '') and tonumber(v[2] or '')) and
       (v[1] or v[2] or redis.call('EXISTS', hk) == 1) then
@@ -158,11 +182,13 @@ for i = 1, #KEYS / 2 do
   end
 end
 return out
-`)
+`
 
-// RenewBatch implements backend.BatchRenewer: one script per hash slot (one
-// for every key on a single server) of at most 256 keys, all sent in one
-// pipeline (on a Cluster, one round trip per master). Leases of Modes
+// RenewBatch implements backend.BatchRenewer: one script per 256 keys on a
+// single server, and on a Cluster one per 256 keys served by one master
+// (nodebatch.go: the keys a master turns out not to serve go again, by
+// hash slot), all sent in one pipeline (on a Cluster, one round trip per
+// master, and one more for keys sent again). Leases of Modes
 // entries, and every lease when WaitReplicas is set (a renewal then waits
 // for replicas), are renewed one by one with Renew.
 //
@@ -180,13 +206,25 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 		fill(errs, err)
 		return errs
 	}
+	b.renewBatch(ctx, leases, errs, b.cluster != nil)
+	return errs
+}
+
+// renewBatch is RenewBatch, writing each lease's error in errs; byNode (on
+// a Cluster) sends one script per master, then the items it must send
+// again by slot (see nodebatch.go).
+func (b *Backend) renewBatch(ctx context.Context, leases []backend.Lease, errs []error, byNode bool) {
 	var (
 		calls  []batchScriptCall
-		groups = map[int]int{}                      // slot (groupTag) → index in calls of its open group
+		groups = map[int]int{}                      // group (groupTag, nodeTagger) → index in calls of its open group
 		hbTTLs = make([]time.Duration, len(leases)) // the TTL of the holder's heartbeat record refreshed, or 0
 		ms     msCache
 		buf    []byte
+		nodes  *nodeTagger
 	)
+	if byNode {
+		nodes = b.newNodeTagger(ctx)
+	}
 	now := time.Now() // before sending: a record refreshed lives its TTL from at least now
 	for i, l := range leases {
 		if l.Entry != nil || b.waitN > 0 {
@@ -215,10 +253,13 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 		}
 		keys = string(buf)
 		tag := b.groupTag(keys[:base])
+		if nodes != nil {
+			tag = nodes.tag(keys[:base])
+		}
 		g := group(calls, groups, tag)
 		if g < 0 {
 			g = len(calls)
-			calls = append(calls, b.newBatchScriptCall(len(leases)-i, 3, 4))
+			calls = append(calls, b.newBatchScriptCall(len(leases)-i, 3, 4, tag >= nodeTag))
 			groups[tag] = g
 		}
 		c := &calls[g]
@@ -237,7 +278,7 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 			calls[i].args = append(calls[i].args, b.publishCmd)
 		}
 	}
-	b.runBatch(ctx, renewManyScript, calls, func(i int, reply any, err error) {
+	b.runBatch(ctx, renewManyScript, renewManyNodeScript, calls, func(i int, reply any, err error) {
 		l := leases[i]
 		if err != nil {
 			errs[i] = fmt.Errorf("redisbackend: renew %q: %w", l.Key, err)
@@ -254,27 +295,50 @@ func (b *Backend) RenewBatch(ctx context.Context, leases []backend.Lease) []erro
 			}
 		case status == "LOST":
 			errs[i] = fmt.Errorf("redisbackend: renew %q (term %d): %w", l.Key, l.Term, backend.ErrLeaseLost)
+		case status == movedStatus:
+			errs[i] = errMovedItem
 		default:
 			errs[i] = fmt.Errorf("redisbackend: renew %q: unexpected reply %q", l.Key, status)
 		}
 	})
-	return errs
+	if again := resent(calls, errs); len(again) > 0 {
+		sub, subErrs := make([]backend.Lease, len(again)), make([]error, len(again))
+		for j, i := range again {
+			sub[j] = leases[i]
+		}
+		b.renewBatch(ctx, sub, subErrs, false)
+		for j, i := range again {
+			errs[i] = subErrs[j]
+		}
+	}
 }
 
 // HeartbeatBatch implements backend.BatchHeartbeater like RenewBatch: one
-// script per hash slot of at most 256 heartbeats, all in one pipeline.
+// script per 256 heartbeats (on a Cluster, of one master), all in one
+// pipeline.
 func (b *Backend) HeartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRequest) []error {
 	errs := make([]error, len(reqs))
 	if err := b.begin(ctx); err != nil {
 		fill(errs, err)
 		return errs
 	}
+	b.heartbeatBatch(ctx, reqs, errs, b.cluster != nil)
+	return errs
+}
+
+// heartbeatBatch is HeartbeatBatch, writing each request's error in errs;
+// byNode as for renewBatch.
+func (b *Backend) heartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRequest, errs []error, byNode bool) {
 	var (
 		calls  []batchScriptCall
 		groups = map[int]int{}
 		ms     msCache
 		buf    []byte
+		nodes  *nodeTagger
 	)
+	if byNode {
+		nodes = b.newNodeTagger(ctx)
+	}
 	now := time.Now() // before sending: a record written lives TTL from at least now
 	for i, r := range reqs {
 		if err := backend.ValidateHeartbeat(r.Key, r.ID, r.TTL); err != nil {
@@ -297,10 +361,13 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRe
 		buf = append(buf, ":members"...)
 		keys := string(buf)
 		tag := b.groupTag(keys[:rec])
+		if nodes != nil {
+			tag = nodes.tag(keys[:rec])
+		}
 		g := group(calls, groups, tag)
 		if g < 0 {
 			g = len(calls)
-			calls = append(calls, b.newBatchScriptCall(len(reqs)-i, 2, 2))
+			calls = append(calls, b.newBatchScriptCall(len(reqs)-i, 2, 2, tag >= nodeTag))
 			groups[tag] = g
 		}
 		c := &calls[g]
@@ -308,7 +375,7 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRe
 		c.args = append(c.args, r.ID, ms.of(r.TTL))
 		c.items = append(c.items, i)
 	}
-	b.runBatch(ctx, heartbeatManyScript, calls, func(i int, reply any, err error) {
+	b.runBatch(ctx, heartbeatManyScript, heartbeatManyNodeScript, calls, func(i int, reply any, err error) {
 		r := reqs[i]
 		bk := beatKey{r.Key, r.ID}
 		if err != nil {
@@ -322,12 +389,24 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, reqs []backend.HeartbeatRe
 			errs[i] = err
 		case status == "OK":
 			b.beats.wrote(bk, r.TTL, now)
+		case status == movedStatus:
+			b.beats.forget(bk)
+			errs[i] = errMovedItem
 		default:
 			b.beats.forget(bk)
 			errs[i] = fmt.Errorf("redisbackend: heartbeat %q for %q: unexpected reply %q", r.ID, r.Key, status)
 		}
 	})
-	return errs
+	if again := resent(calls, errs); len(again) > 0 {
+		sub, subErrs := make([]backend.HeartbeatRequest, len(again)), make([]error, len(again))
+		for j, i := range again {
+			sub[j] = reqs[i]
+		}
+		b.heartbeatBatch(ctx, sub, subErrs, false)
+		for j, i := range again {
+			errs[i] = subErrs[j]
+		}
+	}
 }
 
 // appendKeyBase appends b.keyBase(key) to dst (keep the two in step), so
@@ -511,31 +590,35 @@ func (s *beats) sweep(now time.Time) {
 	}
 }
 
-// batchScriptCall is one script of a batch: the keys of one hash slot and
-// the batch items (indexes into the caller's slice) they serve, in order.
+// batchScriptCall is one script of a batch: the keys of one hash slot (or,
+// node, of one Cluster master) and the batch items (indexes into the
+// caller's slice) they serve, in order.
 // Its arguments are strings, passed to go-redis by pointer (see evalSha).
 type batchScriptCall struct {
 	keys  []string
 	args  []string
 	items []int
+	node  bool // one Cluster master's call (see nodebatch.go): keys[0] in KEYS, the others in ARGV
 }
 
 // newBatchScriptCall returns a call with room for the keys and arguments of
 // up to n items (at most maxBatchKeys), of k keys and a arguments each. On
-// a Cluster a call serves one hash slot, which the keys of a batch share
-// only a few at a time (10,000 keys fall in about 7,500 of the 16,384
-// slots), so it starts with room for clusterCallRoom items and grows as
-// needed: room for every item left in the batch, made for each slot, was
-// most of a Cluster client's garbage (about 30 KiB a call).
-func (b *Backend) newBatchScriptCall(n, k, a int) batchScriptCall {
+// a Cluster a call of one hash slot (not node: the keys a master did not
+// serve, sent again) holds few of a batch's keys (10,000 keys fall in
+// about 7,500 of the 16,384 slots), so it starts with
+// room for clusterCallRoom items and grows as needed: room for every item
+// left in the batch, made for each slot, was most of a Cluster client's
+// garbage (about 30 KiB a call) when every call served one slot.
+func (b *Backend) newBatchScriptCall(n, k, a int, node bool) batchScriptCall {
 	n = min(n, maxBatchKeys)
-	if b.cluster != nil {
+	if b.cluster != nil && !node {
 		n = min(n, clusterCallRoom)
 	}
 	return batchScriptCall{
 		keys:  make([]string, 0, n*k),
 		args:  make([]string, 0, n*a),
 		items: make([]int, 0, n),
+		node:  node,
 	}
 }
 
@@ -548,10 +631,17 @@ const clusterCallRoom = 4
 // Cluster's slot) as the strings they point to: a pointer in an interface
 // costs no allocation, where each string would cost one.
 func (c *batchScriptCall) evalSha(ctx context.Context, s *redis.Script) *redis.Cmd {
-	argv := make([]any, 0, 3+len(c.keys)+len(c.args))
-	argv = append(argv, "evalsha", s.Hash(), len(c.keys))
-	for i := range c.keys {
-		argv = append(argv, &c.keys[i])
+	argv := make([]any, 0, 4+len(c.keys)+len(c.args))
+	if c.node {
+		argv = append(argv, "evalsha", s.Hash(), 1, &c.keys[0], len(c.keys))
+		for i := 1; i < len(c.keys); i++ {
+			argv = append(argv, &c.keys[i])
+		}
+	} else {
+		argv = append(argv, "evalsha", s.Hash(), len(c.keys))
+		for i := range c.keys {
+			argv = append(argv, &c.keys[i])
+		}
 	}
 	for i := range c.args {
 		argv = append(argv, &c.args[i])
@@ -566,11 +656,19 @@ func (c *batchScriptCall) evalSha(ctx context.Context, s *redis.Script) *redis.C
 // eval returns the EVAL command of s for c, for a server that does not know
 // the script (NOSCRIPT).
 func (c *batchScriptCall) eval(ctx context.Context, p redis.Pipeliner, s *redis.Script) *redis.Cmd {
-	args := make([]any, len(c.args))
-	for i := range c.args {
-		args[i] = c.args[i]
+	keys := c.keys
+	args := make([]any, 0, len(c.keys)+len(c.args))
+	if c.node {
+		keys = c.keys[:1]
+		args = append(args, len(c.keys))
+		for _, k := range c.keys[1:] {
+			args = append(args, k)
+		}
 	}
-	return s.Eval(ctx, p, c.keys, args...)
+	for _, a := range c.args {
+		args = append(args, a)
+	}
+	return s.Eval(ctx, p, keys, args...)
 }
 
 // groupTag is what decides a key's placement: its hash slot on a Cluster
@@ -633,7 +731,7 @@ func group(calls []batchScriptCall, groups map[int]int, tag int) int {
 // pipeline, EVAL for each call whose script the server did not know
 // (NOSCRIPT: after SCRIPT FLUSH or a restart), as evalPipeline does, and
 // reports each item's status.
-func (b *Backend) runBatch(ctx context.Context, s *redis.Script, calls []batchScriptCall, report func(item int, reply any, err error)) {
+func (b *Backend) runBatch(ctx context.Context, s, node *redis.Script, calls []batchScriptCall, report func(item int, reply any, err error)) {
 	if len(calls) == 0 {
 		return
 	}
@@ -642,8 +740,14 @@ func (b *Backend) runBatch(ctx context.Context, s *redis.Script, calls []batchSc
 	err := b.bounded(ctx, func(ctx context.Context) error {
 		cmds := make([]*redis.Cmd, len(calls))
 		p := b.client.Pipeline()
+		script := func(c *batchScriptCall) *redis.Script {
+			if c.node {
+				return node
+			}
+			return s
+		}
 		for i := range calls {
-			cmds[i] = calls[i].evalSha(ctx, s)
+			cmds[i] = calls[i].evalSha(ctx, script(&calls[i]))
 			_ = p.Process(ctx, cmds[i])
 		}
 		_, _ = p.Exec(ctx)
@@ -653,7 +757,7 @@ func (b *Backend) runBatch(ctx context.Context, s *redis.Script, calls []batchSc
 				if retry == nil {
 					retry = b.client.Pipeline()
 				}
-				cmds[i] = calls[i].eval(ctx, retry, s)
+				cmds[i] = calls[i].eval(ctx, retry, script(&calls[i]))
 			}
 		}
 		if retry != nil {

@@ -186,7 +186,7 @@ func BenchmarkRenewVariantsServerCPU(b *testing.B) {
 	for vi, v := range variants {
 		for i := range n {
 			if i%per == 0 {
-				v.calls = append(v.calls, be.newBatchScriptCall(per, 3, 4))
+				v.calls = append(v.calls, be.newBatchScriptCall(per, 3, 4, false))
 			}
 			key := fmt.Sprintf("%s/%d/%d", base, vi, i)
 			if !v.hb {
