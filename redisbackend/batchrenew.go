@@ -69,25 +69,25 @@ const maxBatchKeys = 256
 // the token alone 2.1), and the refresh makes three calls (HMGET, PTTL,
 // PEXPIRE).
 var (
-	renewManyScript     = redis.NewScript(luaBase + slotKeys + slotLua(renewManyLua))
+	renewManyScript     = redis.NewScript(luaBase + slotLua(renewManyLua))
 	renewManyNodeScript = redis.NewScript(luaBase + nodeKeys + luaNotHere + nodeLua(renewManyLua))
 )
 
-// renewManyLua is the body of renewManyScript and renewManyNodeScript: its
-// keys are K, its arguments A (see slotKeys and nodeKeys).
+// renewManyLua is the body of renewManyScript and renewManyNodeScript: $K
+// are its keys, $A its arguments (see slotLua and nodeLua).
 const renewManyLua = `
 local out = {}
 local now
 local k = 0
 local pub = ''
-if #A % 4 == 1 then pub = A[#A] end
-for i = 1, math.floor(#A / 4) do
+if $nA % 4 == 1 then pub = $A[$nA] end
+for i = 1, math.floor($nA / 4) do
   local a = (i - 1) * 4
-  local holder, token, ttl, hbttl = A[a + 1], A[a + 2], A[a + 3], A[a + 4]
+  local holder, token, ttl, hbttl = $A[a + 1], $A[a + 2], $A[a + 3], $A[a + 4]
   k = k + 1
-  local lk, hk, mk = K[k], nil, nil
+  local lk, hk, mk = $K[k], nil, nil
   if hbttl ~= '0' then
-    hk, mk = K[k + 1], K[k + 2]
+    hk, mk = $K[k + 1], $K[k + 2]
     k = k + 2
   end
   -- The common case first, with the fewest fields: every string read
@@ -147,18 +147,18 @@ return out
 // heartbeat: OK, an array of WRONGTYPE, the key and a description, or, in
 // a master's script only, MOVED.
 var (
-	heartbeatManyScript     = redis.NewScript(luaBase + slotKeys + slotLua(heartbeatManyLua))
+	heartbeatManyScript     = redis.NewScript(luaBase + slotLua(heartbeatManyLua))
 	heartbeatManyNodeScript = redis.NewScript(luaBase + nodeKeys + luaNotHere + nodeLua(heartbeatManyLua))
 )
 
 // heartbeatManyLua is the body of heartbeatManyScript and
-// heartbeatManyNodeScript: its keys are K, its arguments A.
+// heartbeatManyNodeScript: $K are its keys, $A its arguments.
 const heartbeatManyLua = `
 local out = {}
 local now
-for i = 1, #K / 2 do
-  local hk, mk = K[2 * i - 1], K[2 * i]
-  local id, ttl = A[2 * i - 1], A[2 * i]
+for i = 1, $nK / 2 do
+  local hk, mk = $K[2 * i - 1], $K[2 * i]
+  local id, ttl = $A[2 * i - 1], $A[2 * i]
   local v = redis.pcall('HMGET', hk, 'at', 'ttl')
   if $moved(v) then
     out[i] = 'MOVED' -- not on this node: sent again, by slot
@@ -598,7 +598,7 @@ type batchScriptCall struct {
 	keys  []string
 	args  []string
 	items []int
-	node  bool // one Cluster master's call (see nodebatch.go): keys[0] in KEYS, the others in ARGV
+	node  bool // one Cluster master's call (nodeLua): keys[0] in KEYS, and every key in ARGV
 }
 
 // newBatchScriptCall returns a call with room for the keys and arguments of
@@ -631,10 +631,10 @@ const clusterCallRoom = 4
 // Cluster's slot) as the strings they point to: a pointer in an interface
 // costs no allocation, where each string would cost one.
 func (c *batchScriptCall) evalSha(ctx context.Context, s *redis.Script) *redis.Cmd {
-	argv := make([]any, 0, 4+len(c.keys)+len(c.args))
+	argv := make([]any, 0, 5+2*len(c.keys)+len(c.args))
 	if c.node {
 		argv = append(argv, "evalsha", s.Hash(), 1, &c.keys[0], len(c.keys))
-		for i := 1; i < len(c.keys); i++ {
+		for i := range c.keys {
 			argv = append(argv, &c.keys[i])
 		}
 	} else {
@@ -661,7 +661,7 @@ func (c *batchScriptCall) eval(ctx context.Context, p redis.Pipeliner, s *redis.
 	if c.node {
 		keys = c.keys[:1]
 		args = append(args, len(c.keys))
-		for _, k := range c.keys[1:] {
+		for _, k := range c.keys {
 			args = append(args, k)
 		}
 	}
