@@ -1,6 +1,8 @@
 package sovereign_test
 
 import (
+	"errors"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -114,6 +116,45 @@ func TestSurveyNoAttemptBeforeRenewalAfterReset(t *testing.T) {
 			t.Fatal("Drop: no lease")
 		}
 		at(start, 700*time.Millisecond)
+		r.rn.Break("election")
+		at(start, 3490*time.Millisecond)
+		if r.a.IsLeader() {
+			t.Fatalf("a leads at 3.49 s: z renewed at 0.5 s for 3 s, want no acquisition before 3.5 s")
+		}
+		at(start, 3600*time.Millisecond)
+		if !r.a.IsLeader() {
+			t.Fatalf("a does not lead at 3.6 s: z's last renewal is up, want a to take the free key")
+		}
+	})
+}
+
+// TestSurveyNoAttemptBeforeRenewalAfterFailures: as
+// TestSurveyNoAttemptBeforeRenewalAfterReset, but a's reads fail from the
+// reset (0.6 s) until 1.65 s, after its wait after the reset (a TTL of its
+// own) has ended: its next attempt comes after a failed read's backoff, and
+// must still wait for z's renewal (3.5 s).
+func TestSurveyNoAttemptBeforeRenewalAfterFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var failUntil atomic.Pointer[time.Time]
+		r := newRenewalRig(t, 3*time.Second, func(ac *electortest.Renewing) {
+			ac.BeforeGet = func(string) error {
+				if u := failUntil.Load(); u != nil && time.Now().Before(*u) {
+					return errors.New("store hiccup")
+				}
+				return nil
+			}
+		})
+		at(start, 500*time.Millisecond)
+		if err := r.zc.Renew(t.Context(), r.zl); err != nil {
+			t.Fatal(err)
+		}
+		at(start, 600*time.Millisecond)
+		if !r.zc.Drop(t.Context(), "election") {
+			t.Fatal("Drop: no lease")
+		}
+		until := start.Add(1650 * time.Millisecond)
+		failUntil.Store(&until)
 		r.rn.Break("election")
 		at(start, 3490*time.Millisecond)
 		if r.a.IsLeader() {

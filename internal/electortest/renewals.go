@@ -104,8 +104,9 @@ type Renewing struct {
 	BeforeAcquire func(req backend.AcquireRequest) error
 	// AfterAcquire, when set, runs after each Acquire with its error.
 	AfterAcquire func(req backend.AcquireRequest, err error)
-	// AfterGet, when set, runs after each Get.
-	AfterGet func(key string)
+	// BeforeGet, when set, runs before each Get; an error it returns is
+	// Get's, and the store is not called.
+	BeforeGet func(key string) error
 
 	Acquires atomic.Int32 // calls of Acquire
 	Renews   atomic.Int32 // calls of Renew
@@ -130,11 +131,12 @@ func (c *Renewing) Acquire(ctx context.Context, req backend.AcquireRequest) (bac
 
 // Get implements backend.Backend, with the hook.
 func (c *Renewing) Get(ctx context.Context, key string) (backend.Record, error) {
-	rec, err := c.Backend.Get(ctx, key)
-	if c.AfterGet != nil {
-		c.AfterGet(key)
+	if c.BeforeGet != nil {
+		if err := c.BeforeGet(key); err != nil {
+			return backend.Record{}, err
+		}
 	}
-	return rec, err
+	return c.Backend.Get(ctx, key)
 }
 
 // Renew implements backend.Backend: a renewal the store made is told to
