@@ -7,6 +7,7 @@ import (
 
 	"github.com/sovereign-go/sovereign/backend"
 	"github.com/sovereign-go/sovereign/internal/testredis"
+	"github.com/sovereign-go/sovereign/redisbackend"
 )
 
 // TestSurveyRenewalPayload: Renew and RenewBatch publish
@@ -52,5 +53,46 @@ func TestSurveyRenewalPayload(t *testing.T) {
 	}
 	if got, want := next("RenewBatch"), "renewed:"+term+":1500"; got != want {
 		t.Errorf("RenewBatch: got %q, want %q", got, want)
+	}
+}
+
+// TestSurveyPubSubOffRenewals: with PubSubOff, Renew and RenewBatch renew
+// and publish nothing (TestPubSubOff covers the other operations): the
+// first message a subscriber of the key's channel gets is the one of a
+// later Acquire through a backend that publishes.
+func TestSurveyPubSubOffRenewals(t *testing.T) {
+	srv := testredis.Start(t)
+	c := srv.NewClient(t, nil)
+	ctx := ctxBound(t)
+	off := newBackend(t, c, &redisbackend.Options{PubSub: redisbackend.PubSubOff})
+	sub := c.Subscribe(ctx, "sovereign:{renewed-off}:events")
+	t.Cleanup(func() { _ = sub.Close() })
+	if _, err := sub.Receive(ctx); err != nil { // the confirmation
+		t.Fatal(err)
+	}
+	l, err := off.Acquire(ctx, backend.AcquireRequest{Key: "renewed-off", HolderID: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := off.Renew(ctx, l); err != nil {
+		t.Fatalf("Renew with PubSubOff: %v", err)
+	}
+	if errs := off.RenewBatch(ctx, []backend.Lease{l}); errs[0] != nil {
+		t.Fatalf("RenewBatch with PubSubOff: %v", errs[0])
+	}
+	if err := off.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	on := newBackend(t, c, nil)
+	l, err = on.Acquire(ctx, backend.AcquireRequest{Key: "renewed-off", HolderID: "b", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := sub.ReceiveMessage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "acquired:" + strconv.FormatUint(l.Term, 10); m.Payload != want {
+		t.Errorf("first message: got %q, want %q (nothing from the renewals with PubSubOff)", m.Payload, want)
 	}
 }
