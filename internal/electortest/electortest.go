@@ -1,7 +1,9 @@
 // Package electortest holds the test scaffolding shared by the elector tests
 // of the root package and of the backends: a Recorder of leadership
 // intervals, the safety check CheckNoOverlap, polling helpers for real
-// servers and a quiet logger. It is imported only from _test.go files.
+// servers, a quiet logger, and stores with behaviour of their own: Refusing
+// (a restart guard's refusals) and Renewals (renewal events, silent lease
+// loss). It is imported only from _test.go files.
 //
 // Eventually, Recorder.Started, Recorder.Ended and WaitLeader poll in real
 // time, for tests against real servers. Inside a testing/synctest bubble use
