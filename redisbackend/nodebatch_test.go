@@ -121,6 +121,20 @@ func TestNodeBatchesOnThreeMasters(t *testing.T) {
 		t.Fatalf("the leases are on %d masters, want 3", len(perMaster))
 	}
 
+	// A renewal watch on the first lease of each master hears its renewal
+	// (published from the master's script, on the key's own channel).
+	watched := map[string]<-chan backend.Event{}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i, m := range masters {
+		if _, ok := watched[m]; !ok {
+			ch, err := b.WatchRenewals(wctx, leases[i].Key, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			watched[m] = ch
+		}
+	}
 	hook.n = 0
 	for i, err := range b.RenewBatch(ctx, leases) {
 		if err != nil {
@@ -131,6 +145,16 @@ func TestNodeBatchesOnThreeMasters(t *testing.T) {
 		t.Errorf("RenewBatch of %d leases on 3 masters (%v) sent %d scripts, want %d", n, perMaster, hook.n, want)
 	}
 	renewedAll(t, cc, leases)
+	for m, ch := range watched {
+		select {
+		case ev := <-ch:
+			if ev.Type != backend.EventRenewed || ev.TTL != 30*time.Second {
+				t.Errorf("watch of a lease on %s: got %+v, want EventRenewed with TTL 30s", m, ev)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("watch of a lease on %s: no renewal event within 10s", m)
+		}
+	}
 
 	var reqs []backend.HeartbeatRequest
 	for _, l := range leases {
