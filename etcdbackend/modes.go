@@ -426,8 +426,8 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 		granted = s.ttl
 		fresh   clientv3.LeaseID // a grant of this call, revoked unless it holds the entry
 	)
-	if onSess {
-		id = s.id
+	if onSess || req.RegisterOnly {
+		id = s.id // RegisterOnly: no entry, no lease of its own
 	} else {
 		grant, err := b.cli.Grant(ctx, secs)
 		if err != nil {
@@ -445,7 +445,7 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 		revokeFresh()
 		return backend.Lease{}, fmt.Errorf("etcdbackend: %s: %w", op, err)
 	}
-	if fresh != 0 || (onSess && !s.marked) {
+	if !req.RegisterOnly && (fresh != 0 || (onSess && !s.marked)) {
 		// The lease mark with the entry (see leaseMark).
 		t.then = append(t.then, clientv3.OpPut(b.leaseMark(id), "", clientv3.WithLease(id)))
 	}
@@ -474,9 +474,10 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 		// grant of its own is revoked (which frees it); on the session,
 		// it is deleted in the background. A registration it may have
 		// made is withdrawn at its TTL unless a retry refreshes it.
-		if fresh != 0 {
+		switch {
+		case fresh != 0:
 			revokeFresh()
-		} else {
+		case !req.RegisterOnly:
 			b.cleanUpEntries(req, id, t.tokens())
 		}
 		if register {
@@ -486,6 +487,20 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 		return backend.Lease{}, fail(ctx, op, err)
 	}
 
+	if req.RegisterOnly {
+		if errors.Is(kaErr, rpctypes.ErrLeaseNotFound) {
+			b.sessionLost(s.id)
+			return backend.Lease{}, fmt.Errorf("etcdbackend: %s: %w", op, errSessionGone)
+		}
+		// Either branch registered and read the state alike.
+		err := b.modeConflict(ctx, op, req, register, s.id, 0, w, resp.Responses, resp.Header.Revision, sent)
+		var held *backend.HeldError
+		if resp.Succeeded && errors.As(err, &held) {
+			b.setSeenHeld(req.Key, false)
+			return backend.Lease{}, fmt.Errorf("etcdbackend: %s: %w", op, backend.ErrRegisteredOnly)
+		}
+		return backend.Lease{}, err
+	}
 	failed := resp.Responses
 	token := ""
 	if resp.Succeeded {
@@ -718,6 +733,12 @@ func (b *Backend) buildAcquire(req backend.ModeRequest, id, regID clientv3.Lease
 			// Nothing is written on a limit mismatch.
 			t.fail = append(t.fail, clientv3.OpTxn(mismatch, reg, nil))
 		}
+	}
+	if req.RegisterOnly {
+		// Nothing to take: the success branch registers and reads as
+		// the failure branch does.
+		t.then = t.fail
+		return t, nil
 	}
 	return b.buildSuccess(t, req, id, onSession, wkeys)
 }
