@@ -177,3 +177,104 @@ func TestHierarchyServerClockStepsForward(t *testing.T) {
 	}, 12)
 	checkStepHolds(t, holds, map[string]int{"a/b exclusive": 3, "a exclusive": 3})
 }
+
+// TestLockWaiterOutlastsVanishedEntries is the clock step made
+// deterministic: two Shared holders of "job" and an Exclusive waiter
+// (registered, writer preference); then the key's lease hash and waiter
+// tickets are deleted by hand, as a forward step of the server's clock
+// would expire them, while the holders still hold their locks. The waiter
+// must not take the key before both holders have lost their locks (at
+// their next renewal), and meanwhile it refreshes its registration without
+// taking the key (RegisterOnly): a new reader is refused for the waiter,
+// not for a holder.
+func TestLockWaiterOutlastsVanishedEntries(t *testing.T) {
+	srv := testredis.Start(t)
+	admin := srv.NewClient(t, nil)
+	newLocker := func(id string) *lock.Locker {
+		rdb := srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true})
+		b, err := redisbackend.New(rdb, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		l, err := lock.New(b, id, &lock.Options{TTL: electorTTL, RenewInterval: clockStepRenew, Logger: electortest.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		return l
+	}
+	ctx := t.Context()
+	readers := []*lock.Lock{}
+	for _, id := range []string{"r1", "r2"} {
+		lk, err := newLocker(id).TryAcquire(ctx, "job", &lock.AcquireOptions{Mode: lock.Shared})
+		if err != nil {
+			t.Fatal(err)
+		}
+		readers = append(readers, lk)
+	}
+	late := newLocker("late")
+	readerRefused := func() (*lock.HeldError, bool) {
+		lk, err := late.TryAcquire(ctx, "job", &lock.AcquireOptions{Mode: lock.Shared})
+		if err == nil {
+			_ = lk.Release(ctx)
+			return nil, false
+		}
+		held, ok := errors.AsType[*lock.HeldError](err)
+		return held, ok && held.Waiting > 0
+	}
+	type result struct {
+		lk      *lock.Lock
+		at      time.Time
+		holding []bool // whether each reader still held its lock then
+	}
+	got := make(chan result, 1)
+	w := newLocker("w")
+	go func() {
+		lk, err := w.Acquire(ctx, "job", nil)
+		if err != nil {
+			t.Errorf("writer: Acquire: %v", err)
+		}
+		r := result{lk: lk, at: time.Now()}
+		for _, rl := range readers {
+			r.holding = append(r.holding, rl.Context().Err() == nil)
+		}
+		got <- r
+	}()
+	electortest.Eventually(t, "the writer registered", func() bool { _, ok := readerRefused(); return ok })
+	keys, err := admin.Keys(ctx, "*job*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gone []string
+	for _, k := range keys {
+		if !strings.HasSuffix(k, ":term") {
+			gone = append(gone, k)
+		}
+	}
+	if err := admin.Del(ctx, gone...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	t.Logf("deleted %q", gone)
+	// Past the writer's refresh (a third of the TTL), before any bound of
+	// the readers' renewals is up.
+	time.Sleep(electorTTL / 2) // the observation's timing, not synchronisation
+	if held, ok := readerRefused(); !ok || len(held.Holders) > 0 {
+		t.Errorf("a reader %v after the deletion: got %v, want refused for the waiting writer only (its registration refreshed)", time.Since(deleted), held)
+	}
+	r := <-got
+	if r.lk == nil {
+		return
+	}
+	defer func() { _ = r.lk.Release(ctx) }()
+	for i, holding := range r.holding {
+		if holding {
+			t.Errorf("reader %d still held its lock when the writer got it, %v after the deletion", i+1, r.at.Sub(deleted))
+		}
+	}
+	if d := r.at.Sub(deleted); d > 2*electorTTL {
+		t.Errorf("the writer got the lock %v after the deletion, want within a TTL or so of the readers' last renewals", d)
+	}
+	t.Logf("the writer got the lock %v after the deletion", r.at.Sub(deleted))
+}
