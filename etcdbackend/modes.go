@@ -273,7 +273,10 @@ func txnOps(req backend.ModeRequest) int {
 // and, when req.WaitID is set and the request is Exclusive or Fair,
 // registers the waiter, on the session lease, in the same transaction.
 // When etcd says the session lease is gone, a new one is granted and the
-// acquisition tried again, once.
+// acquisition tried again, once. With req.RegisterOnly both branches of the
+// transaction register (as the failure branch does) and read the state, and
+// none writes an entry: a success of its comparisons is
+// backend.ErrRegisteredOnly.
 func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (backend.Lease, error) {
 	secs, err := b.checkModeRequest(req)
 	if err != nil {

@@ -64,7 +64,9 @@ func (b *Backend) ModeSupport() backend.ModeSupport {
 // its intents' and a waiter registration's are req.TTL rounded up to whole
 // milliseconds. Every ancestor must share the key's hash slot on Cluster
 // (lock keys of one tree do; see the package doc), or the request fails
-// with an error wrapping backend.ErrInvalid.
+// with an error wrapping backend.ErrInvalid. With req.RegisterOnly the
+// script registers the waiter whether or not the key is held, writes no
+// entry, and answers FREE (backend.ErrRegisteredOnly) when it could have.
 func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (backend.Lease, error) {
 	if err := b.begin(ctx); err != nil {
 		return backend.Lease{}, err
