@@ -345,6 +345,11 @@ type Event struct {
 	// TTL is, for EventRenewed, the TTL the lease was renewed for; zero
 	// otherwise.
 	TTL time.Duration
+	// Term is, for EventRenewed and, where the store tells it,
+	// EventReleased, the fencing term of the lease or entry renewed or
+	// released (several entries of Modes may hold one key); zero when
+	// unknown.
+	Term uint64
 }
 
 // Watcher is an optional capability of a Backend: a Backend that also
@@ -392,8 +397,12 @@ type WatchNotifier interface {
 type RenewalWatcher interface {
 	// WatchRenewals is WatchNotify (the same subscription: same events,
 	// coalescing and close rules), and it also delivers an EventRenewed,
-	// with the TTL, for each renewal of the key's lease from Acquire (by
-	// Renew or a BatchRenewer), not for entries of Modes. A renewal event
+	// with the TTL and the term, for each renewal of the key's lease from
+	// Acquire (by Renew or a BatchRenewer), of an entry of Modes on the
+	// key, and of an entry below the key whose intent on it the renewal
+	// extends; its EventReleased carry the released lease's or entry's
+	// term too (several Shared entries may hold a key, and a waiter tells
+	// by the term which one is gone). A renewal event
 	// dropped because the channel was full leaves the receiver with an
 	// earlier renewal's, so it may look at the key early, as it would
 	// without renewal events; one received late makes it look late.

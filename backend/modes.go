@@ -127,6 +127,12 @@ var (
 	// ErrLimitMismatch is returned by AcquireMode when a Shared acquisition's
 	// Limit differs from the limit the key's live Shared holders agreed on.
 	ErrLimitMismatch = errors.New("backend: shared lock limit mismatch")
+
+	// ErrRegisteredOnly is returned by AcquireMode with
+	// ModeRequest.RegisterOnly when the acquisition would have succeeded:
+	// the registration was written (for a request that registers), the key
+	// was not taken. It does not match ErrHeld.
+	ErrRegisteredOnly = errors.New("backend: registered only, the key was not taken")
 )
 
 // ModeSupport says which parts of Modes a backend implements.
@@ -167,6 +173,16 @@ type ModeRequest struct {
 	// A caller keeps its registration by trying again before TTL runs out,
 	// and withdraws it with CancelWait. WaitID is random per wait.
 	WaitID string
+	// RegisterOnly makes the call a refresh of the WaitID registration
+	// that never takes the key: it registers (or refreshes) WaitID as a
+	// failed acquisition would (Exclusive or Fair requests only), and
+	// answers a *HeldError when the acquisition would have failed, or
+	// ErrRegisteredOnly when it would have succeeded, writing no entry or
+	// intent either way. A waiter uses it when it knows that a holder in
+	// its way may still hold the key although the store may show it free
+	// (see RenewalWatcher), so that its registration does not lapse
+	// meanwhile. It needs WaitID.
+	RegisterOnly bool
 }
 
 // Entry is set on a Lease granted by AcquireMode.
@@ -223,6 +239,8 @@ func (r ModeRequest) Validate() error {
 		return fmt.Errorf("%w: limit %d is negative", ErrInvalid, r.Limit)
 	case r.Limit > 0 && r.Mode != Shared:
 		return fmt.Errorf("%w: limit %d given for an exclusive lock", ErrInvalid, r.Limit)
+	case r.RegisterOnly && r.WaitID == "":
+		return fmt.Errorf("%w: register only without a wait ID", ErrInvalid)
 	}
 	for i, a := range r.Ancestors {
 		if a == "" || a == r.Key {

@@ -273,7 +273,10 @@ func txnOps(req backend.ModeRequest) int {
 // and, when req.WaitID is set and the request is Exclusive or Fair,
 // registers the waiter, on the session lease, in the same transaction.
 // When etcd says the session lease is gone, a new one is granted and the
-// acquisition tried again, once.
+// acquisition tried again, once. With req.RegisterOnly both branches of the
+// transaction register (as the failure branch does) and read the state, and
+// none writes an entry: a success of its comparisons is
+// backend.ErrRegisteredOnly.
 func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (backend.Lease, error) {
 	secs, err := b.checkModeRequest(req)
 	if err != nil {
@@ -426,8 +429,8 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 		granted = s.ttl
 		fresh   clientv3.LeaseID // a grant of this call, revoked unless it holds the entry
 	)
-	if onSess {
-		id = s.id
+	if onSess || req.RegisterOnly {
+		id = s.id // RegisterOnly: no entry, no lease of its own
 	} else {
 		grant, err := b.cli.Grant(ctx, secs)
 		if err != nil {
@@ -445,7 +448,7 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 		revokeFresh()
 		return backend.Lease{}, fmt.Errorf("etcdbackend: %s: %w", op, err)
 	}
-	if fresh != 0 || (onSess && !s.marked) {
+	if !req.RegisterOnly && (fresh != 0 || (onSess && !s.marked)) {
 		// The lease mark with the entry (see leaseMark).
 		t.then = append(t.then, clientv3.OpPut(b.leaseMark(id), "", clientv3.WithLease(id)))
 	}
@@ -474,9 +477,10 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 		// grant of its own is revoked (which frees it); on the session,
 		// it is deleted in the background. A registration it may have
 		// made is withdrawn at its TTL unless a retry refreshes it.
-		if fresh != 0 {
+		switch {
+		case fresh != 0:
 			revokeFresh()
-		} else {
+		case !req.RegisterOnly:
 			b.cleanUpEntries(req, id, t.tokens())
 		}
 		if register {
@@ -486,6 +490,20 @@ func (b *Backend) acquireModeOnce(ctx context.Context, op string, req backend.Mo
 		return backend.Lease{}, fail(ctx, op, err)
 	}
 
+	if req.RegisterOnly {
+		if errors.Is(kaErr, rpctypes.ErrLeaseNotFound) {
+			b.sessionLost(s.id)
+			return backend.Lease{}, fmt.Errorf("etcdbackend: %s: %w", op, errSessionGone)
+		}
+		// Either branch registered and read the state alike.
+		err := b.modeConflict(ctx, op, req, register, s.id, 0, w, resp.Responses, resp.Header.Revision, sent)
+		var held *backend.HeldError
+		if resp.Succeeded && errors.As(err, &held) {
+			b.setSeenHeld(req.Key, false)
+			return backend.Lease{}, fmt.Errorf("etcdbackend: %s: %w", op, backend.ErrRegisteredOnly)
+		}
+		return backend.Lease{}, err
+	}
 	failed := resp.Responses
 	token := ""
 	if resp.Succeeded {
@@ -718,6 +736,12 @@ func (b *Backend) buildAcquire(req backend.ModeRequest, id, regID clientv3.Lease
 			// Nothing is written on a limit mismatch.
 			t.fail = append(t.fail, clientv3.OpTxn(mismatch, reg, nil))
 		}
+	}
+	if req.RegisterOnly {
+		// Nothing to take: the success branch registers and reads as
+		// the failure branch does.
+		t.then = t.fail
+		return t, nil
 	}
 	return b.buildSuccess(t, req, id, onSession, wkeys)
 }

@@ -49,7 +49,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 			return nil, err
 		}
 		bctx, _ := l.tryBounds.Bound(ctx, p.requestTimeout)
-		lk, err = l.attempt(bctx, key, bk, p, "", true, nil)
+		lk, err = l.attempt(bctx, key, bk, p, "", false, true, nil)
 		l.ops.Done()
 	} else {
 		ctx, cancel := context.WithTimeout(ctx, p.requestTimeout)
@@ -58,7 +58,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOption
 		if berr != nil {
 			return nil, berr
 		}
-		lk, err = l.attempt(ctx, key, bk, p, "", true, nil)
+		lk, err = l.attempt(ctx, key, bk, p, "", false, true, nil)
 		l.endTry(id)
 	}
 	if err != nil && l.closeCtx.Err() != nil {
@@ -240,7 +240,78 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		suspectUntil time.Time
 		known        []backend.Record
 		answered     bool // the store answered an attempt of this waiter
+		// inWay holds the records of the holders that conflicts of this
+		// wait named, by key and term, while they may live (see
+		// heldUntil). A conflict that names none (waiters only) does not
+		// forget them: the store may show a holder gone that still holds.
+		inWay = map[heldKey]backend.Record{}
 	)
+	// subFor returns the subscription that tells of the renewals and
+	// releases of r, a holder in the way: sub for a holder of key or a
+	// lock below it (whose renewals and releases are published on key's
+	// channel too), anc for a holder of the ancestor it watches; nil
+	// otherwise.
+	subFor := func(r backend.Record) *subscription {
+		switch {
+		case r.Key == key || isAncestor(key, r.Key):
+			return sub
+		case anc != nil && anc.key == Prefix+r.Key:
+			return anc
+		}
+		return nil
+	}
+	// seed records how long each holder in held's way lives at least, by
+	// the TTL the store gave its record (its renewals, heard later,
+	// extend it; its release ends it): so a holder is accounted for from
+	// the first conflict, before any renewal of it is heard.
+	seed := func(held *HeldError, at time.Time) {
+		for _, r := range held.Holders {
+			if s := subFor(r); s != nil && s.renewals {
+				s.holds(r.Term, at.Add(max(r.TTL, 0)+expiryMargin))
+				inWay[heldKey{r.Key, r.Term}] = r
+			}
+		}
+	}
+	// heldUntil returns how long, by this waiter's clock, the holders
+	// its conflicts named (inWay) keep it from the key, from the
+	// renewals its watches told of (backend.RenewalWatcher): the latest
+	// bound among them or, for a Shared acquisition with a Limit, at
+	// least the Limit-th latest bound among the key's Shared holders (the
+	// key is full until then). Every holder of the key, and every lock
+	// below it, is in an Exclusive waiter's way: for one, so is every
+	// renewal heard on the key, even of a holder that came after its
+	// last attempt. Until then the waiter does not take the key, even
+	// when the store shows it free: a store whose clock was stepped
+	// forward (Redis times expiry by its wall clock) ends a lease early,
+	// while its holder still holds it. Zero when there is none.
+	heldUntil := func() time.Time {
+		if !sub.renewals {
+			return time.Time{}
+		}
+		now := time.Now()
+		var until time.Time
+		if p.mode == Exclusive {
+			until = sub.latest()
+		}
+		var shared []time.Time
+		for hk, r := range inWay {
+			u := subFor(r).until(r.Term)
+			if !u.After(now) {
+				delete(inWay, hk) // gone, by its release or its TTL
+				continue
+			}
+			if p.mode == Shared && p.limit > 0 && r.Key == key && r.Mode == Shared {
+				shared = append(shared, u)
+			} else {
+				until = maxTime(until, u)
+			}
+		}
+		if len(shared) >= p.limit && len(shared) > 0 {
+			slices.SortFunc(shared, func(a, b time.Time) int { return b.Compare(a) })
+			until = maxTime(until, shared[p.limit-1])
+		}
+		return until
+	}
 	suspect := func() {
 		if !answered {
 			return
@@ -261,8 +332,12 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 	// when ctx ended.
 	pause := func(d time.Duration, ahead int) bool {
 		// A registration must be refreshed in time: its wait is not
-		// extended by the holder's renewals.
-		if !l.waitTurn(ctx, sub, anc, w.wake, d, ahead, !registered) {
+		// extended by the holders' renewals.
+		var bound func() time.Time
+		if !registered {
+			bound = heldUntil
+		}
+		if !l.waitTurn(ctx, sub, anc, w.wake, d, ahead, bound) {
 			return false
 		}
 		if sub.takeReset() {
@@ -305,11 +380,25 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		if register {
 			id = waitID
 		}
+		// While a holder in the way may still hold the key (heldUntil), a
+		// waiter does not take it: a registered one refreshes its
+		// registration without taking the key (RegisterOnly), one that
+		// is not waits.
+		ronly := false
+		if hu := heldUntil(); time.Now().Before(hu) {
+			if id == "" {
+				if !pause(time.Until(hu), 0) {
+					return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
+				}
+				continue
+			}
+			ronly = true
+		}
 		var crossed func() bool
 		if sub.ch != nil {
 			crossed = sub.broke
 		}
-		lk, err := l.attempt(ctx, key, bk, p, id, false, crossed)
+		lk, err := l.attempt(ctx, key, bk, p, id, ronly, false, crossed)
 		if id != "" {
 			registered = true
 		}
@@ -330,6 +419,7 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		switch {
 		case errors.As(err, &held):
 			q.setLastHeld(held)
+			seed(held, time.Now())
 			failures = 0
 			answered = true
 			if p.fair {
@@ -344,6 +434,7 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 					anc.stop()
 				}
 				anc = l.subscribe(ctx, Prefix+a, p.requestTimeout, p.renewInterval)
+				seed(held, time.Now())
 				if anc.ensure(); anc.ch != nil {
 					continue // a release before the watch began would be missed
 				}
@@ -374,6 +465,12 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 				expiring = 0
 			}
 			wait = min(max(wait, minRetry), p.ttl)
+		case errors.Is(err, backend.ErrRegisteredOnly):
+			// The registration was refreshed; the store showed the key
+			// free, but a holder in the way may still hold it.
+			failures = 0
+			answered = true
+			wait = max(time.Until(heldUntil()), minRetry)
 		case ctx.Err() != nil:
 			return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
 		case errors.Is(err, backend.ErrInvalid), errors.Is(err, backend.ErrClosed), errors.Is(err, ErrClosed),
@@ -397,6 +494,12 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 			return nil, l.gaveUp(ctx, "acquire", key, q.lastHeld(), lastErr)
 		}
 	}
+}
+
+// heldKey names a holder in a waiter's way: its lock key and term.
+type heldKey struct {
+	key  string
+	term uint64
 }
 
 // suspectWait stands for an attempt of a waiter that lost contact with
@@ -475,10 +578,10 @@ func (l *Locker) holdersOf(ctx context.Context, bk string, modes bool, timeout t
 // ahead expired unannounced). So a hand-off in a line of n Fair waiters
 // costs the store about two attempts, not n. Everyone else, and a Fair
 // waiter first in line, tries again at any event.
-func (l *Locker) waitTurn(ctx context.Context, sub, anc *subscription, wake <-chan struct{}, d time.Duration, ahead int, extend bool) bool {
+func (l *Locker) waitTurn(ctx context.Context, sub, anc *subscription, wake <-chan struct{}, d time.Duration, ahead int, bound func() time.Time) bool {
 	until := time.Now().Add(d)
 	for {
-		why, ok := sub.wait(ctx, time.Until(until), wake, anc, extend)
+		why, ok := sub.wait(ctx, time.Until(until), wake, anc, bound)
 		switch {
 		case !ok:
 			return false
@@ -577,13 +680,14 @@ func (l *Locker) gaveUp(ctx context.Context, op, key string, last *HeldError, la
 // keeping the lease. A plain Exclusive lock without waitID takes the fast
 // path, backend.Acquire; any other goes through backend.Modes.AcquireMode
 // (waitID, when not empty, registers the caller as a waiter if the key is
-// held). There is no read-back: either call is one atomic operation on the
+// held; with registerOnly it only refreshes that registration, and never
+// takes the key: see backend.ModeRequest.RegisterOnly). There is no read-back: either call is one atomic operation on the
 // store (one script on Redis, one transaction on etcd) whose reply is the
 // lease it wrote, so reading it back from the same store would cost a round
 // trip per lock and prove nothing more. Call Lock.Verify before an
 // irreversible step to check the lock is still held.
 // When bounded, ctx already bounds the attempt by RequestTimeout.
-func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID string, bounded bool, crossed func() bool) (*Lock, error) {
+func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID string, registerOnly, bounded bool, crossed func() bool) (*Lock, error) {
 	req := backend.AcquireRequest{
 		Key: bk, HolderID: l.id, TTL: p.ttl, Metadata: p.metadata,
 		// A lock that stops renewing on its own (NoRenew, MaxHold) must
@@ -603,6 +707,7 @@ func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID s
 	if p.modes() || waitID != "" {
 		lease, err = l.modes.AcquireMode(cctx, backend.ModeRequest{
 			AcquireRequest: req, Mode: p.mode, Limit: p.limit, Ancestors: p.ancestors, Fair: p.fair, WaitID: waitID,
+			RegisterOnly: registerOnly,
 		})
 	} else {
 		lease, err = l.b.Acquire(cctx, req)
@@ -616,6 +721,16 @@ func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID s
 			return nil, heldError(key, held)
 		}
 		return nil, fmt.Errorf("lock: acquire %q: %w", key, err)
+	}
+	if registerOnly {
+		// A backend that does not know RegisterOnly took the key: it is
+		// given back at once.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.requestTimeout)
+		if err := l.b.Release(rctx, lease); err != nil && !errors.Is(err, backend.ErrLeaseLost) {
+			l.log.Warn("lock: releasing an acquisition made to register only", "key", key, "err", err)
+		}
+		cancel()
+		return nil, fmt.Errorf("lock: acquire %q: %w", key, backend.ErrRegisteredOnly)
 	}
 	if crossed != nil && crossed() {
 		l.log.Info("lock: the watch broke while the acquisition was in flight; releasing it and waiting a TTL, in case the store lost a live lease",
@@ -789,7 +904,7 @@ func (l *Locker) WaitFree(ctx context.Context, key string) error {
 			lastErr = err
 			wait = backoff(o.RenewInterval, failures)
 		}
-		if _, ok := sub.wait(ctx, wait, nil, nil, true); !ok {
+		if _, ok := sub.wait(ctx, wait, nil, nil, sub.latest); !ok {
 			return l.gaveUp(ctx, "wait free", key, last, lastErr)
 		}
 	}
@@ -810,11 +925,61 @@ type subscription struct {
 	off        bool      // the backend cannot watch
 	resubbed   bool      // set by ensure when a subscription replaced a closed one
 	everClosed bool
-	// renewedUntil is how long the key's lease lives at least, by this
-	// waiter's clock, from the last renewal the watch told of
-	// (backend.RenewalWatcher); cleared by a release or an expiry.
-	renewedUntil time.Time
-	lostTouch    bool // an EventReset came, or the channel closed, since the last takeReset
+	// renewals says the watch tells of renewals (backend.RenewalWatcher).
+	renewals bool
+	// renewed maps the term of each lease or entry of the key (or below
+	// it) that the watch told was renewed, or that an attempt found in the
+	// way, to how long it lives at least by this waiter's clock: the
+	// renewal's (or the record's) TTL from when it was heard. A release of
+	// the term deletes it; a release of unknown term, or an expiry, clears
+	// them all.
+	renewed   map[uint64]time.Time
+	lostTouch bool // an EventReset came, or the channel closed, since the last takeReset
+}
+
+// holds records that the lease or entry of term lives at least until
+// until, by this waiter's clock. Bounds that have passed are dropped.
+func (s *subscription) holds(term uint64, until time.Time) {
+	if s.renewed == nil {
+		s.renewed = make(map[uint64]time.Time)
+	}
+	now := time.Now()
+	maps.DeleteFunc(s.renewed, func(_ uint64, u time.Time) bool { return !u.After(now) })
+	if until.After(s.renewed[term]) {
+		s.renewed[term] = until
+	}
+}
+
+// heard takes an event's news of the holders' lifetimes: a renewal
+// extends its term's, a release ends its term's (every term's when it
+// does not say which), an expiry ends them all.
+func (s *subscription) heard(ev backend.Event) {
+	switch {
+	case ev.Type == backend.EventRenewed:
+		s.holds(ev.Term, time.Now().Add(ev.TTL+expiryMargin))
+	case ev.Type == backend.EventReleased && ev.Term != 0:
+		delete(s.renewed, ev.Term)
+	case ev.Type == backend.EventReleased || ev.Type == backend.EventExpired:
+		clear(s.renewed)
+	}
+}
+
+// until returns how long the lease or entry of term lives at least, by
+// this waiter's clock (zero when it knows of no bound).
+func (s *subscription) until(term uint64) time.Time {
+	if s == nil {
+		return time.Time{}
+	}
+	return s.renewed[term]
+}
+
+// latest returns the latest bound of any term (zero when none).
+func (s *subscription) latest() time.Time {
+	var u time.Time
+	for _, t := range s.renewed {
+		u = maxTime(u, t)
+	}
+	return u
 }
 
 // takeReset reports whether the subscription was reset or broken since the
@@ -826,7 +991,8 @@ func (s *subscription) takeReset() bool {
 }
 
 func (l *Locker) subscribe(ctx context.Context, key string, timeout, interval time.Duration) *subscription {
-	return &subscription{l: l, ctx: ctx, key: key, timeout: timeout, interval: interval, off: l.watcher == nil}
+	_, renewals := l.b.(backend.RenewalWatcher)
+	return &subscription{l: l, ctx: ctx, key: key, timeout: timeout, interval: interval, off: l.watcher == nil, renewals: renewals}
 }
 
 // watch subscribes to the key, with renewal events when the backend can
@@ -881,14 +1047,16 @@ const (
 // wait blocks for d, until an event arrives on s or on also (which may be
 // nil), wake fires, or ctx ends (then ok is false). A closed channel ends
 // the wait too, after re-subscribing when allowed, since changes may have
-// been missed. why says what ended it. A renewal of s's key does not end
-// it: with extend, the wait lasts at least until the renewed lease's TTL
-// is up (renewedUntil), so that a key the store shows free before then (its
-// clock stepped forward, the key evicted or deleted by hand) is not taken
-// while its holder may still hold it; only the lease's TTL ends it.
-func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan struct{}, also *subscription, extend bool) (why woke, ok bool) {
-	if extend {
-		d = max(d, time.Until(s.renewedUntil))
+// been missed. why says what ended it. A renewal (of s's key or also's)
+// does not end it: when bound is not nil, the wait lasts at least until
+// bound(), re-read at each renewal, how long the holders in the way live
+// at least by the renewals heard (see subscription.renewed), so that a key
+// the store shows free before then (its clock stepped forward, the key
+// evicted or deleted by hand) is not taken while a holder may still hold
+// it; only the leases' own TTLs end it.
+func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan struct{}, also *subscription, bound func() time.Time) (why woke, ok bool) {
+	if bound != nil {
+		d = max(d, time.Until(bound()))
 	}
 	if !s.off && s.ch == nil {
 		d = min(d, max(time.Until(s.next), 0))
@@ -914,16 +1082,18 @@ func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan st
 			case !ok:
 				s.closed()
 			case ev.Type == backend.EventRenewed:
-				s.renewedUntil = maxTime(s.renewedUntil, time.Now().Add(ev.TTL+expiryMargin))
-				if extend && s.renewedUntil.After(end) {
-					end = s.renewedUntil
-					t.Reset(time.Until(end))
+				s.heard(ev)
+				if bound != nil {
+					if u := bound(); u.After(end) {
+						end = u
+						t.Reset(time.Until(end))
+					}
 				}
 				continue
 			case ev.Type == backend.EventReset:
 				s.lostTouch = true
 			case ev.Type == backend.EventReleased || ev.Type == backend.EventExpired:
-				s.renewedUntil = time.Time{}
+				s.heard(ev)
 				why = wokeReleased
 			case ev.Type == backend.EventChanged:
 				why = wokeChanged
@@ -931,8 +1101,18 @@ func (s *subscription) wait(ctx context.Context, d time.Duration, wake <-chan st
 		case ev, ok := <-alsoCh:
 			if !ok {
 				also.closed()
-			} else if ev.Type == backend.EventRenewed {
-				continue // the ancestor's holder renewed: nothing to look at
+				break
+			}
+			also.heard(ev)
+			if ev.Type == backend.EventRenewed {
+				// The ancestor's holder renewed: nothing to look at.
+				if bound != nil {
+					if u := bound(); u.After(end) {
+						end = u
+						t.Reset(time.Until(end))
+					}
+				}
+				continue
 			}
 		}
 		return why, ctx.Err() == nil
@@ -962,8 +1142,8 @@ func (s *subscription) broke() bool {
 			case backend.EventReset:
 				s.lostTouch = true
 				return true
-			case backend.EventRenewed:
-				s.renewedUntil = maxTime(s.renewedUntil, time.Now().Add(ev.TTL+expiryMargin))
+			case backend.EventRenewed, backend.EventReleased, backend.EventExpired:
+				s.heard(ev)
 			}
 		default:
 			return false

@@ -102,15 +102,20 @@
 // loses data" in the README.
 //
 // On a backend whose watches tell of renewals (backend.RenewalWatcher:
-// redisbackend), a waiter in Acquire, Do or WaitFree makes no attempt
-// before a TTL has passed since the last renewal it heard of, by its own
+// redisbackend), a waiter in Acquire, Do or WaitFree does not take the key
+// before a TTL has passed since the last renewal it heard of each holder in
+// its way (or since the TTL the store last reported for it), by its own
 // clock, even when the store shows the key free sooner: Redis expires keys
 // by its wall clock, so a step of its clock forward ends leases early, as
-// an eviction does. The holder learns of such a loss at its next renewal.
-// TryAcquire and TryDo do not watch, so they may take such a key at once.
-// Fair waiters and those registered through backend.Modes are not held
-// back past their registration's refresh. See "When the store's clock is
-// stepped" in the README.
+// an eviction does. It tells holders apart by their terms, so a Shared
+// holder's release does not end the wait for the others (a Shared waiter
+// with a Limit waits for the Limit-th of them only). A waiter registered
+// through backend.Modes (Fair, or Exclusive behind Shared holders or locks
+// below) meanwhile refreshes its registration with
+// backend.ModeRequest.RegisterOnly, which never takes the key. The holder
+// learns of such a loss at its next renewal. TryAcquire and TryDo do not
+// watch, so they may take such a key at once. See "When the store's clock
+// is stepped" in the README.
 //
 // No lock can stop a paused process from acting late on a decision it took
 // before the pause. Pass Lock.Term, the fencing term, with every write to a

@@ -435,7 +435,7 @@ func (s *Store) acquireMode(req backend.ModeRequest, writerFirst, ancestorWaiter
 		}
 	}
 
-	if len(conflicts) > 0 || waiting > 0 {
+	if len(conflicts) > 0 || waiting > 0 || req.RegisterOnly {
 		if req.WaitID != "" && (req.Mode == backend.Exclusive || req.Fair) {
 			if own >= 0 {
 				ks.m().waiters[own].expires = now.Add(req.TTL)
@@ -443,6 +443,9 @@ func (s *Store) acquireMode(req backend.ModeRequest, writerFirst, ancestorWaiter
 			} else {
 				ks.m().waiters = append(ks.waiters(), &waiter{id: req.WaitID, mode: req.Mode, expires: now.Add(req.TTL)})
 			}
+		}
+		if len(conflicts) == 0 && waiting == 0 {
+			return backend.Lease{}, fmt.Errorf("memorybackend: acquire %q: %w", req.Key, backend.ErrRegisteredOnly)
 		}
 		held := s.heldErrorLocked(req.Key, conflicts, waiting)
 		if aboveKey != "" && len(held.Holders) == 0 {

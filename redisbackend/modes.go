@@ -44,8 +44,8 @@ import (
 // intent's expiry, unless it conflicts). Every operation is one round
 // trip; on the server (TestModesRoundTrips counts them) AcquireMode of a
 // free key runs 8 commands (16 with two ancestors, whose lease hashes and
-// waiter tickets it reads), Renew of an entry 5 (13 with two ancestors),
-// Release 6 (14), a failed AcquireMode 4 to 10, Holders and Get 3 or 4. BenchmarkModes measured about 30 µs of server
+// waiter tickets it reads), Renew of an entry 6 (16 with two ancestors: one
+// PUBLISH of the renewal per channel), Release 6 (14), a failed AcquireMode 4 to 10, Holders and Get 3 or 4. BenchmarkModes measured about 30 µs of server
 // time per plain Acquire+Release pair of a lock key, 50 to 65 for an
 // Exclusive or Shared entry, 120 for a page with two ancestors under a
 // root holding 10 other pages.
@@ -64,7 +64,9 @@ func (b *Backend) ModeSupport() backend.ModeSupport {
 // its intents' and a waiter registration's are req.TTL rounded up to whole
 // milliseconds. Every ancestor must share the key's hash slot on Cluster
 // (lock keys of one tree do; see the package doc), or the request fails
-// with an error wrapping backend.ErrInvalid.
+// with an error wrapping backend.ErrInvalid. With req.RegisterOnly the
+// script registers the waiter whether or not the key is held, writes no
+// entry, and answers FREE (backend.ErrRegisteredOnly) when it could have.
 func (b *Backend) AcquireMode(ctx context.Context, req backend.ModeRequest) (backend.Lease, error) {
 	if err := b.begin(ctx); err != nil {
 		return backend.Lease{}, err
@@ -131,10 +133,16 @@ func (b *Backend) acquireMode(ctx context.Context, req backend.ModeRequest, base
 	for k, v := range req.Metadata {
 		args = append(args, k, v)
 	}
-	args = append(args, b.guard(req.AcquireRequest))
+	ronly := ""
+	if req.RegisterOnly {
+		ronly = "1"
+	}
+	args = append(args, ronly, b.guard(req.AcquireRequest))
 	reply, waitErr, err := b.run(ctx, acquireModeScript, b.waitN > 0, keys, args...)
 	if err != nil {
-		// No reply: the script may still run (see lostreply.go).
+		// No reply: the script may still run (see lostreply.go). With
+		// RegisterOnly it writes no entry under token: the next call's
+		// look for it finds nothing, but its wait ID is remembered.
 		b.lostAcq.rememberEntry(req.Key, req.HolderID, token, req.WaitID, req.Ancestors, time.Now())
 		return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, err)
 	}
@@ -155,11 +163,13 @@ func (b *Backend) acquireMode(ctx context.Context, req backend.ModeRequest, base
 	if err, ok := restartRefusal(req.Key, status, reply); ok {
 		return backend.Lease{}, err
 	}
-	if req.WaitID != "" && (status == "OK" || status == "HELD") {
-		// The wait goes on (HELD) or has ended (see lostreply.go).
-		b.lostAcq.waitSeen(req.Key, req.WaitID, status == "HELD")
+	if req.WaitID != "" && (status == "OK" || status == "HELD" || status == "FREE") {
+		// The wait goes on (HELD, FREE) or has ended (see lostreply.go).
+		b.lostAcq.waitSeen(req.Key, req.WaitID, status != "OK")
 	}
 	switch status {
+	case "FREE":
+		return backend.Lease{}, fmt.Errorf("redisbackend: acquire %q: %w", req.Key, backend.ErrRegisteredOnly)
 	case "OK":
 		if len(reply) < 2 {
 			break
@@ -293,12 +303,19 @@ func (b *Backend) validateEntry(l backend.Lease) error {
 
 // renewEntry is Renew of a lease from AcquireMode: the entry and its
 // intents are extended to lease.TTL from now, if the entry is still the
-// lease's and alive, and every intent is still there.
+// lease's and alive, and every intent is still there, and the renewal is
+// published on the key's channel and each ancestor's (EventRenewed, for
+// WatchRenewals).
 func (b *Backend) renewEntry(ctx context.Context, l backend.Lease) error {
 	if err := b.validateEntry(l); err != nil {
 		return err
 	}
-	reply, waitErr, err := b.run(ctx, renewEntryScript, b.waitN > 0, b.entryKeys(l), l.HolderID, l.Token, ttlMillis(l.TTL))
+	args := make([]any, 0, 5+len(l.Entry.Ancestors))
+	args = append(args, l.HolderID, l.Token, ttlMillis(l.TTL), b.publishCmd, b.channel(l.Key))
+	for _, a := range l.Entry.Ancestors {
+		args = append(args, b.channel(a))
+	}
+	reply, waitErr, err := b.run(ctx, renewEntryScript, b.waitN > 0, b.entryKeys(l), args...)
 	return b.entryResult("renew", l, reply, waitErr, err)
 }
 

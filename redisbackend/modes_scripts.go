@@ -283,7 +283,9 @@ end
 // number of ancestors, the ancestors' keys, the number of lost tokens and of
 // lost wait IDs, each lost token's kind (p: a plain lease, e: an entry) and
 // token, the lost wait IDs (see lostreply.go), metadata name/value pairs,
-// then the RestartGuard flag (1 or empty). Returns OK and the term; RESTARTED and
+// then the register-only flag (1 or empty: backend.ModeRequest.RegisterOnly)
+// and the RestartGuard flag (1 or empty). Returns OK and the term; FREE (register
+// only, and nothing in the way: nothing written but the registration); RESTARTED and
 // the milliseconds of the refusal (see luaRestartWait) or NOINFO; HELD, the number of waiters yielded to, the
 // number of conflicting records, those records in term order, then, when no
 // record conflicts, the record of the key's oldest holder or, when the
@@ -310,6 +312,7 @@ local na = tonumber(ARGV[12])
 local nt, nw = tonumber(ARGV[13 + na]), tonumber(ARGV[14 + na])
 local lb = 14 + na -- lost token j: kind ARGV[lb + 2j - 1], token ARGV[lb + 2j]
 local md = lb + 2 * nt + nw + 1 -- the first metadata argument
+local ronly = ARGV[#ARGV - 1] == '1'
 -- Lost acquisitions of this holder (see lostreply.go): their lease or
 -- entry (with its intents), owner-checked by holder and token, and their
 -- waiter registrations, deleted with the events of Release and CancelWait.
@@ -427,7 +430,7 @@ if not fair then
     end
   end
 end
-if #conflicts > 0 or waiting > 0 then
+if #conflicts > 0 or waiting > 0 or ronly then
   if wid ~= '' and (fair or mode == 'x') then
     local exp = now + tonumber(ARGV[3])
     local seq
@@ -436,6 +439,7 @@ if #conflicts > 0 or waiting > 0 then
     redis.call('HSET', KEYS[3], 'w:' .. wid, fmt(seq) .. ' ' .. fmt(exp) .. ' ' .. mode)
     redis.call('PEXPIREAT', KEYS[3], fmt(math.max(w.maxe, exp)))
   end
+  if #conflicts == 0 and waiting == 0 then return {'FREE'} end
   table.sort(conflicts, by_term_key)
   local out = {'HELD', waiting, #conflicts}
   for _, x in ipairs(conflicts) do out[#out + 1] = x.r end
@@ -474,7 +478,7 @@ redis.call('SET', KEYS[2], term, 'PX', ARGV[4])
 local exp = now + tonumber(ARGV[3])
 local e = {tok = ARGV[2], id = ARGV[1], t = term, m = mode, l = limit, a = fmt(now), r = fmt(now),
   d = ARGV[3], e = exp, md = {}}
-for i = md, #ARGV - 1 do e.md[#e.md + 1] = ARGV[i] end
+for i = md, #ARGV - 2 do e.md[#e.md + 1] = ARGV[i] end
 if #st.dead > 0 then call_chunked('HDEL', KEYS[1], st.dead) end
 redis.call('HSET', KEYS[1], 'modes', '1', 'h:' .. ARGV[2], holder_enc(e))
 redis.call('PEXPIREAT', KEYS[1], fmt(math.max(st.maxe, exp)))
@@ -500,8 +504,12 @@ return r
 `)
 
 // renewEntryScript: KEYS lease hash, then each ancestor's lease hash; ARGV
-// holder, token, ttl ms. It extends the entry and its intents to now + ttl;
-// an intent that is gone makes the entry LOST (nothing is written). Unlike
+// holder, token, ttl ms, publish command (empty: none), then the channel of
+// the key and of each ancestor. It extends the entry and its intents to
+// now + ttl, and publishes "renewed:<term>:<ttl ms>" on every channel (for
+// backend.RenewalWatcher: a waiter of the key, or of an ancestor blocked by
+// the intent, learns how long the entry lives at least); an intent that is
+// gone makes the entry LOST (nothing is written or published). Unlike
 // a plain lease's renewal, it rewrites the entry, whose expiry is part of
 // its value (the hash's own expiry is the latest of its entries'), so
 // writing renewed_at there (the field r) costs nothing more, and the entry
@@ -531,6 +539,9 @@ for i = 2, #KEYS do
   ints[i].e = exp
   redis.call('HSET', KEYS[i], 'i:' .. ARGV[2], intent_enc(ints[i]))
   extend(KEYS[i])
+end
+if ARGV[4] ~= '' then
+  for i = 5, #ARGV do redis.call(ARGV[4], ARGV[i], 'renewed:' .. e.t .. ':' .. ARGV[3]) end
 end
 return {'OK'}
 `)

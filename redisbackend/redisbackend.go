@@ -135,7 +135,8 @@
 // within milliseconds; the release of an entry of backend.Modes is
 // published on its key's channel and on each of its ancestors', and
 // CancelWait publishes a change on the key's channel. Renew and RenewBatch
-// publish each renewal ("renewed:<term>:<ttl ms>"), which only WatchRenewals
+// publish each renewal ("renewed:<term>:<ttl ms>"; an entry's on its key's
+// channel and each of its ancestors'), which only WatchRenewals
 // (backend.RenewalWatcher) delivers, as EventRenewed: the elector and the
 // lock package's waiters then take the key no sooner than a TTL after the
 // last renewal, by their own clocks, even if the server shows it free

@@ -120,7 +120,10 @@ func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<
 // WatchRenewals implements backend.RenewalWatcher: it is WatchNotify, and
 // it also delivers an EventRenewed for each renewal of the key's lease
 // (Renew and RenewBatch publish "renewed:<term>:<ttl ms>" on the key's
-// channel; watches without renewals skip those messages).
+// channel; watches without renewals skip those messages), of an entry of
+// backend.Modes on the key, and of an entry below it whose intent on the
+// key the renewal extends (Renew of an entry publishes on the key's
+// channel and each ancestor's). Events carry the term (released ones too).
 func (b *Backend) WatchRenewals(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
 	return b.watch(ctx, key, notify, true)
 }
@@ -555,10 +558,14 @@ func (b *Backend) serverUnsubscribed(h *hub, channel string) {
 // blocking.
 func (b *Backend) dispatch(h *hub, channel, payload string) {
 	typ := backend.EventChanged
-	var ttl time.Duration
+	var (
+		ttl  time.Duration
+		term uint64
+	)
 	switch {
 	case strings.HasPrefix(payload, "released:"):
 		typ = backend.EventReleased
+		term, _ = strconv.ParseUint(payload[len("released:"):], 10, 64) // 0: unknown
 	case strings.HasPrefix(payload, "expired:"):
 		typ = backend.EventExpired
 	case strings.HasPrefix(payload, "renewed:"):
@@ -566,6 +573,7 @@ func (b *Backend) dispatch(h *hub, channel, payload string) {
 		if i := strings.LastIndexByte(payload, ':'); i > len("renewed") {
 			if ms, err := strconv.ParseInt(payload[i+1:], 10, 64); err == nil && ms > 0 {
 				typ, ttl = backend.EventRenewed, time.Duration(ms)*time.Millisecond
+				term, _ = strconv.ParseUint(payload[len("renewed:"):i], 10, 64)
 			}
 		}
 	}
@@ -580,7 +588,7 @@ func (b *Backend) dispatch(h *hub, channel, payload string) {
 			continue
 		}
 		select {
-		case w.ch <- backend.Event{Key: w.key, Type: typ, TTL: ttl}:
+		case w.ch <- backend.Event{Key: w.key, Type: typ, TTL: ttl, Term: term}:
 		default: // full: the pending events already tell the receiver to look
 		}
 		if w.notify != nil {

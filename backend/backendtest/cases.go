@@ -636,8 +636,8 @@ func testWatchRenewals(t *testing.T, h *harness) {
 	if err := a.Renew(h.ctx, l); err != nil {
 		t.Fatalf("Renew: %v", err)
 	}
-	if e := next(renewals, "Renew"); e.Type != backend.EventRenewed || e.TTL != l.TTL || e.Key != key {
-		t.Errorf("Renew: got %+v, want %v of %q with TTL %v", e, backend.EventRenewed, key, l.TTL)
+	if e := next(renewals, "Renew"); e.Type != backend.EventRenewed || e.TTL != l.TTL || e.Key != key || e.Term != l.Term {
+		t.Errorf("Renew: got %+v, want %v of %q with TTL %v and term %d", e, backend.EventRenewed, key, l.TTL, l.Term)
 	}
 	if br, ok := a.(backend.BatchRenewer); ok {
 		if errs := br.RenewBatch(h.ctx, []backend.Lease{l}); errs[0] != nil {
@@ -650,8 +650,8 @@ func testWatchRenewals(t *testing.T, h *harness) {
 	if err := a.Release(h.ctx, l); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if e := next(renewals, "release"); e.Type != backend.EventReleased && e.Type != backend.EventExpired {
-		t.Errorf("release: got %v, want %v", e.Type, backend.EventReleased)
+	if e := next(renewals, "release"); (e.Type != backend.EventReleased || e.Term != l.Term) && e.Type != backend.EventExpired {
+		t.Errorf("release: got %+v, want %v with term %d", e, backend.EventReleased, l.Term)
 	}
 	// The plain watch: the acquisition, then the release, nothing between.
 	if e := next(plain, "acquire (plain Watch)"); e.Type != backend.EventChanged {

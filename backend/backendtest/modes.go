@@ -38,7 +38,9 @@ var modeCases = []struct {
 	{"ModesIntentExpires", testModesIntentExpires},
 	{"ModesFairOrder", testModesFairOrder},
 	{"ModesCancelWaitFair", testModesCancelWaitFair},
+	{"ModesRegisterOnly", testModesRegisterOnly},
 	{"ModesWatch", testModesWatch},
+	{"ModesWatchRenewals", testModesWatchRenewals},
 	{"ModesBoundedState", testModesBounded},
 	{"ModesContention", testModesContention},
 	{"ModesIntentRenewed", testModesIntentRenewed},
@@ -651,6 +653,7 @@ func testModesInvalid(t *testing.T, h *harness) {
 		"ancestor equal to the key":  func(r *backend.ModeRequest) { r.Ancestors = []string{"lock/inv/a/b"} },
 		"ancestor not a prefix":      func(r *backend.ModeRequest) { r.Ancestors = []string{"lock/other"} },
 		"ancestors innermost first":  func(r *backend.ModeRequest) { r.Ancestors = []string{"lock/inv/a", "lock/inv"} },
+		"register only, no wait ID":  func(r *backend.ModeRequest) { r.RegisterOnly = true },
 	}
 	for name, f := range cases {
 		r := good
@@ -1426,4 +1429,162 @@ func testModesRestart(t *testing.T, h *harness) {
 	if h.env.TermsSurviveDataLoss && x.Term <= p.Term {
 		t.Errorf("term after a restart that lost the data: got %d, want > %d", x.Term, p.Term)
 	}
+}
+
+// testModesRegisterOnly: an acquisition with RegisterOnly never takes the
+// key. It registers (or refreshes) its WaitID as a failed acquisition
+// would: on a held key it fails with the same *HeldError; on a key it
+// could have taken it fails with ErrRegisteredOnly (not ErrHeld), writing
+// no entry and no intent, and the registration it wrote refuses new Shared
+// holders (writer preference) and keeps a Fair waiter's place in line;
+// refreshed so, it outlives its TTL. Terms still increase.
+func testModesRegisterOnly(t *testing.T, h *harness) {
+	m := h.openModes("Shared", "WriterFirst")
+	b := h.openMore()
+	registered := func(r backend.ModeRequest) error {
+		t.Helper()
+		l, err := b.AcquireMode(h.ctx, r)
+		if err == nil {
+			t.Fatalf("AcquireMode(%s) with RegisterOnly: got lease %+v, want no lease", describe(r), l)
+		}
+		return err
+	}
+	free := func(step string, r backend.ModeRequest) {
+		t.Helper()
+		err := registered(r)
+		if !errors.Is(err, backend.ErrRegisteredOnly) || errors.Is(err, backend.ErrHeld) {
+			t.Errorf("%s: AcquireMode(%s) with RegisterOnly on a key it could take: got %v, want ErrRegisteredOnly (not ErrHeld)", step, describe(r), err)
+		}
+		h.mustHolders(m, r.Key) // nothing taken
+	}
+	readerRefused := func(step string) {
+		t.Helper()
+		held := h.heldMode(m, shared(modeKey, "reader", 0))
+		if held.Waiting < 1 {
+			t.Errorf("%s: Shared acquisition: HeldError.Waiting %d, want >= 1 (the writer registered)", step, held.Waiting)
+		}
+	}
+
+	// A free key: registered, not taken.
+	writer := exclusive(modeKey, "writer")
+	writer.WaitID, writer.RegisterOnly = "writer-wait", true
+	free("free key", writer)
+	readerRefused("registered on a free key")
+	if err := b.CancelWait(h.ctx, modeKey, writer.WaitID); err != nil {
+		t.Fatalf("CancelWait: %v", err)
+	}
+
+	// A held key: the HeldError of a failed attempt, and registered.
+	r1 := h.acquireMode(m, shared(modeKey, "reader-1", 0))
+	h.heldBy(b, writer, r1)
+	readerRefused("registered on a held key")
+	h.release(m, r1)
+	free("after the release", writer)
+	readerRefused("refreshed on a free key")
+
+	// Refreshed so, the registration outlives its TTL.
+	writer.TTL = h.env.ShortTTL
+	free("short TTL", writer)
+	for i := range 5 { // 1⅔ TTLs
+		h.elapse(writer.TTL / 3)
+		free(fmt.Sprintf("refresh %d", i+1), writer)
+		readerRefused(fmt.Sprintf("refresh %d", i+1))
+	}
+
+	// The acquisition proper takes the key, with a greater term, and
+	// ends the registration.
+	writer.RegisterOnly = false
+	x := h.acquireMode(b, writer)
+	if x.Term <= r1.Term {
+		t.Errorf("term %d after RegisterOnly calls, want more than %d", x.Term, r1.Term)
+	}
+	h.release(b, x)
+	h.release(m, h.acquireMode(m, shared(modeKey, "reader-2", 0)))
+
+	if ms := m.ModeSupport(); ms.Hierarchical {
+		// No intent is written: the ancestor stays free.
+		page := below(exclusive("lock/ro/a/b", "page"), "lock/ro", "lock/ro/a")
+		page.WaitID, page.RegisterOnly = "page-wait", true
+		free("hierarchical", page)
+		h.release(m, h.acquireMode(m, exclusive("lock/ro", "root")))
+		if err := b.CancelWait(h.ctx, page.Key, page.WaitID); err != nil {
+			t.Fatalf("CancelWait: %v", err)
+		}
+	}
+	if !m.ModeSupport().Fair {
+		return
+	}
+	// Fair: a RegisterOnly call keeps its place in line and is told of
+	// the waiters ahead; the first in line is told the key is free.
+	x = h.acquireMode(m, exclusive(modeKey, "holder"))
+	var ws []backend.ModeRequest
+	for i := range 2 {
+		w := exclusive(modeKey, fmt.Sprintf("fair-%d", i))
+		w.Fair, w.WaitID = true, fmt.Sprintf("fair-wait-%d", i)
+		h.heldBy(h.openMore(), w, x)
+		ws = append(ws, w)
+	}
+	h.release(m, x)
+	second := ws[1]
+	second.RegisterOnly = true
+	if held, ok := errors.AsType[*backend.HeldError](registered(second)); !ok || held.Waiting != 1 {
+		t.Errorf("second in line, RegisterOnly: got %v, want a *HeldError with Waiting 1", held)
+	}
+	first := ws[0]
+	first.RegisterOnly = true
+	free("first in line", first)
+	h.heldMode(m, ws[1]) // still behind the first
+	l := h.acquireMode(m, ws[0])
+	h.release(m, l)
+	h.release(m, h.acquireMode(m, ws[1]))
+}
+
+// testModesWatchRenewals: on a RenewalWatcher, a renewal of an entry is
+// told to the watchers of its key and of each ancestor whose intent it
+// extends, as an EventRenewed with the entry's TTL and term; a release
+// of one of several Shared entries is told with its own term, so a
+// waiter can tell which holder is gone.
+func testModesWatchRenewals(t *testing.T, h *harness) {
+	m := h.openModes("Shared", "Hierarchical")
+	rw, ok := m.(backend.RenewalWatcher)
+	if !ok {
+		t.Skip("backend does not implement backend.RenewalWatcher")
+	}
+	const root, page = "lock/wr/a", "lock/wr/a/b"
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel()
+	watch := func(k string) <-chan backend.Event {
+		ch, err := rw.WatchRenewals(ctx, k, nil)
+		if err != nil {
+			t.Fatalf("WatchRenewals(%q): %v", k, err)
+		}
+		return ch
+	}
+	onPage, onRoot := watch(page), watch(root)
+	s1 := h.acquireMode(m, below(shared(page, "s1", 0), root))
+	s2 := h.acquireMode(m, below(shared(page, "s2", 0), root))
+	// next skips the acquisitions' events.
+	next := func(ch <-chan backend.Event, what string) backend.Event {
+		t.Helper()
+		for {
+			if e := nextEvent(t, ch, what, watchBound); e.Type != backend.EventChanged {
+				return e
+			}
+		}
+	}
+	if err := m.Renew(h.ctx, s2); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	for k, ch := range map[string]<-chan backend.Event{page: onPage, root: onRoot} {
+		if e := next(ch, "Renew of "+k); e.Type != backend.EventRenewed || e.TTL != s2.TTL || e.Term != s2.Term || e.Key != k {
+			t.Errorf("Renew of an entry, watch of %q: got %+v, want %v of %q with TTL %v and term %d", k, e, backend.EventRenewed, k, s2.TTL, s2.Term)
+		}
+	}
+	h.release(m, s1)
+	for k, ch := range map[string]<-chan backend.Event{page: onPage, root: onRoot} {
+		if e := next(ch, "Release of "+k); e.Type != backend.EventReleased || e.Term != s1.Term {
+			t.Errorf("Release of an entry, watch of %q: got %+v, want %v with term %d", k, e, backend.EventReleased, s1.Term)
+		}
+	}
+	h.release(m, s2)
 }
