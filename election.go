@@ -44,6 +44,10 @@ type Elector struct {
 	watcher  backend.Watcher        // nil when b cannot watch
 	notifier backend.WatchNotifier  // nil when b's watches cannot wake the elector
 	renewals backend.RenewalWatcher // nil when b's watches cannot tell of renewals
+	muter    backend.RenewalMuter   // nil when they cannot be muted
+	// renewalsMuted mutes the renewal events of the watch (muter) while
+	// this elector leads: they are of its own lease, and each would wake it.
+	renewalsMuted atomic.Bool
 	name     string
 	id       string
 	// okAt is when the backend last answered a call of this elector, in
@@ -143,6 +147,7 @@ func New(b backend.Backend, name, id string, opts *Options) (*Elector, error) {
 	if e.watcher != nil {
 		e.notifier, _ = b.(backend.WatchNotifier)
 		e.renewals, _ = b.(backend.RenewalWatcher)
+		e.muter, _ = b.(backend.RenewalMuter)
 	}
 	return e, nil
 }

@@ -70,6 +70,9 @@ func (e *Elector) leadBegin(lease backend.Lease, sent time.Time, rec Record) {
 	rs := &e.rs
 	ctx, fn := rs.ctx, rs.fn
 	e.wg.Add(1) // done when the hold has finished (release and any retries)
+	// The renewals of its own lease tell a leader nothing and would wake
+	// it, each one (endTerm and leadEnd turn them on again).
+	e.renewalsMuted.Store(true)
 	t := &leaderTerm{n: lease.Term, wake: make(chan struct{}), onWake: e.wake}
 	hold := keeper.Start(ctx, keeper.Config{
 		Backend:        e.b,
@@ -215,6 +218,7 @@ func (e *Elector) leadEnd() {
 	rs := &e.rs
 	ld := rs.ld
 	rs.ld = nil
+	e.renewalsMuted.Store(false) // a follower again: the next leader's renewals bound its looks
 	// Resign may be releasing the lease already, on its caller's goroutine;
 	// the keeper then waits for that release and returns its result.
 	relErr := ld.hold.Release(context.Background())
@@ -314,6 +318,7 @@ func (e *Elector) endTerm(t *leaderTerm, r LossReason, err error) LossReason {
 		}
 	}
 	t.ended, t.reason = true, r
+	e.renewalsMuted.Store(false) // a follower now: see leadBegin
 	e.state, e.term, e.hold = Follower, 0, nil
 	e.bus.publish(StateChanged{From: Leader, To: Follower})
 	e.bus.publish(LeadershipLost{Term: t.n, Reason: r, Err: err})

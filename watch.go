@@ -57,6 +57,9 @@ func (e *Elector) startWatch(ctx context.Context) {
 		}
 		var r watchResult
 		switch {
+		case e.muter != nil:
+			r.ch, r.err = e.muter.WatchRenewalsMuted(ctx, e.name, e.wake, &e.renewalsMuted)
+			r.notified = true
 		case e.renewals != nil:
 			r.ch, r.err = e.renewals.WatchRenewals(ctx, e.name, e.wake)
 			r.notified = true

@@ -53,6 +53,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -407,6 +408,20 @@ type RenewalWatcher interface {
 	// earlier renewal's, so it may look at the key early, as it would
 	// without renewal events; one received late makes it look late.
 	WatchRenewals(ctx context.Context, key string, notify func()) (<-chan Event, error)
+}
+
+// RenewalMuter is an optional capability of a RenewalWatcher: a watch
+// whose renewal events its receiver can turn off and on again without
+// touching the subscription. The holder of a key has no use for the
+// renewals of its own lease, and on Redis each comes back to its process
+// as a message: a process leading 10,000 elections gets 3,000 a second,
+// and each woke the elector that renewed it.
+type RenewalMuter interface {
+	// WatchRenewalsMuted is WatchRenewals, except that while *muted is
+	// true it delivers no EventRenewed (and calls notify for none); its
+	// other events are unchanged. The receiver sets *muted at any time,
+	// from any goroutine; several watches may share one.
+	WatchRenewalsMuted(ctx context.Context, key string, notify func(), muted *atomic.Bool) (<-chan Event, error)
 }
 
 // AcquireConfirmer is an optional capability of a Backend whose Acquire

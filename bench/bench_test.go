@@ -664,6 +664,9 @@ func caps(b backend.Backend) []string {
 	if _, ok := b.(backend.RenewalWatcher); ok {
 		cs = append(cs, "RenewalWatcher")
 	}
+	if _, ok := b.(backend.RenewalMuter); ok {
+		cs = append(cs, "RenewalMuter")
+	}
 	return cs
 }
 

@@ -144,6 +144,13 @@ func (c *crashable) watchRenewals(ctx context.Context, inner backend.RenewalWatc
 	return inner.WatchRenewals(ctx, key, notify)
 }
 
+func (c *crashable) watchRenewalsMuted(ctx context.Context, inner backend.RenewalMuter, key string, notify func(), muted *atomic.Bool) (<-chan backend.Event, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	return inner.WatchRenewalsMuted(ctx, key, notify, muted)
+}
+
 func (c *crashable) Close() error { return c.inner.Close() }
 
 func (c *crashable) renewBatch(ctx context.Context, inner backend.BatchRenewer, leases []backend.Lease) []error {

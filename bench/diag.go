@@ -254,6 +254,14 @@ func (c *countingBackend) watchRenewals(ctx context.Context, inner backend.Renew
 	return ch, err
 }
 
+// watchRenewalsMuted counts the subscription call, as Watch does.
+func (c *countingBackend) watchRenewalsMuted(ctx context.Context, inner backend.RenewalMuter, key string, notify func(), muted *atomic.Bool) (<-chan backend.Event, error) {
+	t0 := time.Now()
+	ch, err := inner.WatchRenewalsMuted(ctx, key, notify, muted)
+	c.done(opWatch, t0, err)
+	return ch, err
+}
+
 func (c *countingBackend) Watch(ctx context.Context, key string) (<-chan backend.Event, error) {
 	if c.watcher == nil {
 		return nil, errors.ErrUnsupported

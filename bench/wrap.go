@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
@@ -28,6 +29,7 @@ type wrapper interface {
 	holders(ctx context.Context, inner backend.Modes, key string) ([]backend.Record, error)
 	cancelWait(ctx context.Context, inner backend.Modes, key, waitID string) error
 	watchRenewals(ctx context.Context, inner backend.RenewalWatcher, key string, notify func()) (<-chan backend.Event, error)
+	watchRenewalsMuted(ctx context.Context, inner backend.RenewalMuter, key string, notify func(), muted *atomic.Bool) (<-chan backend.Event, error)
 }
 
 // capBase forwards the Backend and Watcher methods to the wrapper and the
@@ -69,6 +71,10 @@ func (x capRenewals) WatchRenewals(ctx context.Context, key string, notify func(
 	return x.c.watchRenewals(ctx, x.c.inner.(backend.RenewalWatcher), key, notify)
 }
 
+func (x capRenewals) WatchRenewalsMuted(ctx context.Context, key string, notify func(), muted *atomic.Bool) (<-chan backend.Event, error) {
+	return x.c.watchRenewalsMuted(ctx, x.c.inner.(backend.RenewalMuter), key, notify, muted)
+}
+
 type capModes struct{ c *capBase }
 
 func (x capModes) ModeSupport() backend.ModeSupport { return x.c.inner.(backend.Modes).ModeSupport() }
@@ -94,6 +100,9 @@ func compose(w wrapper, inner backend.Backend) backend.Backend {
 	_, bh := inner.(backend.BatchHeartbeater)
 	_, md := inner.(backend.Modes)
 	_, rw := inner.(backend.RenewalWatcher)
+	if _, rm := inner.(backend.RenewalMuter); rw != rm {
+		panic("bench: compose: a backend.RenewalWatcher that is not a backend.RenewalMuter (or the reverse) has no wrapper")
+	}
 	r, h, m := capBatchRenew{c}, capBatchHeartbeat{c}, capModes{c}
 	switch {
 	case br && bh && md && rw: // Redis
@@ -266,6 +275,15 @@ func (l *limiter) watchRenewals(ctx context.Context, inner backend.RenewalWatche
 	}
 	defer l.leave()
 	return inner.WatchRenewals(ctx, key, notify)
+}
+
+// watchRenewalsMuted limits the subscription call only, as Watch does.
+func (l *limiter) watchRenewalsMuted(ctx context.Context, inner backend.RenewalMuter, key string, notify func(), muted *atomic.Bool) (<-chan backend.Event, error) {
+	if err := l.enter(ctx); err != nil {
+		return nil, err
+	}
+	defer l.leave()
+	return inner.WatchRenewalsMuted(ctx, key, notify, muted)
 }
 
 // Watch limits the subscription call only, not the watch's lifetime.

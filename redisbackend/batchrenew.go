@@ -18,6 +18,7 @@ var (
 	_ backend.BatchHeartbeater = (*Backend)(nil)
 	_ backend.AcquireConfirmer = (*Backend)(nil)
 	_ backend.RenewalWatcher   = (*Backend)(nil)
+	_ backend.RenewalMuter     = (*Backend)(nil)
 )
 
 // maxBatchKeys bounds the items (leases or heartbeats) one batch script

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -93,6 +94,7 @@ type watch struct {
 	// renewals: deliver EventRenewed (WatchRenewals); other watches skip
 	// renewal messages.
 	renewals bool
+	muted    *atomic.Bool // WatchRenewalsMuted: no renewal events while true; nil for none
 	closed   bool
 	stop     func() bool // stops the context.AfterFunc that ends the watch
 }
@@ -114,7 +116,7 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan backend.Event, 
 // drops) on the channel, and whoever closes the channel calls it after
 // closing it.
 func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
-	return b.watch(ctx, key, notify, false)
+	return b.watch(ctx, key, notify, false, nil)
 }
 
 // WatchRenewals implements backend.RenewalWatcher: it is WatchNotify, and
@@ -125,11 +127,20 @@ func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<
 // key the renewal extends (Renew of an entry publishes on the key's
 // channel and each ancestor's). Events carry the term (released ones too).
 func (b *Backend) WatchRenewals(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
-	return b.watch(ctx, key, notify, true)
+	return b.watch(ctx, key, notify, true, nil)
 }
 
-// watch is WatchNotify, with renewal events when renewals is true.
-func (b *Backend) watch(ctx context.Context, key string, notify func(), renewals bool) (<-chan backend.Event, error) {
+// WatchRenewalsMuted implements backend.RenewalMuter: WatchRenewals, with no
+// renewal event while *muted is true. The messages still reach the
+// connection (it subscribes to the key's channel for its other events);
+// they are dropped there.
+func (b *Backend) WatchRenewalsMuted(ctx context.Context, key string, notify func(), muted *atomic.Bool) (<-chan backend.Event, error) {
+	return b.watch(ctx, key, notify, true, muted)
+}
+
+// watch is WatchNotify, with renewal events when renewals is true, unless
+// muted (when not nil) is true.
+func (b *Backend) watch(ctx context.Context, key string, notify func(), renewals bool, muted *atomic.Bool) (<-chan backend.Event, error) {
 	if err := b.beginKey(ctx, key); err != nil {
 		return nil, err
 	}
@@ -149,7 +160,7 @@ func (b *Backend) watch(ctx context.Context, key string, notify func(), renewals
 	if err != nil {
 		return nil, fmt.Errorf("redisbackend: watch %q: %w", key, err)
 	}
-	w := &watch{key: key, ch: make(chan backend.Event, b.watchBuffer), notify: notify, renewals: renewals}
+	w := &watch{key: key, ch: make(chan backend.Event, b.watchBuffer), notify: notify, renewals: renewals, muted: muted}
 
 	select {
 	case h.wsem <- struct{}{}:
@@ -584,7 +595,7 @@ func (b *Backend) dispatch(h *hub, channel, payload string) {
 		return
 	}
 	for w := range s.watches {
-		if w.closed || (typ == backend.EventRenewed && !w.renewals) {
+		if w.closed || (typ == backend.EventRenewed && (!w.renewals || (w.muted != nil && w.muted.Load()))) {
 			continue
 		}
 		select {

@@ -129,6 +129,7 @@ func Run(t *testing.T, newEnv func(t *testing.T) Env) {
 		{"GetFreeKey", testGetFree},
 		{"Watch", testWatch},
 		{"WatchRenewals", testWatchRenewals},
+		{"WatchRenewalsMuted", testWatchRenewalsMuted},
 		{"WatchNotify", testWatchNotify},
 		{"CancelledContext", testCancelled},
 		{"Closed", testClosed},

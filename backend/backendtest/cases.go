@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -659,6 +660,73 @@ func testWatchRenewals(t *testing.T, h *harness) {
 	}
 	if e := next(plain, "release (plain Watch)"); e.Type != backend.EventReleased && e.Type != backend.EventExpired {
 		t.Errorf("plain Watch, after the renewals and the release: got %+v, want %v (no renewal events)", e, backend.EventReleased)
+	}
+}
+
+// testWatchRenewalsMuted: a RenewalMuter's watch delivers no renewal event
+// while its flag is set, and its other events as before; cleared, it
+// delivers renewals again. Two watches share the flag, as an elector's
+// watches across a re-subscription do.
+func testWatchRenewalsMuted(t *testing.T, h *harness) {
+	rm, ok := h.open().(backend.RenewalMuter)
+	if !ok {
+		t.Skip("backend does not implement backend.RenewalMuter")
+	}
+	a := h.open()
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel()
+	var muted atomic.Bool
+	muted.Store(true)
+	var chs []<-chan backend.Event
+	for range 2 {
+		ch, err := rm.WatchRenewalsMuted(ctx, key, nil, &muted)
+		if err != nil {
+			t.Fatalf("WatchRenewalsMuted: %v", err)
+		}
+		chs = append(chs, ch)
+	}
+	// probe, not muted, tells when the muted renewals have been
+	// delivered (to it) or dropped (from the muted watches): a renewal
+	// is told after Renew returns.
+	probe, err := rm.WatchRenewalsMuted(ctx, key, nil, new(atomic.Bool))
+	if err != nil {
+		t.Fatalf("WatchRenewalsMuted: %v", err)
+	}
+	l := h.acquireKey(a, key, "a", longTTL)
+	nextEvent(t, probe, "acquire (probe)", watchBound)
+	if err := a.Renew(h.ctx, l); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	if e := nextEvent(t, probe, "Renew (probe)", watchBound); e.Type != backend.EventRenewed {
+		t.Fatalf("probe, Renew: got %+v, want %v", e, backend.EventRenewed)
+	}
+	if br, ok := a.(backend.BatchRenewer); ok {
+		if errs := br.RenewBatch(h.ctx, []backend.Lease{l}); errs[0] != nil {
+			t.Fatalf("RenewBatch: %v", errs[0])
+		}
+		if e := nextEvent(t, probe, "RenewBatch (probe)", watchBound); e.Type != backend.EventRenewed {
+			t.Fatalf("probe, RenewBatch: got %+v, want %v", e, backend.EventRenewed)
+		}
+	}
+	muted.Store(false)
+	if err := a.Renew(h.ctx, l); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	if err := a.Release(h.ctx, l); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	for i, ch := range chs {
+		// The acquisition, the renewal after the flag was cleared (none
+		// of those before it), then the release.
+		if e := nextEvent(t, ch, "acquire", watchBound); e.Type != backend.EventChanged {
+			t.Errorf("watch %d, acquire: got %+v, want %v", i, e, backend.EventChanged)
+		}
+		if e := nextEvent(t, ch, "Renew, not muted", watchBound); e.Type != backend.EventRenewed || e.Term != l.Term {
+			t.Errorf("watch %d, after the muted renewals and one not muted: got %+v, want one %v (term %d)", i, e, backend.EventRenewed, l.Term)
+		}
+		if e := nextEvent(t, ch, "release", watchBound); e.Type != backend.EventReleased && e.Type != backend.EventExpired {
+			t.Errorf("watch %d, release: got %+v, want %v", i, e, backend.EventReleased)
+		}
 	}
 }
 
