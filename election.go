@@ -48,8 +48,8 @@ type Elector struct {
 	// renewalsMuted mutes the renewal events of the watch (muter) while
 	// this elector leads: they are of its own lease, and each would wake it.
 	renewalsMuted atomic.Bool
-	name     string
-	id       string
+	name          string
+	id            string
 	// okAt is when the backend last answered a call of this elector, in
 	// nanoseconds since okBase (its creation; noAnswer before the first
 	// answer): an atomic beside what a batch reads, not a field under mu,
