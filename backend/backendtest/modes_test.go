@@ -39,6 +39,7 @@ var modeMutations = map[string][]string{
 	"restart-keeps-entries":          {"ModesRestartLosingData"},
 	"waiter-not-refreshed":           {"ModesWriterPreference"},
 	"ancestor-waiters-ignored":       {"ModesAncestorWaiters"},
+	"register-only-acquires":         {"ModesRegisterOnly"},
 }
 
 func init() {
@@ -93,6 +94,8 @@ func (b *brokenModes) AcquireMode(ctx context.Context, req backend.ModeRequest) 
 		}
 	case "mode-ignores-cancel":
 		ctx = context.WithoutCancel(ctx)
+	case "register-only-acquires":
+		req.RegisterOnly = false
 	}
 	if req.WaitID != "" {
 		b.sh.mu.Lock()
