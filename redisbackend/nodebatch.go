@@ -84,14 +84,11 @@ var errMovedItem = errors.New("redisbackend: not served by the node")
 
 // resend reports whether an item of a node script must go again in a
 // script of its slot: it answered MOVED, or its call failed with a reply of
-// the server (not the network or the context, which a second call would
-// meet too).
+// the server (redis.Error; not the network or the context, which a second
+// call would meet too).
 func resend(err error) bool {
-	if errors.Is(err, errMovedItem) {
-		return true
-	}
 	var re redis.Error
-	return errors.As(err, &re) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+	return errors.Is(err, errMovedItem) || errors.As(err, &re)
 }
 
 // nodeTagger gives the keys of one batch their group on a Cluster: the

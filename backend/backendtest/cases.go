@@ -601,7 +601,7 @@ func nextEvent(t *testing.T, ch <-chan backend.Event, what string, d time.Durati
 		}
 		return e
 	case <-timer.C:
-		t.Fatalf("%s: no event within %v", what, watchBound)
+		t.Fatalf("%s: no event within %v", what, d)
 	}
 	return backend.Event{}
 }
