@@ -329,6 +329,12 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 			e.crossedReset(ls, lease)
 			return backend.Lease{}, time.Time{}, Record{}, false
 		}
+		if verr == nil && watched && !req.Reclaim {
+			if ttl, ok := e.renewalCrossed(lease.Term); ok {
+				e.crossedRenewal(ls, lease, ttl)
+				return backend.Lease{}, time.Time{}, Record{}, false
+			}
+		}
 		if verr == nil {
 			ls.failures = 0
 			return lease, sent, rec, true
@@ -403,6 +409,54 @@ func (e *Elector) crossedReset(ls *loopState, lease backend.Lease) {
 	}
 	e.suspect(ls)
 	ls.nextAttempt = time.Now() // lookAfterReset: read who holds the key
+}
+
+// renewalCrossed reports whether the events waiting in the subscription's
+// channel (gathered by watchBroke, which must have run) tell of a renewal of
+// a lease other than term's that no later release or expiry ended, and
+// returns the longest such renewal's TTL. After an acquisition of term, such
+// a renewal crossed the call: the holder renewed (it was published before
+// this acquisition ran, since a renewal is owner-checked) and the store
+// found the key free anyway, which only a forward step of its clock, a
+// deletion or a loss of data explains while the holder leads on.
+func (e *Elector) renewalCrossed(term uint64) (time.Duration, bool) {
+	live := map[uint64]time.Duration{}
+	for _, s := range e.w.stash {
+		switch {
+		case !s.ok:
+		case s.ev.Type == backend.EventRenewed && s.ev.Term != term:
+			live[s.ev.Term] = max(live[s.ev.Term], s.ev.TTL)
+		case s.ev.Type == backend.EventReleased && s.ev.Term != 0:
+			delete(live, s.ev.Term)
+		case s.ev.Type == backend.EventReleased || s.ev.Type == backend.EventExpired:
+			clear(live)
+		}
+	}
+	var ttl time.Duration
+	for _, d := range live {
+		ttl = max(ttl, d)
+	}
+	return ttl, len(live) > 0
+}
+
+// crossedRenewal gives up an acquisition that a renewal of the holder's
+// lease crossed (see renewalCrossed): the lease is released, and no attempt
+// follows before the renewal's TTL is up, counted from now, nor within the
+// wait of suspect (a read then stands for each attempt, and finds who holds
+// the key). The wait is suspect's, not renewedUntil, which the events of
+// this very acquisition and release clear. A release of the holder's term
+// told after the reply (its message late) cannot be told from a loss: the
+// wait then costs a TTL that a plain hand-over did not need, a rare case
+// (the holder renewed and released within the attempt's round trip).
+func (e *Elector) crossedRenewal(ls *loopState, lease backend.Lease, ttl time.Duration) {
+	e.log.Info("sovereign: the holder's lease was renewed while the acquisition was in flight; releasing it and waiting out that renewal, in case the store's clock stepped forward",
+		"term", lease.Term, "renewal_ttl", ttl)
+	if err := e.release(lease); err != nil {
+		e.log.Warn("sovereign: releasing an acquisition that a renewal crossed", "err", err)
+	}
+	e.suspect(ls)
+	ls.suspectUntil = maxTime(ls.suspectUntil, time.Now().Add(ttl+expiryMargin))
+	ls.nextAttempt = time.Now()
 }
 
 // refreshLeader reads the record to learn the current leader.

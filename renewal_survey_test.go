@@ -270,3 +270,84 @@ func TestSurveyLeaderIgnoresRenewalEvents(t *testing.T) {
 		}
 	})
 }
+
+// TestFollowerGivesUpAcquisitionCrossedByRenewal: a change of the key
+// wakes a at 0.5 s; while its attempt is in flight, z renews (TTL 3 s) and
+// the store then loses z's lease with no event (a forward step of its
+// clock), so the attempt finds the key free. The renewal crossed the
+// acquisition: a must give it up and not lead before the renewal's TTL is
+// up (3.5 s), then lead, z being gone.
+func TestFollowerGivesUpAcquisitionCrossedByRenewal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var cross atomic.Bool
+		var r *renewalRig
+		r = newRenewalRig(t, 3*time.Second, func(ac *electortest.Renewing) {
+			ac.BeforeAcquire = func(backend.AcquireRequest) error {
+				if cross.CompareAndSwap(true, false) {
+					r.rn.Publish("election", backend.Event{Type: backend.EventRenewed, TTL: 3 * time.Second, Term: r.zl.Term})
+					if !r.zc.Drop(t.Context(), "election") {
+						t.Error("Drop: no lease")
+					}
+				}
+				return nil
+			}
+		})
+		at(start, 500*time.Millisecond)
+		cross.Store(true)
+		r.rn.Publish("election", backend.Event{Type: backend.EventChanged})
+		at(start, 600*time.Millisecond)
+		if cross.Load() {
+			t.Fatal("a made no attempt at the change: the test tests nothing")
+		}
+		for _, d := range []time.Duration{600 * time.Millisecond, 2 * time.Second, 3490 * time.Millisecond} {
+			at(start, d)
+			if r.a.IsLeader() {
+				t.Fatalf("a leads at %v: z renewed at 0.5 s for 3 s while a's acquisition was in flight, want no leadership before 3.5 s", d)
+			}
+		}
+		at(start, 3700*time.Millisecond)
+		if !r.a.IsLeader() {
+			t.Fatal("a does not lead at 3.7 s: z's last renewal (0.5 s, TTL 3 s) is up, want a to take the free key")
+		}
+	})
+}
+
+// TestFollowerKeepsAcquisitionAfterRenewalThenRelease: while a's attempt
+// is in flight, z renews and then releases, and both events reach a before
+// the attempt's reply: a plain hand-over, which the release explains. a
+// keeps the acquisition and leads at once. (A release told after the reply
+// does not count: a then gives the acquisition up and waits out the
+// renewal, as when the store lost the lease; see crossedRenewal.)
+func TestFollowerKeepsAcquisitionAfterRenewalThenRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var cross atomic.Bool
+		var r *renewalRig
+		r = newRenewalRig(t, 3*time.Second, func(ac *electortest.Renewing) {
+			ac.BeforeAcquire = func(backend.AcquireRequest) error {
+				if cross.CompareAndSwap(true, false) {
+					r.rn.Publish("election", backend.Event{Type: backend.EventRenewed, TTL: 3 * time.Second, Term: r.zl.Term})
+					if err := r.zc.Release(t.Context(), r.zl); err != nil {
+						t.Errorf("z: Release: %v", err)
+					}
+					// The memory store tells of the release from another
+					// goroutine, after the reply: told here as Redis
+					// tells it, with the term, before the reply.
+					r.rn.Publish("election", backend.Event{Type: backend.EventReleased, Term: r.zl.Term})
+				}
+				return nil
+			}
+		})
+		at(start, 500*time.Millisecond)
+		cross.Store(true)
+		r.rn.Publish("election", backend.Event{Type: backend.EventChanged})
+		at(start, 600*time.Millisecond)
+		if cross.Load() {
+			t.Fatal("a made no attempt at the change: the test tests nothing")
+		}
+		if !r.a.IsLeader() {
+			t.Fatal("a does not lead at 0.6 s: z released after its renewal, want a's acquisition kept")
+		}
+	})
+}
