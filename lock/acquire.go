@@ -394,9 +394,21 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 			}
 			ronly = true
 		}
-		var crossed func() bool
+		var crossed func() error
 		if sub.ch != nil {
-			crossed = sub.broke
+			crossed = func() error {
+				if sub.broke() {
+					return errCrossed
+				}
+				// The events that came with the reply are taken: a
+				// renewal among them of a holder in the way (of any
+				// holder, for an Exclusive waiter) that no release
+				// followed crossed the acquisition.
+				if heldUntil().After(time.Now()) {
+					return errRenewalCrossed
+				}
+				return nil
+			}
 		}
 		lk, err := l.attempt(ctx, key, bk, p, id, ronly, false, crossed)
 		if id != "" {
@@ -404,6 +416,12 @@ func (l *Locker) acquireHead(ctx context.Context, key, bk string, p params, q *k
 		}
 		if err == nil {
 			return lk, nil
+		}
+		if errors.Is(err, errRenewalCrossed) {
+			// Released; the check above waits until the renewal told of
+			// is up, or its term's release.
+			answered = true
+			continue
 		}
 		if errors.Is(err, errCrossed) {
 			// The store answered (the watch, then the acquisition) and
@@ -687,7 +705,7 @@ func (l *Locker) gaveUp(ctx context.Context, op, key string, last *HeldError, la
 // trip per lock and prove nothing more. Call Lock.Verify before an
 // irreversible step to check the lock is still held.
 // When bounded, ctx already bounds the attempt by RequestTimeout.
-func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID string, registerOnly, bounded bool, crossed func() bool) (*Lock, error) {
+func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID string, registerOnly, bounded bool, crossed func() error) (*Lock, error) {
 	req := backend.AcquireRequest{
 		Key: bk, HolderID: l.id, TTL: p.ttl, Metadata: p.metadata,
 		// A lock that stops renewing on its own (NoRenew, MaxHold) must
@@ -732,16 +750,21 @@ func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID s
 		cancel()
 		return nil, fmt.Errorf("lock: acquire %q: %w", key, backend.ErrRegisteredOnly)
 	}
-	if crossed != nil && crossed() {
-		l.log.Info("lock: the watch broke while the acquisition was in flight; releasing it and waiting a TTL, in case the store lost a live lease",
-			"key", key, "term", lease.Term)
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.requestTimeout)
-		if err := l.b.Release(rctx, lease); err != nil && !errors.Is(err, backend.ErrLeaseLost) {
-			// It expires by its TTL: nobody holds the lock on it.
-			l.log.Warn("lock: releasing an acquisition made across a reset", "key", key, "err", err)
+	if crossed != nil {
+		if cerr := crossed(); cerr != nil {
+			why := "the watch broke while the acquisition was in flight; releasing it and waiting a TTL, in case the store lost a live lease"
+			if errors.Is(cerr, errRenewalCrossed) {
+				why = "a holder in the way renewed while the acquisition was in flight; releasing it and waiting out that renewal, in case the store's clock stepped forward"
+			}
+			l.log.Info("lock: "+why, "key", key, "term", lease.Term)
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.requestTimeout)
+			if err := l.b.Release(rctx, lease); err != nil && !errors.Is(err, backend.ErrLeaseLost) {
+				// It expires by its TTL: nobody holds the lock on it.
+				l.log.Warn("lock: releasing an acquisition given up", "key", key, "err", err)
+			}
+			cancel()
+			return nil, cerr
 		}
-		cancel()
-		return nil, errCrossed
 	}
 	lk, err := l.start(key, lease, sent, p)
 	if err != nil {
@@ -759,6 +782,16 @@ func (l *Locker) attempt(ctx context.Context, key, bk string, p params, waitID s
 // and found the key free only because it lost a live lease. The
 // acquisition was released.
 var errCrossed = errors.New("lock: the watch broke while the acquisition was in flight")
+
+// errRenewalCrossed is attempt's error when crossed reported that a
+// renewal of a holder in the waiter's way came with the acquisition's
+// reply, and no release of its term: a renewal is owner-checked, so it ran
+// before the acquisition, and the store found the key free while that
+// holder held it (a forward step of its clock, a deletion). The
+// acquisition was released; the waiter waits until the renewal is up or
+// its term is released (a hand-over whose release message came after the
+// reply).
+var errRenewalCrossed = errors.New("lock: a renewal of a holder in the way crossed the acquisition")
 
 // heldError turns the backend's HeldError into the package's, with lock keys.
 func heldError(key string, held *backend.HeldError) *HeldError {

@@ -145,9 +145,34 @@ func (c *Renewing) Renew(ctx context.Context, l backend.Lease) error {
 	c.Renews.Add(1)
 	err := c.Backend.Renew(ctx, l)
 	if err == nil {
-		c.r.Publish(l.Key, backend.Event{Type: backend.EventRenewed, TTL: l.TTL})
+		c.r.Publish(l.Key, backend.Event{Type: backend.EventRenewed, TTL: l.TTL, Term: l.Term})
 	}
 	return err
+}
+
+// Release implements backend.Backend: a release the store made is told
+// with its term, as Redis tells it, before Release returns (the memory
+// store's own event, without the term, is dropped).
+func (c *Renewing) Release(ctx context.Context, l backend.Lease) error {
+	c.mute(l.Key, 1)
+	err := c.Backend.Release(ctx, l)
+	if err != nil {
+		c.mute(l.Key, -1)
+		return err
+	}
+	c.r.Publish(l.Key, backend.Event{Type: backend.EventReleased, Term: l.Term})
+	return nil
+}
+
+// mute adds d to the releases of key that its watches are to drop.
+func (c *Renewing) mute(key string, d int) {
+	c.r.mu.Lock()
+	defer c.r.mu.Unlock()
+	for w := range c.r.watches {
+		if w.key == key && w.mute+d >= 0 {
+			w.mute += d
+		}
+	}
 }
 
 // Drop ends the lease of key with no event, as a step of the Redis
@@ -157,23 +182,11 @@ func (c *Renewing) Drop(ctx context.Context, key string) bool {
 	if err != nil {
 		return false
 	}
-	c.r.mu.Lock()
-	for w := range c.r.watches {
-		if w.key == key {
-			w.mute++
-		}
-	}
-	c.r.mu.Unlock()
+	c.mute(key, 1)
 	// Release checks the owner by token; the TTL is only validated.
 	err = c.Backend.Release(ctx, backend.Lease{Key: key, HolderID: rec.HolderID, Token: rec.Token, Term: rec.Term, TTL: time.Second})
 	if err != nil {
-		c.r.mu.Lock()
-		for w := range c.r.watches {
-			if w.key == key && w.mute > 0 {
-				w.mute--
-			}
-		}
-		c.r.mu.Unlock()
+		c.mute(key, -1)
 	}
 	return err == nil
 }
