@@ -47,7 +47,7 @@ type Elector struct {
 	muter    backend.RenewalMuter   // nil when they cannot be muted
 	// renewalsMuted mutes the renewal events of the watch (muter) while
 	// this elector leads: they are of its own lease, and each would wake it.
-	renewalsMuted atomic.Bool
+	renewalsMuted backend.Mute
 	name          string
 	id            string
 	// okAt is when the backend last answered a call of this elector, in
