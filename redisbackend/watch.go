@@ -80,6 +80,9 @@ type hub struct {
 	subs    map[string]*sub // by channel
 	started bool            // the receive loop runs
 	dead    bool            // broken or closed; never reused
+
+	remutes  []*watch // whose muted switch changed, for remuteLoop
+	remuting bool     // remuteLoop runs
 }
 
 // sub is one channel subscription and the watches it feeds.
@@ -105,8 +108,8 @@ type watch struct {
 	channel  string // the key's events channel
 	rchannel string // the key's renewals channel; "" without renewals
 	inR      bool   // w is one of h.subs[rchannel]'s watches
-	remuting bool   // a remute of w is on its way
-	live     bool   // established: a change of muted is acted on (remute)
+	queued   bool   // w is in h.remutes
+	live     bool   // established: a change of muted is acted on (remuteLoop)
 	closed   bool
 	stop     func() bool // stops the context.AfterFunc that ends the watch
 	unhook   func()      // unregisters the muted.OnChange of w; nil for none
@@ -264,72 +267,118 @@ func (b *Backend) watch(ctx context.Context, key string, notify func(), renewals
 	return w.ch, nil
 }
 
-// remuteLater starts a remute of w unless w's subscription of its renewals
-// channel already matches its muted switch, or one is on its way. It is
-// muted's OnChange hook: it does not block.
+// remuteLater queues w for its hub's remute loop (starting it when it does
+// not run) unless w's subscription of its renewals channel already matches
+// its muted switch, or w is queued already. It is muted's OnChange hook: it
+// does not block.
 func (b *Backend) remuteLater(w *watch) {
 	b.hubs.mu.Lock()
 	defer b.hubs.mu.Unlock()
-	if !w.live || w.closed || w.remuting || b.hubs.closed || w.inR != w.muted.Load() {
+	h := w.h
+	if !w.live || w.closed || w.queued || h.dead || b.hubs.closed || w.inR != w.muted.Load() {
 		return
 	}
-	w.remuting = true
-	b.hubs.wg.Add(1) // closeAll waits for it; it adds none once closed is set
-	go b.remute(w)
+	w.queued = true
+	h.remutes = append(h.remutes, w)
+	if !h.remuting {
+		h.remuting = true
+		b.hubs.wg.Add(1) // closeAll waits for it; none is added once closed is set
+		go b.remuteLoop(h)
+	}
 }
 
-// remute makes w one of the watches of its renewals channel's sub when its
-// muted switch is clear, and removes it from them when it is set: the
-// first watch of the channel subscribes to it, the last one's leaving
-// unsubscribes. The decision is taken holding h.wsem, and reads the
-// switch after clearing w.remuting, so that a change after it starts
-// another remute. A failed (un)subscription breaks the hub, closing w.
-func (b *Backend) remute(w *watch) {
+// remuteLoop makes each queued watch one of the watches of its renewals
+// channel's sub when its muted switch is clear, and removes it from them
+// when it is set: the first watch of a channel subscribes to it, the last
+// one's leaving unsubscribes. It takes the queue in batches, each decided
+// holding h.wsem and written in one (UN)SUBSCRIBE of all its channels
+// (with sharded pub/sub, one per channel: a command's channels must share
+// a slot), so that 10,000 leaders muting at once cost a few writes, not
+// 10,000. A watch is taken off the queue before its switch is read, so a
+// change after that queues it again. A failed write breaks the hub,
+// closing its watches. It returns when the queue is empty.
+func (b *Backend) remuteLoop(h *hub) {
 	defer b.hubs.wg.Done()
-	h := w.h
-	h.wsem <- struct{}{}
-	b.hubs.mu.Lock()
-	w.remuting = false
-	want := !w.muted.Load()
-	if w.closed || h.dead || want == w.inR {
-		b.hubs.mu.Unlock()
-		<-h.wsem
-		return
-	}
-	s := h.subs[w.rchannel]
-	subscribe, unsubscribe := false, false
-	if want {
-		if s == nil {
-			s = &sub{ready: make(chan struct{}), watches: make(map[*watch]struct{})}
-			h.subs[w.rchannel] = s
-			subscribe = true
+	for {
+		h.wsem <- struct{}{}
+		b.hubs.mu.Lock()
+		batch := h.remutes
+		h.remutes = nil
+		if len(batch) == 0 || h.dead {
+			h.remuting = false
+			b.hubs.mu.Unlock()
+			<-h.wsem
+			return
 		}
-		s.watches[w] = struct{}{}
-		w.inR = true
-	} else {
-		w.inR = false
-		if s != nil {
+		var subscribe, unsubscribe []string
+		for _, w := range batch {
+			w.queued = false
+			want := !w.muted.Load()
+			if w.closed || want == w.inR {
+				continue
+			}
+			s := h.subs[w.rchannel]
+			if want {
+				if s == nil {
+					s = &sub{ready: make(chan struct{}), watches: make(map[*watch]struct{})}
+					h.subs[w.rchannel] = s
+					subscribe = append(subscribe, w.rchannel)
+				}
+				s.watches[w] = struct{}{}
+				w.inR = true
+				continue
+			}
+			w.inR = false
+			if s == nil {
+				continue
+			}
 			delete(s.watches, w)
 			// A pending one is unsubscribed when its confirmation
 			// arrives (confirm).
 			if len(s.watches) == 0 && s.confirmed {
 				delete(h.subs, w.rchannel)
-				unsubscribe = true
+				unsubscribe = append(unsubscribe, w.rchannel)
 			}
 		}
+		b.hubs.mu.Unlock()
+		err := b.writeBatch(h, subscribe, unsubscribe)
+		<-h.wsem
+		if err != nil {
+			b.breakHub(h, err)
+		}
 	}
-	b.hubs.mu.Unlock()
+}
+
+// writeBatch writes the (S)SUBSCRIBE of subscribe and the (S)UNSUBSCRIBE
+// of unsubscribe, which the caller has decided holding h.wsem.
+func (b *Backend) writeBatch(h *hub, subscribe, unsubscribe []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), unsubscribeTimeout)
 	defer cancel()
-	switch {
-	case subscribe:
-		_ = b.subscribe(ctx, h, w.rchannel) // releases h.wsem; a failure breaks h
-	case unsubscribe:
-		b.unsubscribe(ctx, h, w.rchannel)
-		<-h.wsem
-	default:
-		<-h.wsem
+	write := func(f func(context.Context, ...string) error, channels []string) error {
+		if len(channels) == 0 {
+			return nil
+		}
+		if !h.sharded {
+			return f(ctx, channels...)
+		}
+		for _, c := range channels {
+			if err := f(ctx, c); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
+	sub, unsub := h.ps.Subscribe, h.ps.Unsubscribe
+	if h.sharded {
+		sub, unsub = h.ps.SSubscribe, h.ps.SUnsubscribe
+	}
+	if err := write(sub, subscribe); err != nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	if err := write(unsub, unsubscribe); err != nil {
+		return fmt.Errorf("unsubscribe: %w", err)
+	}
+	return nil
 }
 
 // clusterShard returns the address of the master that serves channel's
