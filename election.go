@@ -46,8 +46,10 @@ type Elector struct {
 	renewals backend.RenewalWatcher // nil when b's watches cannot tell of renewals
 	muter    backend.RenewalMuter   // nil when they cannot be muted
 	// renewalsMuted mutes the renewal events of the watch (muter) while
-	// this elector leads: they are of its own lease, and each would wake it.
-	renewalsMuted atomic.Bool
+	// this elector leads: they are of its own lease, and each would wake it
+	// (on Redis the watch's connection then leaves the key's renewals
+	// channel, so they do not reach this process at all).
+	renewalsMuted backend.Mute
 	name          string
 	id            string
 	// okAt is when the backend last answered a call of this elector, in

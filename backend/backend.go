@@ -53,6 +53,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -411,17 +412,81 @@ type RenewalWatcher interface {
 }
 
 // RenewalMuter is an optional capability of a RenewalWatcher: a watch
-// whose renewal events its receiver can turn off and on again without
-// touching the subscription. The holder of a key has no use for the
-// renewals of its own lease, and on Redis each comes back to its process
-// as a message: a process leading 10,000 elections gets 3,000 a second,
-// and each woke the elector that renewed it.
+// whose renewal events its receiver can turn off and on again. The holder
+// of a key has no use for the renewals of its own lease, and on Redis each
+// would come back to its process as a message: a process leading 10,000
+// elections would get 3,000 a second, each waking the elector that renewed
+// it. A backend that can stops receiving them while the watch is muted (the
+// Redis backend publishes renewals on a channel of their own, which a muted
+// watch leaves), and the elector mutes its watch while it leads.
 type RenewalMuter interface {
-	// WatchRenewalsMuted is WatchRenewals, except that while *muted is
-	// true it delivers no EventRenewed (and calls notify for none); its
-	// other events are unchanged. The receiver sets *muted at any time,
-	// from any goroutine; several watches may share one.
-	WatchRenewalsMuted(ctx context.Context, key string, notify func(), muted *atomic.Bool) (<-chan Event, error)
+	// WatchRenewalsMuted is WatchRenewals, except that while muted is set
+	// (Mute.Load) it delivers no EventRenewed (and calls notify for none);
+	// its other events are unchanged. The receiver sets it at any time,
+	// from any goroutine; several watches may share one. Renewal events
+	// resume a short while after it is cleared, once the backend listens
+	// to them again: a renewal published in between is not delivered,
+	// which costs a receiver that has just stopped holding the key nothing
+	// (the next holder's first renewal comes a renew interval after an
+	// acquisition that follows its release). If listening again fails, the
+	// watch's channel is closed, as when its subscription breaks: a watch
+	// never stays open without the renewal events it was asked for.
+	WatchRenewalsMuted(ctx context.Context, key string, notify func(), muted *Mute) (<-chan Event, error)
+}
+
+// Mute is the switch of a RenewalMuter's watches: their renewal events are
+// off while it is set. Its zero value is clear and ready to use; it must
+// not be copied after first use. Store and Load are atomic, as those of an
+// atomic.Bool; OnChange lets a backend act on a change (the Redis backend
+// leaves or rejoins a pub/sub channel).
+type Mute struct {
+	on    atomic.Bool
+	mu    sync.Mutex // guards hooks and next
+	hooks map[uint64]func()
+	next  uint64
+}
+
+// Store sets (true: muted) or clears the switch. When that changes it, it
+// calls each function registered with OnChange before it returns.
+func (m *Mute) Store(muted bool) {
+	m.mu.Lock()
+	if m.on.Swap(muted) == muted || len(m.hooks) == 0 {
+		m.mu.Unlock()
+		return
+	}
+	hooks := make([]func(), 0, len(m.hooks))
+	for _, f := range m.hooks {
+		hooks = append(hooks, f)
+	}
+	m.mu.Unlock()
+	for _, f := range hooks {
+		f()
+	}
+}
+
+// Load reports whether the switch is set.
+func (m *Mute) Load() bool { return m.on.Load() }
+
+// OnChange registers f, which Store calls after each change of the
+// switch, from the goroutine that called Store, without holding any lock
+// of m: f reads the new state with Load (two Stores racing may call it in
+// either order), must not block, and may call m's methods. It returns a
+// function that unregisters f; a Store already under way may still call f
+// once after it returns.
+func (m *Mute) OnChange(f func()) (cancel func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.hooks == nil {
+		m.hooks = make(map[uint64]func())
+	}
+	id := m.next
+	m.next++
+	m.hooks[id] = f
+	return func() {
+		m.mu.Lock()
+		delete(m.hooks, id)
+		m.mu.Unlock()
+	}
 }
 
 // AcquireConfirmer is an optional capability of a Backend whose Acquire

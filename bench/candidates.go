@@ -144,7 +144,7 @@ func (c *crashable) watchRenewals(ctx context.Context, inner backend.RenewalWatc
 	return inner.WatchRenewals(ctx, key, notify)
 }
 
-func (c *crashable) watchRenewalsMuted(ctx context.Context, inner backend.RenewalMuter, key string, notify func(), muted *atomic.Bool) (<-chan backend.Event, error) {
+func (c *crashable) watchRenewalsMuted(ctx context.Context, inner backend.RenewalMuter, key string, notify func(), muted *backend.Mute) (<-chan backend.Event, error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}

@@ -255,7 +255,7 @@ func (c *countingBackend) watchRenewals(ctx context.Context, inner backend.Renew
 }
 
 // watchRenewalsMuted counts the subscription call, as Watch does.
-func (c *countingBackend) watchRenewalsMuted(ctx context.Context, inner backend.RenewalMuter, key string, notify func(), muted *atomic.Bool) (<-chan backend.Event, error) {
+func (c *countingBackend) watchRenewalsMuted(ctx context.Context, inner backend.RenewalMuter, key string, notify func(), muted *backend.Mute) (<-chan backend.Event, error) {
 	t0 := time.Now()
 	ch, err := inner.WatchRenewalsMuted(ctx, key, notify, muted)
 	c.done(opWatch, t0, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/sovereign-go/sovereign/backend"
@@ -29,7 +28,7 @@ type wrapper interface {
 	holders(ctx context.Context, inner backend.Modes, key string) ([]backend.Record, error)
 	cancelWait(ctx context.Context, inner backend.Modes, key, waitID string) error
 	watchRenewals(ctx context.Context, inner backend.RenewalWatcher, key string, notify func()) (<-chan backend.Event, error)
-	watchRenewalsMuted(ctx context.Context, inner backend.RenewalMuter, key string, notify func(), muted *atomic.Bool) (<-chan backend.Event, error)
+	watchRenewalsMuted(ctx context.Context, inner backend.RenewalMuter, key string, notify func(), muted *backend.Mute) (<-chan backend.Event, error)
 }
 
 // capBase forwards the Backend and Watcher methods to the wrapper and the
@@ -71,7 +70,7 @@ func (x capRenewals) WatchRenewals(ctx context.Context, key string, notify func(
 	return x.c.watchRenewals(ctx, x.c.inner.(backend.RenewalWatcher), key, notify)
 }
 
-func (x capRenewals) WatchRenewalsMuted(ctx context.Context, key string, notify func(), muted *atomic.Bool) (<-chan backend.Event, error) {
+func (x capRenewals) WatchRenewalsMuted(ctx context.Context, key string, notify func(), muted *backend.Mute) (<-chan backend.Event, error) {
 	return x.c.watchRenewalsMuted(ctx, x.c.inner.(backend.RenewalMuter), key, notify, muted)
 }
 
@@ -278,7 +277,7 @@ func (l *limiter) watchRenewals(ctx context.Context, inner backend.RenewalWatche
 }
 
 // watchRenewalsMuted limits the subscription call only, as Watch does.
-func (l *limiter) watchRenewalsMuted(ctx context.Context, inner backend.RenewalMuter, key string, notify func(), muted *atomic.Bool) (<-chan backend.Event, error) {
+func (l *limiter) watchRenewalsMuted(ctx context.Context, inner backend.RenewalMuter, key string, notify func(), muted *backend.Mute) (<-chan backend.Event, error) {
 	if err := l.enter(ctx); err != nil {
 		return nil, err
 	}

@@ -97,7 +97,7 @@ for i = 1, math.floor($nA / 4) do
   if f[1] == holder and f[2] == token and tonumber(f[3] or '') then
     redis.call('PEXPIRE', lk, ttl)
     if f[4] ~= ttl then redis.call('HSET', lk, 'ttl', ttl) end
-    if pub ~= '' then redis.call(pub, lk .. ':events', 'renewed:' .. f[3] .. ':' .. ttl) end
+    if pub ~= '' then redis.call(pub, lk .. ':renewals', 'renewed:' .. f[3] .. ':' .. ttl) end
     out[i] = 'OK'
     if hk then
       -- The holder's record, when it is there and ours (an error reply,

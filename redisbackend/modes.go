@@ -304,16 +304,16 @@ func (b *Backend) validateEntry(l backend.Lease) error {
 // renewEntry is Renew of a lease from AcquireMode: the entry and its
 // intents are extended to lease.TTL from now, if the entry is still the
 // lease's and alive, and every intent is still there, and the renewal is
-// published on the key's channel and each ancestor's (EventRenewed, for
-// WatchRenewals).
+// published on the key's renewals channel and each ancestor's
+// (EventRenewed, for WatchRenewals).
 func (b *Backend) renewEntry(ctx context.Context, l backend.Lease) error {
 	if err := b.validateEntry(l); err != nil {
 		return err
 	}
 	args := make([]any, 0, 5+len(l.Entry.Ancestors))
-	args = append(args, l.HolderID, l.Token, ttlMillis(l.TTL), b.publishCmd, b.channel(l.Key))
+	args = append(args, l.HolderID, l.Token, ttlMillis(l.TTL), b.publishCmd, b.renewalsChannel(l.Key))
 	for _, a := range l.Entry.Ancestors {
-		args = append(args, b.channel(a))
+		args = append(args, b.renewalsChannel(a))
 	}
 	reply, waitErr, err := b.run(ctx, renewEntryScript, b.waitN > 0, b.entryKeys(l), args...)
 	return b.entryResult("renew", l, reply, waitErr, err)

@@ -504,9 +504,10 @@ return r
 `)
 
 // renewEntryScript: KEYS lease hash, then each ancestor's lease hash; ARGV
-// holder, token, ttl ms, publish command (empty: none), then the channel of
-// the key and of each ancestor. It extends the entry and its intents to
-// now + ttl, and publishes "renewed:<term>:<ttl ms>" on every channel (for
+// holder, token, ttl ms, publish command (empty: none), then the renewals
+// channel of the key and of each ancestor. It extends the entry and its
+// intents to now + ttl, and publishes "renewed:<term>:<ttl ms>" on every
+// channel (for
 // backend.RenewalWatcher: a waiter of the key, or of an ancestor blocked by
 // the intent, learns how long the entry lives at least); an intent that is
 // gone makes the entry LOST (nothing is written or published). Unlike

@@ -22,7 +22,7 @@ type wakeCounter struct {
 	wakes atomic.Int64
 }
 
-func (w *wakeCounter) WatchRenewalsMuted(ctx context.Context, key string, notify func(), muted *atomic.Bool) (<-chan backend.Event, error) {
+func (w *wakeCounter) WatchRenewalsMuted(ctx context.Context, key string, notify func(), muted *backend.Mute) (<-chan backend.Event, error) {
 	return w.Backend.WatchRenewalsMuted(ctx, key, func() { w.wakes.Add(1); notify() }, muted)
 }
 

@@ -42,6 +42,8 @@
 //	                                     PEXPIRE: until its last heartbeat record expires.
 //	sovereign:{billing}:events           pub/sub channel (not a key): "acquired:<term>"
 //	                                     and "released:<term>".
+//	sovereign:{billing}:renewals         pub/sub channel (not a key): "renewed:<term>:<ttl ms>"
+//	                                     (see Watching).
 //	sovereign:{billing}:waiters          hash (backend.Modes): the registered waiters,
 //	                                     w:<wait ID> = "<seq> <expiry> <x|s>", and the
 //	                                     ticket counter seq; PEXPIREAT: its latest
@@ -135,9 +137,12 @@
 // within milliseconds; the release of an entry of backend.Modes is
 // published on its key's channel and on each of its ancestors', and
 // CancelWait publishes a change on the key's channel. Renew and RenewBatch
-// publish each renewal ("renewed:<term>:<ttl ms>"; an entry's on its key's
-// channel and each of its ancestors'), which only WatchRenewals
-// (backend.RenewalWatcher) delivers, as EventRenewed: the elector and the
+// publish each renewal ("renewed:<term>:<ttl ms>") on a channel of its
+// own, the key's renewals channel (an entry's on its key's and each of
+// its ancestors'), to which only WatchRenewals (backend.RenewalWatcher)
+// subscribes, and delivers them as EventRenewed; a watch muted with
+// WatchRenewalsMuted (backend.RenewalMuter) is not subscribed to it, so a
+// leader's own renewals do not come back to it. The elector and the
 // lock package's waiters then take the key no sooner than a TTL after the
 // last renewal, by their own clocks, even if the server shows it free
 // earlier (Redis expires keys by its wall clock, so a step of the server's
@@ -579,7 +584,29 @@ func (b *Backend) leaseKeys(key string) (lease, term, hbBase string) {
 	return base, base + ":term", base + ":heartbeat:"
 }
 
-func (b *Backend) channel(key string) string { return b.keyBase(key) + ":events" }
+// The pub/sub channels of a key: its events (acquisitions, releases,
+// changes) and its renewals, the lease hash's name followed by ":events"
+// and ":renewals", in the hash's slot (its name has a hash tag), so that a
+// script on the hash may SPUBLISH on them.
+const (
+	eventsSuffix   = ":events"
+	renewalsSuffix = ":renewals"
+)
+
+func (b *Backend) channel(key string) string         { return b.keyBase(key) + eventsSuffix }
+func (b *Backend) renewalsChannel(key string) string { return b.keyBase(key) + renewalsSuffix }
+
+// siblingChannel returns the other channel of channel's key (its renewals
+// channel for its events channel, and the reverse), "" for neither.
+func siblingChannel(channel string) string {
+	if base, ok := strings.CutSuffix(channel, eventsSuffix); ok {
+		return base + renewalsSuffix
+	}
+	if base, ok := strings.CutSuffix(channel, renewalsSuffix); ok {
+		return base + eventsSuffix
+	}
+	return ""
+}
 
 // ttlMillis rounds d up to whole milliseconds, Redis's resolution.
 func ttlMillis(d time.Duration) int64 {

@@ -302,7 +302,8 @@ end
 
 // renewScript: KEYS lease; ARGV holder, token, ttl ms, publish command
 // (empty for none). Three calls: HMGET (of holder, token, term and ttl),
-// PEXPIRE and PUBLISH ("renewed:<term>:<ttl ms>" on the watch channel, for
+// PEXPIRE and PUBLISH ("renewed:<term>:<ttl ms>" on the renewals channel,
+// the lease hash's name followed by ":renewals", for
 // backend.RenewalWatcher), and a fourth, HSET of the field ttl, only when
 // the renewal changes the lease's TTL: the time of the renewal is not
 // written, readers derive it from the expiry PEXPIRE sets (see Renewals in
@@ -318,7 +319,7 @@ end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 if f[4] ~= ARGV[3] then redis.call('HSET', KEYS[1], 'ttl', ARGV[3]) end
 if ARGV[4] and ARGV[4] ~= '' then
-  redis.call(ARGV[4], KEYS[1] .. ':events', 'renewed:' .. f[3] .. ':' .. ARGV[3])
+  redis.call(ARGV[4], KEYS[1] .. ':renewals', 'renewed:' .. f[3] .. ':' .. ARGV[3])
 end
 return {'OK'}
 `)

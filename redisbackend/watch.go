@@ -44,6 +44,10 @@ type hubs struct {
 	movedAt    time.Time
 	reloadedAt time.Time
 	roleAt     map[string]time.Time // node address → when Watch last asked its role (checkMaster)
+
+	// renewalMsgs counts the renewal messages ("renewed:...") the receive
+	// loops have read, delivered or not: what a muted watch saves.
+	renewalMsgs atomic.Int64
 }
 
 func (hs *hubs) init() {
@@ -76,6 +80,9 @@ type hub struct {
 	subs    map[string]*sub // by channel
 	started bool            // the receive loop runs
 	dead    bool            // broken or closed; never reused
+
+	remutes  []*watch // whose muted switch changed, for remuteLoop
+	remuting bool     // remuteLoop runs
 }
 
 // sub is one channel subscription and the watches it feeds.
@@ -86,7 +93,9 @@ type sub struct {
 	watches   map[*watch]struct{}
 }
 
-// watch is one Watch call's channel.
+// watch is one Watch call's channel. It is one of the watches of the sub
+// of its key's events channel and, while it wants renewal events
+// (WatchRenewals, not muted), of the sub of its renewals channel.
 type watch struct {
 	key    string
 	ch     chan backend.Event
@@ -94,9 +103,16 @@ type watch struct {
 	// renewals: deliver EventRenewed (WatchRenewals); other watches skip
 	// renewal messages.
 	renewals bool
-	muted    *atomic.Bool // WatchRenewalsMuted: no renewal events while true; nil for none
+	muted    *backend.Mute // WatchRenewalsMuted: no renewal events while set; nil for none
+	h        *hub
+	channel  string // the key's events channel
+	rchannel string // the key's renewals channel; "" without renewals
+	inR      bool   // w is one of h.subs[rchannel]'s watches
+	queued   bool   // w is in h.remutes
+	live     bool   // established: a change of muted is acted on (remuteLoop)
 	closed   bool
 	stop     func() bool // stops the context.AfterFunc that ends the watch
+	unhook   func()      // unregisters the muted.OnChange of w; nil for none
 }
 
 // Watch implements backend.Watcher. It returns once the server has confirmed
@@ -122,32 +138,47 @@ func (b *Backend) WatchNotify(ctx context.Context, key string, notify func()) (<
 // WatchRenewals implements backend.RenewalWatcher: it is WatchNotify, and
 // it also delivers an EventRenewed for each renewal of the key's lease
 // (Renew and RenewBatch publish "renewed:<term>:<ttl ms>" on the key's
-// channel; watches without renewals skip those messages), of an entry of
-// backend.Modes on the key, and of an entry below it whose intent on the
-// key the renewal extends (Renew of an entry publishes on the key's
-// channel and each ancestor's). Events carry the term (released ones too).
+// renewals channel, "<lease key>:renewals", which only these watches
+// subscribe to besides the key's channel), of an entry of backend.Modes on
+// the key, and of an entry below it whose intent on the key the renewal
+// extends (Renew of an entry publishes on the key's renewals channel and
+// each ancestor's). Events carry the term (released ones too). A renewal
+// message on the key's channel, as a version before the renewals channel
+// published them, is delivered too.
 func (b *Backend) WatchRenewals(ctx context.Context, key string, notify func()) (<-chan backend.Event, error) {
 	return b.watch(ctx, key, notify, true, nil)
 }
 
 // WatchRenewalsMuted implements backend.RenewalMuter: WatchRenewals, with no
-// renewal event while *muted is true. The messages still reach the
-// connection (it subscribes to the key's channel for its other events);
-// they are dropped there.
-func (b *Backend) WatchRenewalsMuted(ctx context.Context, key string, notify func(), muted *atomic.Bool) (<-chan backend.Event, error) {
+// renewal event while muted is set. A muted watch is not subscribed to the
+// key's renewals channel: setting muted unsubscribes the connection from it
+// unless another watch of the key in this Backend wants renewals (the
+// follower of an election whose leader is in the same process), and
+// clearing it subscribes again. Both happen in the background, a moment
+// after the change; until then the receive loop drops renewal messages of
+// a muted watch (and a renewal published before the subscription is
+// confirmed is not delivered: see backend.RenewalMuter for why a watch
+// that has just stopped holding the key loses nothing by it). A failed
+// (un)subscription breaks the shared connection, as a failed Watch does:
+// every watch on it is closed and its receiver watches again, so a watch
+// never stays open without the renewals it wants.
+func (b *Backend) WatchRenewalsMuted(ctx context.Context, key string, notify func(), muted *backend.Mute) (<-chan backend.Event, error) {
 	return b.watch(ctx, key, notify, true, muted)
 }
 
 // watch is WatchNotify, with renewal events when renewals is true, unless
-// muted (when not nil) is true.
-func (b *Backend) watch(ctx context.Context, key string, notify func(), renewals bool, muted *atomic.Bool) (<-chan backend.Event, error) {
+// muted (when not nil) is set.
+func (b *Backend) watch(ctx context.Context, key string, notify func(), renewals bool, muted *backend.Mute) (<-chan backend.Event, error) {
 	if err := b.beginKey(ctx, key); err != nil {
 		return nil, err
 	}
 	if b.pubsub == PubSubOff {
 		return nil, fmt.Errorf("redisbackend: watch %q: pub/sub is off: %w", key, errors.ErrUnsupported)
 	}
-	channel := b.channel(key)
+	channel, rchannel := b.channel(key), ""
+	if renewals {
+		rchannel = b.renewalsChannel(key) // in channel's slot: on channel's shard
+	}
 	shard := ""
 	var node *redis.Client
 	if b.pubsub == PubSubSharded && b.cluster != nil {
@@ -160,7 +191,8 @@ func (b *Backend) watch(ctx context.Context, key string, notify func(), renewals
 	if err != nil {
 		return nil, fmt.Errorf("redisbackend: watch %q: %w", key, err)
 	}
-	w := &watch{key: key, ch: make(chan backend.Event, b.watchBuffer), notify: notify, renewals: renewals, muted: muted}
+	w := &watch{key: key, ch: make(chan backend.Event, b.watchBuffer), notify: notify, renewals: renewals, muted: muted,
+		h: h, channel: channel, rchannel: rchannel}
 
 	select {
 	case h.wsem <- struct{}{}:
@@ -173,41 +205,180 @@ func (b *Backend) watch(ctx context.Context, key string, notify func(), renewals
 		<-h.wsem
 		return nil, fmt.Errorf("redisbackend: watch %q: %w", key, b.deadErr())
 	}
-	s := h.subs[channel]
-	write := s == nil
-	if write {
-		s = &sub{ready: make(chan struct{}), watches: make(map[*watch]struct{})}
-		h.subs[channel] = s
+	var writes []string // the channels to subscribe to
+	var waits []*sub    // the subscriptions to wait for
+	join := func(c string) {
+		s := h.subs[c]
+		if s == nil {
+			s = &sub{ready: make(chan struct{}), watches: make(map[*watch]struct{})}
+			h.subs[c] = s
+			writes = append(writes, c)
+		}
+		s.watches[w] = struct{}{}
+		waits = append(waits, s)
 	}
-	s.watches[w] = struct{}{}
+	join(channel)
+	if renewals && (muted == nil || !muted.Load()) {
+		join(rchannel)
+		w.inR = true
+	}
 	b.hubs.mu.Unlock()
-	if !write {
+	if len(writes) == 0 {
 		<-h.wsem
-	} else if err := b.bounded(ctx, func(ctx context.Context) error { return b.subscribe(ctx, h, channel) }); err != nil {
-		b.removeWatch(h, channel, w)
+	} else if err := b.bounded(ctx, func(ctx context.Context) error { return b.subscribe(ctx, h, writes...) }); err != nil {
+		b.removeWatch(w)
 		return nil, fmt.Errorf("redisbackend: watch %q: subscribe: %w", key, err)
 	}
 
-	select {
-	case <-s.ready:
-		if s.err != nil {
-			b.removeWatch(h, channel, w)
-			return nil, fmt.Errorf("redisbackend: watch %q: %w", key, s.err)
+	for _, s := range waits {
+		select {
+		case <-s.ready:
+			if s.err != nil {
+				b.removeWatch(w)
+				return nil, fmt.Errorf("redisbackend: watch %q: %w", key, s.err)
+			}
+		case <-ctx.Done():
+			b.removeWatch(w)
+			return nil, fmt.Errorf("redisbackend: watch %q: %w", key, ctx.Err())
 		}
-	case <-ctx.Done():
-		b.removeWatch(h, channel, w)
-		return nil, fmt.Errorf("redisbackend: watch %q: %w", key, ctx.Err())
 	}
-	stop := context.AfterFunc(ctx, func() { b.removeWatch(h, channel, w) })
+	stop := context.AfterFunc(ctx, func() { b.removeWatch(w) })
 	b.hubs.mu.Lock()
 	if w.closed {
 		b.hubs.mu.Unlock()
 		stop()
-	} else {
-		w.stop = stop
+		return w.ch, nil
+	}
+	w.stop = stop
+	w.live = true
+	b.hubs.mu.Unlock()
+	if muted != nil {
+		unhook := muted.OnChange(func() { b.remuteLater(w) })
+		b.hubs.mu.Lock()
+		if w.closed {
+			b.hubs.mu.Unlock()
+			unhook()
+			return w.ch, nil
+		}
+		w.unhook = unhook
 		b.hubs.mu.Unlock()
+		b.remuteLater(w) // muted may have changed before OnChange
 	}
 	return w.ch, nil
+}
+
+// remuteLater queues w for its hub's remute loop (starting it when it does
+// not run) unless w's subscription of its renewals channel already matches
+// its muted switch, or w is queued already. It is muted's OnChange hook: it
+// does not block.
+func (b *Backend) remuteLater(w *watch) {
+	b.hubs.mu.Lock()
+	defer b.hubs.mu.Unlock()
+	h := w.h
+	if !w.live || w.closed || w.queued || h.dead || b.hubs.closed || w.inR != w.muted.Load() {
+		return
+	}
+	w.queued = true
+	h.remutes = append(h.remutes, w)
+	if !h.remuting {
+		h.remuting = true
+		b.hubs.wg.Add(1) // closeAll waits for it; none is added once closed is set
+		go b.remuteLoop(h)
+	}
+}
+
+// remuteLoop makes each queued watch one of the watches of its renewals
+// channel's sub when its muted switch is clear, and removes it from them
+// when it is set: the first watch of a channel subscribes to it, the last
+// one's leaving unsubscribes. It takes the queue in batches, each decided
+// holding h.wsem and written in one (UN)SUBSCRIBE of all its channels
+// (with sharded pub/sub, one per channel: a command's channels must share
+// a slot), so that 10,000 leaders muting at once cost a few writes, not
+// 10,000. A watch is taken off the queue before its switch is read, so a
+// change after that queues it again. A failed write breaks the hub,
+// closing its watches. It returns when the queue is empty.
+func (b *Backend) remuteLoop(h *hub) {
+	defer b.hubs.wg.Done()
+	for {
+		h.wsem <- struct{}{}
+		b.hubs.mu.Lock()
+		batch := h.remutes
+		h.remutes = nil
+		if len(batch) == 0 || h.dead {
+			h.remuting = false
+			b.hubs.mu.Unlock()
+			<-h.wsem
+			return
+		}
+		var subscribe, unsubscribe []string
+		for _, w := range batch {
+			w.queued = false
+			want := !w.muted.Load()
+			if w.closed || want == w.inR {
+				continue
+			}
+			s := h.subs[w.rchannel]
+			if want {
+				if s == nil {
+					s = &sub{ready: make(chan struct{}), watches: make(map[*watch]struct{})}
+					h.subs[w.rchannel] = s
+					subscribe = append(subscribe, w.rchannel)
+				}
+				s.watches[w] = struct{}{}
+				w.inR = true
+				continue
+			}
+			w.inR = false
+			if s == nil {
+				continue
+			}
+			delete(s.watches, w)
+			// A pending one is unsubscribed when its confirmation
+			// arrives (confirm).
+			if len(s.watches) == 0 && s.confirmed {
+				delete(h.subs, w.rchannel)
+				unsubscribe = append(unsubscribe, w.rchannel)
+			}
+		}
+		b.hubs.mu.Unlock()
+		err := b.writeBatch(h, subscribe, unsubscribe)
+		<-h.wsem
+		if err != nil {
+			b.breakHub(h, err)
+		}
+	}
+}
+
+// writeBatch writes the (S)SUBSCRIBE of subscribe and the (S)UNSUBSCRIBE
+// of unsubscribe, which the caller has decided holding h.wsem.
+func (b *Backend) writeBatch(h *hub, subscribe, unsubscribe []string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), unsubscribeTimeout)
+	defer cancel()
+	write := func(f func(context.Context, ...string) error, channels []string) error {
+		if len(channels) == 0 {
+			return nil
+		}
+		if !h.sharded {
+			return f(ctx, channels...)
+		}
+		for _, c := range channels {
+			if err := f(ctx, c); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	sub, unsub := h.ps.Subscribe, h.ps.Unsubscribe
+	if h.sharded {
+		sub, unsub = h.ps.SSubscribe, h.ps.SUnsubscribe
+	}
+	if err := write(sub, subscribe); err != nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	if err := write(unsub, unsubscribe); err != nil {
+		return fmt.Errorf("unsubscribe: %w", err)
+	}
+	return nil
 }
 
 // clusterShard returns the address of the master that serves channel's
@@ -353,17 +524,18 @@ func (b *Backend) hubFor(shard string, node *redis.Client) (*hub, error) {
 	return h, nil
 }
 
-// subscribe writes the (S)SUBSCRIBE of channel, which the caller has
-// decided holding h.wsem, and releases h.wsem. It starts the receive loop
-// after the first subscription, so that the connection is opened by a
-// subscription (on Cluster, to the node that serves the channel). A failed
-// write breaks the hub.
-func (b *Backend) subscribe(ctx context.Context, h *hub, channel string) error {
+// subscribe writes the (S)SUBSCRIBE of channels (one command: on Cluster,
+// they are in one slot), which the caller has decided holding h.wsem, and
+// releases h.wsem. It starts the receive loop after the first
+// subscription, so that the connection is opened by a subscription (on
+// Cluster, to the node that serves the channels). A failed write breaks
+// the hub.
+func (b *Backend) subscribe(ctx context.Context, h *hub, channels ...string) error {
 	var err error
 	if h.sharded {
-		err = h.ps.SSubscribe(ctx, channel)
+		err = h.ps.SSubscribe(ctx, channels...)
 	} else {
-		err = h.ps.Subscribe(ctx, channel)
+		err = h.ps.Subscribe(ctx, channels...)
 	}
 	if err == nil {
 		b.hubs.mu.Lock()
@@ -381,21 +553,35 @@ func (b *Backend) subscribe(ctx context.Context, h *hub, channel string) error {
 	return err
 }
 
-// removeWatch ends w: closes its channel and unsubscribes the channel when
-// it was the last watch on a confirmed subscription. (A pending one is
-// unsubscribed when its confirmation arrives.)
-func (b *Backend) removeWatch(h *hub, channel string, w *watch) {
+// removeWatch ends w: closes its channel and unsubscribes each of its
+// channels of which it was the last watch on a confirmed subscription. (A
+// pending one is unsubscribed when its confirmation arrives.)
+func (b *Backend) removeWatch(w *watch) {
+	h := w.h
 	b.hubs.mu.Lock()
 	closeWatch(w)
-	s := h.subs[channel]
-	idle := false
-	if s != nil {
+	var idle []string
+	for _, c := range []string{w.channel, w.rchannel} {
+		s := h.subs[c]
+		if c == "" || s == nil {
+			continue
+		}
+		if _, ok := s.watches[w]; !ok {
+			continue
+		}
 		delete(s.watches, w)
-		idle = len(s.watches) == 0 && s.confirmed && !h.dead
+		if len(s.watches) == 0 && s.confirmed && !h.dead {
+			idle = append(idle, c)
+		}
+	}
+	w.inR = false
+	subs := make([]*sub, len(idle))
+	for i, c := range idle {
+		subs[i] = h.subs[c]
 	}
 	b.hubs.mu.Unlock()
-	if idle {
-		b.unsubscribeIfIdle(h, channel, s)
+	for i, c := range idle {
+		b.unsubscribeIfIdle(h, c, subs[i])
 	}
 }
 
@@ -415,14 +601,27 @@ func (b *Backend) unsubscribeIfIdle(h *hub, channel string, s *sub) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), unsubscribeTimeout)
 	defer cancel()
-	// A failed write breaks the connection, which the receive loop notices.
+	b.unsubscribe(ctx, h, channel)
+}
+
+// unsubscribe writes the (S)UNSUBSCRIBE of channel, which the caller has
+// decided holding h.wsem. A failed write breaks the hub: the server may
+// still send what is published on channel, and the connection's state is
+// no longer known.
+func (b *Backend) unsubscribe(ctx context.Context, h *hub, channel string) {
+	var err error
 	if h.sharded {
-		_ = h.ps.SUnsubscribe(ctx, channel)
+		err = h.ps.SUnsubscribe(ctx, channel)
 	} else {
-		_ = h.ps.Unsubscribe(ctx, channel)
+		err = h.ps.Unsubscribe(ctx, channel)
+	}
+	if err != nil {
+		b.breakHub(h, fmt.Errorf("unsubscribe %s: %w", channel, err))
 	}
 }
 
+// closeWatch closes w's channel; the caller holds b.hubs.mu, and removes w
+// from the subs it is in (or drops them).
 func closeWatch(w *watch) {
 	if w.closed {
 		return
@@ -434,6 +633,9 @@ func closeWatch(w *watch) {
 	}
 	if w.stop != nil {
 		w.stop()
+	}
+	if w.unhook != nil {
+		w.unhook() // takes only the Mute's lock, which no hook holds
 	}
 }
 
@@ -546,9 +748,11 @@ func (b *Backend) confirm(h *hub, channel string) {
 }
 
 // serverUnsubscribed handles an SUNSUBSCRIBE the server sent on its own
-// (its slot moved to another node): the watches on channel are closed, so
-// their callers watch again on the right node. Replies to our own
-// unsubscriptions find no confirmed subscription and are ignored.
+// (its slot moved to another node): the watches on channel and on the
+// other channel of its key (events or renewals, in the same slot, which
+// the server drops too) are closed, so their callers watch again on the
+// right node. Replies to our own unsubscriptions find no confirmed
+// subscription and are ignored.
 func (b *Backend) serverUnsubscribed(h *hub, channel string) {
 	b.hubs.mu.Lock()
 	defer b.hubs.mu.Unlock()
@@ -559,9 +763,21 @@ func (b *Backend) serverUnsubscribed(h *hub, channel string) {
 	if h.shard != "" {
 		b.movedLocked(keySlot(channel), h.shard)
 	}
-	delete(h.subs, channel)
-	for w := range s.watches {
-		closeWatch(w)
+	for _, c := range []string{channel, siblingChannel(channel)} {
+		s := h.subs[c]
+		if c == "" || s == nil {
+			continue
+		}
+		delete(h.subs, c)
+		if !s.confirmed {
+			s.err = fmt.Errorf("%w: slot %d left %s", errSlotMoving, keySlot(c), h.shard)
+			s.confirmed = true
+			close(s.ready)
+		}
+		for w := range s.watches {
+			closeWatch(w)
+			w.inR = false
+		}
 	}
 }
 
@@ -580,6 +796,7 @@ func (b *Backend) dispatch(h *hub, channel, payload string) {
 	case strings.HasPrefix(payload, "expired:"):
 		typ = backend.EventExpired
 	case strings.HasPrefix(payload, "renewed:"):
+		b.hubs.renewalMsgs.Add(1)
 		// renewed:<term>:<ttl ms>. A malformed one is a change to look at.
 		if i := strings.LastIndexByte(payload, ':'); i > len("renewed") {
 			if ms, err := strconv.ParseInt(payload[i+1:], 10, 64); err == nil && ms > 0 {

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -664,18 +663,26 @@ func testWatchRenewals(t *testing.T, h *harness) {
 }
 
 // testWatchRenewalsMuted: a RenewalMuter's watch delivers no renewal event
-// while its flag is set, and its other events as before; cleared, it
-// delivers renewals again. Two watches share the flag, as an elector's
-// watches across a re-subscription do.
+// while its Mute is set, and its other events as before; cleared, it
+// delivers renewals again once the backend listens to them (a renewal
+// published before then may be lost, so the test renews until each watch
+// has heard one). Two watches share the Mute, as an elector's watches
+// across a re-subscription do. Each phase renews with a TTL of its own,
+// which the events carry, so a muted renewal delivered late is told from
+// the later ones. First an unmuted watch of the same Backend (same) wants
+// the renewals, as a follower in the leader's process does; then only the
+// muted watches are left on it. A probe through another Backend tells
+// when the muted renewals have been published.
 func testWatchRenewalsMuted(t *testing.T, h *harness) {
 	rm, ok := h.open().(backend.RenewalMuter)
 	if !ok {
 		t.Skip("backend does not implement backend.RenewalMuter")
 	}
+	other := h.open().(backend.RenewalMuter)
 	a := h.open()
 	ctx, cancel := context.WithCancel(h.ctx)
 	defer cancel()
-	var muted atomic.Bool
+	var muted backend.Mute
 	muted.Store(true)
 	var chs []<-chan backend.Event
 	for range 2 {
@@ -685,48 +692,109 @@ func testWatchRenewalsMuted(t *testing.T, h *harness) {
 		}
 		chs = append(chs, ch)
 	}
-	// probe, not muted, tells when the muted renewals have been
-	// delivered (to it) or dropped (from the muted watches): a renewal
-	// is told after Renew returns.
-	probe, err := rm.WatchRenewalsMuted(ctx, key, nil, new(atomic.Bool))
+	sameCtx, sameCancel := context.WithCancel(ctx)
+	defer sameCancel()
+	same, err := rm.WatchRenewalsMuted(sameCtx, key, nil, new(backend.Mute))
+	if err != nil {
+		t.Fatalf("WatchRenewalsMuted: %v", err)
+	}
+	probe, err := other.WatchRenewalsMuted(ctx, key, nil, new(backend.Mute))
 	if err != nil {
 		t.Fatalf("WatchRenewalsMuted: %v", err)
 	}
 	l := h.acquireKey(a, key, "a", longTTL)
 	nextEvent(t, probe, "acquire (probe)", watchBound)
-	if err := a.Renew(h.ctx, l); err != nil {
-		t.Fatalf("Renew: %v", err)
-	}
-	if e := nextEvent(t, probe, "Renew (probe)", watchBound); e.Type != backend.EventRenewed {
-		t.Fatalf("probe, Renew: got %+v, want %v", e, backend.EventRenewed)
-	}
-	if br, ok := a.(backend.BatchRenewer); ok {
-		if errs := br.RenewBatch(h.ctx, []backend.Lease{l}); errs[0] != nil {
-			t.Fatalf("RenewBatch: %v", errs[0])
-		}
-		if e := nextEvent(t, probe, "RenewBatch (probe)", watchBound); e.Type != backend.EventRenewed {
-			t.Fatalf("probe, RenewBatch: got %+v, want %v", e, backend.EventRenewed)
+	nextEvent(t, same, "acquire (same Backend)", watchBound)
+	for i, ch := range chs {
+		if e := nextEvent(t, ch, "acquire", watchBound); e.Type != backend.EventChanged {
+			t.Errorf("watch %d, acquire: got %+v, want %v", i, e, backend.EventChanged)
 		}
 	}
+	// renewMuted renews l with ttl by Renew and by RenewBatch, and waits
+	// until the probe and, when not nil, same have heard of each.
+	renewMuted := func(ttl time.Duration, same <-chan backend.Event) {
+		t.Helper()
+		l := l
+		l.TTL = ttl
+		renew := map[string]func() error{"Renew": func() error { return a.Renew(h.ctx, l) }}
+		if br, ok := a.(backend.BatchRenewer); ok {
+			renew["RenewBatch"] = func() error { return br.RenewBatch(h.ctx, []backend.Lease{l})[0] }
+		}
+		for _, name := range slices.Sorted(maps.Keys(renew)) {
+			if err := renew[name](); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			for what, ch := range map[string]<-chan backend.Event{"probe": probe, "same Backend": same} {
+				if ch == nil {
+					continue
+				}
+				if e := nextEvent(t, ch, name+" ("+what+")", watchBound); e.Type != backend.EventRenewed || e.TTL != ttl {
+					t.Fatalf("%s, %s: got %+v, want %v with TTL %v", what, name, e, backend.EventRenewed, ttl)
+				}
+			}
+		}
+	}
+	renewMuted(longTTL, same) // the channel is listened to, for same
+	sameCancel()
+	for range same { // closed once the watch has ended
+	}
+	renewMuted(longTTL+time.Second, nil) // nothing of rm wants them
 	muted.Store(false)
-	if err := a.Renew(h.ctx, l); err != nil {
-		t.Fatalf("Renew: %v", err)
+	// Renew with a third TTL until each watch has heard one: the first
+	// event each gets after the acquisition.
+	unmuted := l
+	unmuted.TTL = longTTL + 2*time.Second
+	heard := make([]bool, len(chs))
+	deadline := time.Now().Add(watchBound)
+	for slices.Contains(heard, false) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no renewal event %v after the Mute was cleared (heard: %v)", watchBound, heard)
+		}
+		if err := a.Renew(h.ctx, unmuted); err != nil {
+			t.Fatalf("Renew: %v", err)
+		}
+		for i, ch := range chs {
+			if heard[i] {
+				continue
+			}
+			e, ok := pollEvent(ch, 100*time.Millisecond)
+			if !ok {
+				continue
+			}
+			heard[i] = true
+			if e.Type != backend.EventRenewed || e.TTL != unmuted.TTL || e.Term != l.Term {
+				t.Errorf("watch %d, after the muted renewals, the Mute cleared: got %+v, want %v (TTL %v, term %d)", i, e, backend.EventRenewed, unmuted.TTL, l.Term)
+			}
+		}
 	}
 	if err := a.Release(h.ctx, l); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	for i, ch := range chs {
-		// The acquisition, the renewal after the flag was cleared (none
-		// of those before it), then the release.
-		if e := nextEvent(t, ch, "acquire", watchBound); e.Type != backend.EventChanged {
-			t.Errorf("watch %d, acquire: got %+v, want %v", i, e, backend.EventChanged)
+		// More renewals of the last TTL, then the release.
+		for {
+			e := nextEvent(t, ch, "release", watchBound)
+			if e.Type == backend.EventRenewed && e.TTL == unmuted.TTL {
+				continue
+			}
+			if e.Type != backend.EventReleased && e.Type != backend.EventExpired {
+				t.Errorf("watch %d, release: got %+v, want %v", i, e, backend.EventReleased)
+			}
+			break
 		}
-		if e := nextEvent(t, ch, "Renew, not muted", watchBound); e.Type != backend.EventRenewed || e.Term != l.Term {
-			t.Errorf("watch %d, after the muted renewals and one not muted: got %+v, want one %v (term %d)", i, e, backend.EventRenewed, l.Term)
-		}
-		if e := nextEvent(t, ch, "release", watchBound); e.Type != backend.EventReleased && e.Type != backend.EventExpired {
-			t.Errorf("watch %d, release: got %+v, want %v", i, e, backend.EventReleased)
-		}
+	}
+}
+
+// pollEvent returns the next event of ch if one comes within d. A closed
+// channel gives the zero Event.
+func pollEvent(ch <-chan backend.Event, d time.Duration) (backend.Event, bool) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case e := <-ch:
+		return e, true
+	case <-timer.C:
+		return backend.Event{}, false
 	}
 }
 

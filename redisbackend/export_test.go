@@ -1,0 +1,11 @@
+package redisbackend
+
+// RenewalMessages returns how many renewal messages the pub/sub connections
+// of b have received, delivered to a watch or not.
+func RenewalMessages(b *Backend) int64 { return b.hubs.renewalMsgs.Load() }
+
+// RenewalsChannel returns the renewals channel of key.
+func RenewalsChannel(b *Backend, key string) string { return b.renewalsChannel(key) }
+
+// EventsChannel returns the events channel of key.
+func EventsChannel(b *Backend, key string) string { return b.channel(key) }
