@@ -161,12 +161,19 @@ type link struct {
 	done chan struct{} // closed by close
 }
 
+// close closes the link's connections, once. Its callers do not hold
+// p.mu; it takes it to close done and read server, which run sets under it
+// after checking done: either run sees done closed and closes its server
+// itself, or close sees the server run set.
 func (l *link) close() {
 	l.once.Do(func() {
+		l.p.mu.Lock()
 		close(l.done)
+		server := l.server
+		l.p.mu.Unlock()
 		l.client.Close()
-		if l.server != nil {
-			l.server.Close()
+		if server != nil {
+			server.Close()
 		}
 	})
 }
