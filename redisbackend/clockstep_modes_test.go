@@ -108,10 +108,26 @@ func (a stepHold) conflicts(b stepHold) bool {
 	return related && (a.mode == lock.Exclusive || b.mode == lock.Exclusive)
 }
 
+// unheardBeforeStep reports whether h followed p across a step of the
+// server's clock within a renewal interval of p's acquisition: the case
+// the README leaves uncovered ("a holder that took the key after a
+// waiter's last attempt and lost it to a step before the waiter heard of
+// it"), since a waiter learns of a holder it has not met from its
+// renewals, the first a RenewInterval after the acquisition. Terms are the
+// server's clock in microseconds at each acquisition (its floor, past a
+// step), so the step shows as h's term running ahead of p's by more than
+// a TTL beyond the real time between them.
+func unheardBeforeStep(p, h stepHold) bool {
+	gap := h.start.Sub(p.start)
+	ahead := time.Duration(int64(h.term)-int64(p.term))*time.Microsecond - gap
+	return gap < clockStepRenew && ahead > electorTTL
+}
+
 // checkStepHolds fails t for every pair of conflicting holds that
-// overlap, for a hold of a key that follows a conflicting one of the same
-// key with a term not higher, and when there are fewer than minHolds holds
-// of a key in a mode ("<key> <mode>").
+// overlap (but logs those of unheardBeforeStep, the documented gap), for a
+// hold of a key that follows a conflicting one of the same key with a term
+// not higher, and when there are fewer than minHolds holds of a key in a
+// mode ("<key> <mode>").
 func checkStepHolds(t *testing.T, holds []stepHold, minHolds map[string]int) {
 	t.Helper()
 	counts := map[string]int{}
@@ -120,6 +136,9 @@ func checkStepHolds(t *testing.T, holds []stepHold, minHolds map[string]int) {
 		for _, p := range holds[:i] {
 			switch {
 			case !p.conflicts(h):
+			case h.start.Before(p.end) && unheardBeforeStep(p, h):
+				t.Logf("not covered (README): %s took %q (term %d) %v after %s took %q (term %d), a step of the server's clock between them, before any renewal of %s's: overlap %v",
+					h.id, h.key, h.term, h.start.Sub(p.start), p.id, p.key, p.term, p.id, p.end.Sub(h.start))
 			case h.start.Before(p.end):
 				t.Errorf("%s held %q (%v, term %d) from %s while %s still held %q (%v, term %d, until %s): overlap %v",
 					h.id, h.key, h.mode, h.term, h.start.Format("15:04:05.000"), p.id, p.key, p.mode, p.term,
