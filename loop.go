@@ -401,11 +401,16 @@ func (e *Elector) attempt(ctx context.Context, ls *loopState) (backend.Lease, ti
 // the key meanwhile unless it holds it already: the other candidates lost
 // contact too, and the old leader, whose lease is gone, acquires again.
 func (e *Elector) crossedReset(ls *loopState, lease backend.Lease) {
-	e.log.Info("sovereign: the watch broke while the acquisition was in flight; releasing it and waiting a TTL, in case the store lost a live lease",
-		"term", lease.Term)
+	e.giveUp(ls, lease, "sovereign: the watch broke while the acquisition was in flight; releasing it and waiting a TTL, in case the store lost a live lease")
+}
+
+// giveUp releases an acquisition that crossed a reset or a renewal (logging
+// why), and starts suspect's wait, in which a read stands for each attempt.
+func (e *Elector) giveUp(ls *loopState, lease backend.Lease, why string, args ...any) {
+	e.log.Info(why, append([]any{"term", lease.Term}, args...)...)
 	if err := e.release(lease); err != nil {
 		// It expires by its TTL: no instance leads on it.
-		e.log.Warn("sovereign: releasing an acquisition made across a reset", "err", err)
+		e.log.Warn("sovereign: releasing an acquisition given up", "err", err)
 	}
 	e.suspect(ls)
 	ls.nextAttempt = time.Now() // lookAfterReset: read who holds the key
@@ -449,14 +454,9 @@ func (e *Elector) renewalCrossed(term uint64) (time.Duration, bool) {
 // wait then costs a TTL that a plain hand-over did not need, a rare case
 // (the holder renewed and released within the attempt's round trip).
 func (e *Elector) crossedRenewal(ls *loopState, lease backend.Lease, ttl time.Duration) {
-	e.log.Info("sovereign: the holder's lease was renewed while the acquisition was in flight; releasing it and waiting out that renewal, in case the store's clock stepped forward",
-		"term", lease.Term, "renewal_ttl", ttl)
-	if err := e.release(lease); err != nil {
-		e.log.Warn("sovereign: releasing an acquisition that a renewal crossed", "err", err)
-	}
-	e.suspect(ls)
+	e.giveUp(ls, lease, "sovereign: the holder's lease was renewed while the acquisition was in flight; releasing it and waiting out that renewal, in case the store's clock stepped forward",
+		"renewal_ttl", ttl)
 	ls.suspectUntil = maxTime(ls.suspectUntil, time.Now().Add(ttl+expiryMargin))
-	ls.nextAttempt = time.Now()
 }
 
 // refreshLeader reads the record to learn the current leader.

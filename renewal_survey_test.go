@@ -271,35 +271,45 @@ func TestSurveyLeaderIgnoresRenewalEvents(t *testing.T) {
 	})
 }
 
-// TestFollowerGivesUpAcquisitionCrossedByRenewal: a change of the key
-// wakes a at 0.5 s; while its attempt is in flight, z renews (TTL 3 s) and
-// the store then loses z's lease with no event (a forward step of its
-// clock), so the attempt finds the key free. The renewal crossed the
-// acquisition: a must give it up and not lead before the renewal's TTL is
-// up (3.5 s), then lead, z being gone.
+// crossRig starts a renewalRig with z's TTL 3 s; at 0.5 s a change of the
+// key wakes a, and while a's attempt is in flight z renews (TTL 3 s) and
+// then does what during does. It fails t unless a made that attempt.
+func crossRig(t *testing.T, start time.Time, during func(r *renewalRig)) *renewalRig {
+	t.Helper()
+	var cross atomic.Bool
+	var r *renewalRig
+	r = newRenewalRig(t, 3*time.Second, func(ac *electortest.Renewing) {
+		ac.BeforeAcquire = func(backend.AcquireRequest) error {
+			if cross.CompareAndSwap(true, false) {
+				r.rn.Publish("election", backend.Event{Type: backend.EventRenewed, TTL: 3 * time.Second, Term: r.zl.Term})
+				during(r)
+			}
+			return nil
+		}
+	})
+	at(start, 500*time.Millisecond)
+	cross.Store(true)
+	r.rn.Publish("election", backend.Event{Type: backend.EventChanged})
+	at(start, 600*time.Millisecond)
+	if cross.Load() {
+		t.Fatal("a made no attempt at the change: the test tests nothing")
+	}
+	return r
+}
+
+// TestFollowerGivesUpAcquisitionCrossedByRenewal: while a's attempt at
+// 0.5 s is in flight, z renews (TTL 3 s) and the store then loses z's lease
+// with no event (a forward step of its clock), so the attempt finds the key
+// free. The renewal crossed the acquisition: a must give it up and not lead
+// before the renewal's TTL is up (3.5 s), then lead, z being gone.
 func TestFollowerGivesUpAcquisitionCrossedByRenewal(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
-		var cross atomic.Bool
-		var r *renewalRig
-		r = newRenewalRig(t, 3*time.Second, func(ac *electortest.Renewing) {
-			ac.BeforeAcquire = func(backend.AcquireRequest) error {
-				if cross.CompareAndSwap(true, false) {
-					r.rn.Publish("election", backend.Event{Type: backend.EventRenewed, TTL: 3 * time.Second, Term: r.zl.Term})
-					if !r.zc.Drop(t.Context(), "election") {
-						t.Error("Drop: no lease")
-					}
-				}
-				return nil
+		r := crossRig(t, start, func(r *renewalRig) {
+			if !r.zc.Drop(t.Context(), "election") {
+				t.Error("Drop: no lease")
 			}
 		})
-		at(start, 500*time.Millisecond)
-		cross.Store(true)
-		r.rn.Publish("election", backend.Event{Type: backend.EventChanged})
-		at(start, 600*time.Millisecond)
-		if cross.Load() {
-			t.Fatal("a made no attempt at the change: the test tests nothing")
-		}
 		for _, d := range []time.Duration{600 * time.Millisecond, 2 * time.Second, 3490 * time.Millisecond} {
 			at(start, d)
 			if r.a.IsLeader() {
@@ -315,37 +325,20 @@ func TestFollowerGivesUpAcquisitionCrossedByRenewal(t *testing.T) {
 
 // TestFollowerKeepsAcquisitionAfterRenewalThenRelease: while a's attempt
 // is in flight, z renews and then releases, and both events reach a before
-// the attempt's reply: a plain hand-over, which the release explains. a
-// keeps the acquisition and leads at once. (A release told after the reply
-// does not count: a then gives the acquisition up and waits out the
-// renewal, as when the store lost the lease; see crossedRenewal.)
+// the attempt's reply (electortest.Renewing tells a release, with its term,
+// before Release returns, as Redis tells it before its reply): a plain
+// hand-over, which the release explains. a keeps the acquisition and leads
+// at once. (A release told after the reply does not count: a then gives the
+// acquisition up and waits out the renewal, as when the store lost the
+// lease; see crossedRenewal.)
 func TestFollowerKeepsAcquisitionAfterRenewalThenRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
-		var cross atomic.Bool
-		var r *renewalRig
-		r = newRenewalRig(t, 3*time.Second, func(ac *electortest.Renewing) {
-			ac.BeforeAcquire = func(backend.AcquireRequest) error {
-				if cross.CompareAndSwap(true, false) {
-					r.rn.Publish("election", backend.Event{Type: backend.EventRenewed, TTL: 3 * time.Second, Term: r.zl.Term})
-					if err := r.zc.Release(t.Context(), r.zl); err != nil {
-						t.Errorf("z: Release: %v", err)
-					}
-					// The memory store tells of the release from another
-					// goroutine, after the reply: told here as Redis
-					// tells it, with the term, before the reply.
-					r.rn.Publish("election", backend.Event{Type: backend.EventReleased, Term: r.zl.Term})
-				}
-				return nil
+		r := crossRig(t, start, func(r *renewalRig) {
+			if err := r.zc.Release(t.Context(), r.zl); err != nil {
+				t.Errorf("z: Release: %v", err)
 			}
 		})
-		at(start, 500*time.Millisecond)
-		cross.Store(true)
-		r.rn.Publish("election", backend.Event{Type: backend.EventChanged})
-		at(start, 600*time.Millisecond)
-		if cross.Load() {
-			t.Fatal("a made no attempt at the change: the test tests nothing")
-		}
 		if !r.a.IsLeader() {
 			t.Fatal("a does not lead at 0.6 s: z released after its renewal, want a's acquisition kept")
 		}

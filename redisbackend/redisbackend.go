@@ -420,7 +420,7 @@ type Backend struct {
 	pingAnswer  time.Duration // how long a ping of the watch connection may go unanswered (watch.go)
 	watchBuffer int
 	termKeep    time.Duration // Options.TermRetention
-	batch       *batcher      // pipelines concurrent calls; nil on a cluster client
+	batch       *batcher      // pipelines concurrent calls on a single server; nil on a cluster client
 	// nodeBatches pipelines concurrent calls on a Cluster: one batcher a
 	// master (by address, as the client's slot map names it; "" for calls
 	// whose master it names none), so that a master that does not answer
@@ -701,12 +701,10 @@ func (b *Backend) eval(ctx context.Context, s *redis.Script, wait bool, keys []s
 	switch {
 	case wait:
 		v, waitErr, err = b.runWait(ctx, s, keys, args)
-	case b.batch != nil:
-		v, err = b.batch.do(ctx, s, keys, args)
 	case b.cluster != nil:
 		v, err = b.nodeBatcher(ctx, keys).do(ctx, s, keys, args)
 	default:
-		v, err = s.Run(ctx, b.client, keys, args...).Result()
+		v, err = b.batch.do(ctx, s, keys, args)
 	}
 	if err != nil {
 		return nil, nil, err

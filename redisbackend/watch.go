@@ -349,6 +349,15 @@ func (b *Backend) remuteLoop(h *hub) {
 	}
 }
 
+// commands returns h's (S)SUBSCRIBE and (S)UNSUBSCRIBE: the sharded ones
+// with sharded pub/sub.
+func (h *hub) commands() (sub, unsub func(context.Context, ...string) error) {
+	if h.sharded {
+		return h.ps.SSubscribe, h.ps.SUnsubscribe
+	}
+	return h.ps.Subscribe, h.ps.Unsubscribe
+}
+
 // writeBatch writes the (S)SUBSCRIBE of subscribe and the (S)UNSUBSCRIBE
 // of unsubscribe, which the caller has decided holding h.wsem.
 func (b *Backend) writeBatch(h *hub, subscribe, unsubscribe []string) error {
@@ -368,10 +377,7 @@ func (b *Backend) writeBatch(h *hub, subscribe, unsubscribe []string) error {
 		}
 		return nil
 	}
-	sub, unsub := h.ps.Subscribe, h.ps.Unsubscribe
-	if h.sharded {
-		sub, unsub = h.ps.SSubscribe, h.ps.SUnsubscribe
-	}
+	sub, unsub := h.commands()
 	if err := write(sub, subscribe); err != nil {
 		return fmt.Errorf("subscribe: %w", err)
 	}
@@ -531,12 +537,8 @@ func (b *Backend) hubFor(shard string, node *redis.Client) (*hub, error) {
 // Cluster, to the node that serves the channels). A failed write breaks
 // the hub.
 func (b *Backend) subscribe(ctx context.Context, h *hub, channels ...string) error {
-	var err error
-	if h.sharded {
-		err = h.ps.SSubscribe(ctx, channels...)
-	} else {
-		err = h.ps.Subscribe(ctx, channels...)
-	}
+	sub, _ := h.commands()
+	err := sub(ctx, channels...)
 	if err == nil {
 		b.hubs.mu.Lock()
 		if !h.started && !h.dead {
@@ -561,6 +563,7 @@ func (b *Backend) removeWatch(w *watch) {
 	b.hubs.mu.Lock()
 	closeWatch(w)
 	var idle []string
+	var subs []*sub
 	for _, c := range []string{w.channel, w.rchannel} {
 		s := h.subs[c]
 		if c == "" || s == nil {
@@ -571,14 +574,10 @@ func (b *Backend) removeWatch(w *watch) {
 		}
 		delete(s.watches, w)
 		if len(s.watches) == 0 && s.confirmed && !h.dead {
-			idle = append(idle, c)
+			idle, subs = append(idle, c), append(subs, s)
 		}
 	}
 	w.inR = false
-	subs := make([]*sub, len(idle))
-	for i, c := range idle {
-		subs[i] = h.subs[c]
-	}
 	b.hubs.mu.Unlock()
 	for i, c := range idle {
 		b.unsubscribeIfIdle(h, c, subs[i])
@@ -609,13 +608,8 @@ func (b *Backend) unsubscribeIfIdle(h *hub, channel string, s *sub) {
 // still send what is published on channel, and the connection's state is
 // no longer known.
 func (b *Backend) unsubscribe(ctx context.Context, h *hub, channel string) {
-	var err error
-	if h.sharded {
-		err = h.ps.SUnsubscribe(ctx, channel)
-	} else {
-		err = h.ps.Unsubscribe(ctx, channel)
-	}
-	if err != nil {
+	_, unsub := h.commands()
+	if err := unsub(ctx, channel); err != nil {
 		b.breakHub(h, fmt.Errorf("unsubscribe %s: %w", channel, err))
 	}
 }
