@@ -215,21 +215,29 @@ func TestFollowerHearsRenewals(t *testing.T) {
 	electortest.Eventually(t, "b's first attempt", func() bool { return hb.n.Load() > 0 })
 	before := hb.n.Load()
 	time.Sleep(3 * electorTTL) // the window observed, not synchronisation
-	if n := hb.n.Load() - before; n != 0 {
-		t.Errorf("the follower made %d acquisition attempts in 3 TTLs while the leader renewed, want 0", n)
+	// One look may fall in the window: b's watch is established in the
+	// background, and when that ends after its first attempt, b looks
+	// again (changes may have been missed while it was not subscribed).
+	// Without renewal events it would look once a TTL, three times.
+	if n := hb.n.Load() - before; n > 1 {
+		t.Errorf("the follower made %d acquisition attempts in 3 TTLs while the leader renewed, want at most 1 (the look after its watch is established)", n)
 	}
 	// The leader is cut off: its renewals stop.
 	ha.cut.Store(true)
 	cut := time.Now()
 	electortest.Eventually(t, "b leads", b.IsLeader)
-	ivs := rec.Intervals()
-	electortest.CheckNoOverlap(t, ivs)
+	// IsLeader may be true before the recorder has b's term.
 	var took time.Duration
-	for _, iv := range ivs {
-		if iv.ID == "b" {
-			took = iv.Start.Sub(cut)
+	electortest.Eventually(t, "b's term recorded", func() bool {
+		for _, iv := range rec.Intervals() {
+			if iv.ID == "b" {
+				took = iv.Start.Sub(cut)
+				return true
+			}
 		}
-	}
+		return false
+	})
+	electortest.CheckNoOverlap(t, rec.Intervals())
 	// The last renewal came at most RenewInterval (TTL/3) before the cut.
 	if took < electorTTL-electorTTL/3 || took > 2*electorTTL {
 		t.Errorf("b led %v after the leader was cut off, want between 2/3 TTL and 2 TTLs (a TTL after the last renewal)", took)
