@@ -80,9 +80,9 @@ func TestManyElectionsShareBatches(t *testing.T) {
 		b.hbBatches.Store(0)
 		hbBefore := c.Calls()["Heartbeat"]
 		time.Sleep(10 * time.Second)
-		// TTL 1s: renew every 333ms, heartbeat every 500ms.
-		if got := b.renewBatches.Load(); got < 29 || got > 31 {
-			t.Errorf("%d renewal batches in 10s for %d elections, want about 30", got, n)
+		// TTL 1s: renew every 500ms, heartbeat every 500ms.
+		if got := b.renewBatches.Load(); got < 19 || got > 21 {
+			t.Errorf("%d renewal batches in 10s for %d elections, want about 20", got, n)
 		}
 		if got := b.hbBatches.Load(); got < 19 || got > 21 {
 			t.Errorf("%d heartbeat batches in 10s for %d elections, want about 20", got, n)

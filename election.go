@@ -128,10 +128,10 @@ func New(b backend.Backend, name, id string, opts *Options) (*Elector, error) {
 		return nil, fmt.Errorf("%w: TTL (%v) is below the backend's minimum of %v", ErrInvalidOptions, o.TTL, min)
 	}
 	log := o.Logger.With("election", name, "id", id)
-	if keeper.NoRetryBudget(o.RenewInterval, o.RequestTimeout, o.RenewDeadline) {
+	if keeper.NoRetryBudget(o.RenewInterval, o.RenewDeadline) {
 		log.Warn("sovereign: a renewal that times out is not retried before the renew deadline: one slow reply ends the leadership; "+
-			"lower RequestTimeout or RenewInterval so that RenewInterval*5/4 + RequestTimeout < RenewDeadline",
-			"renew_interval", o.RenewInterval, "request_timeout", o.RequestTimeout, "renew_deadline", o.RenewDeadline)
+			"lower RenewInterval so that RenewInterval*5/4 < RenewDeadline",
+			"renew_interval", o.RenewInterval, "renew_deadline", o.RenewDeadline)
 	}
 	e := &Elector{
 		b:      b,

@@ -122,7 +122,7 @@ func TestLeadershipEventsPairedInOrder(t *testing.T) {
 
 func TestLeaderKeepsLeadingAndCallsAreFew(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := newCluster(t, 2, &sovereign.Options{Logger: quiet}) // defaults: TTL 10s, renew every 3.3s, heartbeat every 5s
+		c := newCluster(t, 2, &sovereign.Options{Logger: quiet}) // defaults: TTL 10s, renew every 5s, heartbeat every 5s
 		c.start(t)
 		li := c.leader(t, 2*time.Second)
 		fi := 1 - li
@@ -141,11 +141,11 @@ func TestLeaderKeepsLeadingAndCallsAreFew(t *testing.T) {
 			}
 			return n
 		}
-		// Leader: 18 renewals + 12 heartbeats a minute; follower: 12
+		// Leader: 12 renewals + 12 heartbeats a minute; follower: 12
 		// heartbeats and, since its watch reports every expiry, no
 		// polling (one look every 10 TTLs at most).
-		if got := calls(li); got < 29 || got > 31 {
-			t.Errorf("idle leader made %d calls in a minute, want 29..31", got)
+		if got := calls(li); got < 23 || got > 25 {
+			t.Errorf("idle leader made %d calls in a minute, want 23..25", got)
 		}
 		if got := calls(fi); got < 12 || got > 13 {
 			t.Errorf("idle follower made %d calls in a minute, want 12..13", got)

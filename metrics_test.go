@@ -64,7 +64,7 @@ func TestMetricsHook(t *testing.T) {
 		if err := e.Start(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Second) // three renewals
+		time.Sleep(1600 * time.Millisecond) // three renewals, every 500ms
 		term := e.Term()
 		cl.Partition()
 		time.Sleep(time.Second)
@@ -74,7 +74,7 @@ func TestMetricsHook(t *testing.T) {
 			t.Errorf("LeadershipAcquired: got %v, want [%d]", m.acquired, term)
 		}
 		if m.renewed < 2 {
-			t.Errorf("LeaseRenewed: got %d calls in 1s, want about 3", m.renewed)
+			t.Errorf("LeaseRenewed: got %d calls in 1.6s, want about 3", m.renewed)
 		}
 		if m.failed == 0 {
 			t.Error("RenewFailed: got no call while partitioned")

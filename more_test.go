@@ -355,7 +355,7 @@ func TestBadOptions(t *testing.T) {
 		{"name reserved for locks", mem, "lock/x", "a", nil, `names beginning with "lock/" are reserved`},
 		{"TTL below the backend's minimum", limited{mem}, "e", "a", &sovereign.Options{TTL: 500 * time.Millisecond}, "TTL (500ms) is below the backend's minimum of 1s"},
 		{"name the backend cannot store", limited{mem}, "jobs/heartbeat/x", "a", nil, `election name "jobs/heartbeat/x" cannot be stored by this backend`},
-		{"TTL far too short", mem, "e", "a", &sovereign.Options{TTL: 100 * time.Microsecond}, "RenewInterval (33.333µs) must be at least 100µs"},
+		{"TTL far too short", mem, "e", "a", &sovereign.Options{TTL: 100 * time.Microsecond}, "RenewInterval (50µs) must be at least 100µs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, err := sovereign.New(tc.b, tc.elect, tc.id, tc.opts)
@@ -373,7 +373,7 @@ func TestBadOptions(t *testing.T) {
 			t.Fatal(err)
 		}
 		o := e.Options()
-		want := sovereign.Options{TTL: 10 * time.Second, RenewDeadline: 7 * time.Second, RenewInterval: 10 * time.Second / 3,
+		want := sovereign.Options{TTL: 10 * time.Second, RenewDeadline: 7 * time.Second, RenewInterval: 5 * time.Second,
 			RequestTimeout: 2 * time.Second, HeartbeatInterval: 5 * time.Second, HeartbeatTTL: 15 * time.Second,
 			StartupJitter: 250 * time.Millisecond, ResignSitOut: 2 * time.Second}
 		o.Logger = nil
@@ -392,7 +392,7 @@ func TestBadOptions(t *testing.T) {
 		want sovereign.Options
 	}{
 		{"only TTL", sovereign.Options{TTL: time.Second}, sovereign.Options{TTL: time.Second,
-			RenewDeadline: 700 * time.Millisecond, RenewInterval: time.Second / 3, RequestTimeout: 200 * time.Millisecond,
+			RenewDeadline: 700 * time.Millisecond, RenewInterval: time.Second / 2, RequestTimeout: 200 * time.Millisecond,
 			HeartbeatInterval: 500 * time.Millisecond, HeartbeatTTL: 6 * time.Second,
 			StartupJitter: 250 * time.Millisecond, ResignSitOut: 200 * time.Millisecond}},
 		{"short RenewInterval", sovereign.Options{RenewInterval: time.Second}, sovereign.Options{TTL: 10 * time.Second,

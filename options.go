@@ -47,17 +47,20 @@ type Options struct {
 	RenewDeadline time.Duration
 
 	// RenewInterval is how often the leader renews its lease. Must be less
-	// than RenewDeadline; a failed renewal is retried after a quarter of it,
-	// so with the defaults a renewal that times out (RequestTimeout 2 s) is
-	// still retried before RenewDeadline.
-	// Default: 1/3 of TTL (3.3 s), the cadence of an etcd session's
-	// keep-alive. A longer interval costs fewer requests but leaves less
-	// time to retry: at TTL/2 (what an etcd session's 500 ms tick makes of
-	// TTL/3 at TTL 2 s; a third fewer requests) a renewal is retried before
-	// RenewDeadline only if it fails fast, or times out within 0.075 of
-	// the TTL (RequestTimeout 150 ms at TTL 2 s): retry = failure +
-	// RenewInterval/4, due before 0.7 TTL. New logs a warning when options
-	// leave no time for that retry.
+	// than RenewDeadline. A failed renewal is retried a quarter of it
+	// after the failed attempt was sent, or at once when the attempt failed
+	// later than that; each periodic attempt waits for its reply at most
+	// RequestTimeout, and no longer than leaves a quarter interval for one
+	// more attempt before RenewDeadline (never less than a quarter
+	// interval). So a renewal that times out is retried before
+	// RenewDeadline whenever RenewInterval*5/4 < RenewDeadline; New logs a
+	// warning when it is not.
+	// Default: 1/2 of TTL (5 s), the cadence of Consul's session renewal
+	// and what an etcd session's 500 ms tick makes of its TTL/3 at TTL 2 s:
+	// a renewal at TTL/2 waits up to 0.125 TTL (1.25 s) for its reply, and
+	// a retry then has until 0.7 TTL. A shorter interval costs more
+	// requests (TTL/3: half as many again) and leaves longer for each
+	// attempt.
 	RenewInterval time.Duration
 
 	// RequestTimeout bounds every backend call. A leader's calls are also cut
@@ -146,7 +149,7 @@ func (o *Options) withDefaults() (Options, error) {
 		r.RenewDeadline = r.TTL * 7 / 10
 	}
 	if r.RenewInterval == 0 {
-		r.RenewInterval = r.TTL / 3
+		r.RenewInterval = r.TTL / 2
 	}
 	if r.RequestTimeout == 0 {
 		r.RequestTimeout = min(r.TTL/5, r.RenewInterval)

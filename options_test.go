@@ -76,10 +76,11 @@ func TestOptionsLimitsAndDerivedDefaults(t *testing.T) {
 }
 
 // TestWarnsWhenARenewalCannotBeRetried: New warns when a renewal that
-// times out could not be retried before the renew deadline (the retry
-// comes RenewInterval/4 after the failure), and only then: not for the
-// defaults, nor for RenewInterval TTL/2 with a RequestTimeout that leaves
-// room for the retry.
+// times out could not be retried before the renew deadline (its attempt
+// waits at least RenewInterval/4, so the retry comes by RenewInterval*5/4),
+// and only then: not for the defaults (RenewInterval TTL/2), nor for any
+// RequestTimeout (a periodic attempt waits less when that leaves room for
+// the retry).
 func TestWarnsWhenARenewalCannotBeRetried(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -88,10 +89,11 @@ func TestWarnsWhenARenewalCannotBeRetried(t *testing.T) {
 	}{
 		{"defaults", sovereign.Options{}, false},
 		{"defaults at TTL 2s", sovereign.Options{TTL: 2 * time.Second}, false},
-		{"RenewInterval TTL/2", sovereign.Options{TTL: 2 * time.Second, RenewInterval: time.Second}, true},
-		{"RenewInterval TTL/2, RequestTimeout 140ms", sovereign.Options{TTL: 2 * time.Second, RenewInterval: time.Second, RequestTimeout: 140 * time.Millisecond}, false},
-		{"RenewInterval TTL/2, RequestTimeout 150ms", sovereign.Options{TTL: 2 * time.Second, RenewInterval: time.Second, RequestTimeout: 150 * time.Millisecond}, true},
-		{"RequestTimeout 5s at TTL 10s", sovereign.Options{RequestTimeout: 5 * time.Second}, true},
+		{"RenewInterval TTL/3", sovereign.Options{TTL: 2 * time.Second, RenewInterval: 2 * time.Second / 3}, false},
+		{"RequestTimeout 5s at TTL 10s", sovereign.Options{RequestTimeout: 5 * time.Second}, false},
+		{"RenewInterval 0.55 TTL", sovereign.Options{TTL: 2 * time.Second, RenewInterval: 1100 * time.Millisecond}, false},
+		{"RenewInterval 0.56 TTL", sovereign.Options{TTL: 2 * time.Second, RenewInterval: 1120 * time.Millisecond}, true},
+		{"RenewInterval 0.6 TTL", sovereign.Options{TTL: 2 * time.Second, RenewInterval: 1200 * time.Millisecond}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var warned atomic.Int32

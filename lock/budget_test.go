@@ -12,8 +12,8 @@ import (
 )
 
 // TestWarnsWhenARenewalCannotBeRetried: lock.New warns when a renewal
-// that times out could not be retried before the renew deadline, and only
-// then.
+// that times out could not be retried before the renew deadline
+// (RenewInterval*5/4 at or past RenewDeadline), and only then.
 func TestWarnsWhenARenewalCannotBeRetried(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -21,8 +21,10 @@ func TestWarnsWhenARenewalCannotBeRetried(t *testing.T) {
 		warn bool
 	}{
 		{"defaults", lock.Options{}, false},
-		{"RenewInterval TTL/2", lock.Options{TTL: 2 * time.Second, RenewInterval: time.Second}, true},
-		{"RenewInterval TTL/2, RequestTimeout 140ms", lock.Options{TTL: 2 * time.Second, RenewInterval: time.Second, RequestTimeout: 140 * time.Millisecond}, false},
+		{"RenewInterval TTL/2", lock.Options{TTL: 2 * time.Second, RenewInterval: time.Second}, false},
+		{"RequestTimeout 5s at TTL 10s", lock.Options{RequestTimeout: 5 * time.Second}, false},
+		{"RenewInterval 0.55 TTL", lock.Options{TTL: 2 * time.Second, RenewInterval: 1100 * time.Millisecond}, false},
+		{"RenewInterval 0.56 TTL", lock.Options{TTL: 2 * time.Second, RenewInterval: 1120 * time.Millisecond}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var buf bytes.Buffer

@@ -24,8 +24,8 @@ func TestNewOptions(t *testing.T) {
 		t.Fatalf("New(nil options): %v", err)
 	}
 	o := l.Options()
-	if o.TTL != 10*time.Second || o.RenewDeadline != 7*time.Second || o.RenewInterval != 10*time.Second/3 || o.RequestTimeout != 2*time.Second {
-		t.Errorf("defaults: got TTL %v, RenewDeadline %v, RenewInterval %v, RequestTimeout %v, want 10s, 7s, 3.33s, 2s",
+	if o.TTL != 10*time.Second || o.RenewDeadline != 7*time.Second || o.RenewInterval != 5*time.Second || o.RequestTimeout != 2*time.Second {
+		t.Errorf("defaults: got TTL %v, RenewDeadline %v, RenewInterval %v, RequestTimeout %v, want 10s, 7s, 5s, 2s",
 			o.TTL, o.RenewDeadline, o.RenewInterval, o.RequestTimeout)
 	}
 	l.Close()
@@ -736,12 +736,14 @@ func TestStoreRestart(t *testing.T) {
 			}
 			got <- time.Now()
 		}()
-		time.Sleep(time.Second)
+		// Past a quarter of RenewInterval (1.25s), when the Locker's reset
+		// watch starts, before the first renewal (5s).
+		time.Sleep(2 * time.Second)
 		store.Restart(nil)
 		at := time.Now()
 		<-lk.Done()
 		if d := time.Since(at); d != 0 {
-			t.Errorf("lock lost %v after the restart, want at once (the renewal interval is 2s)", d)
+			t.Errorf("lock lost %v after the restart, want at once (the next renewal is due 3s later)", d)
 		}
 		if !errors.Is(lk.Err(), lock.ErrLockLost) || !errors.Is(lk.Err(), backend.ErrLeaseLost) {
 			t.Errorf("cause: got %v, want ErrLockLost (the store no longer holds it)", lk.Err())

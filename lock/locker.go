@@ -42,12 +42,12 @@ type Options struct {
 	// Default: 7/10 of TTL (7 s).
 	RenewDeadline time.Duration
 
-	// RenewInterval is how often a held lock is renewed; a failed renewal is
-	// retried after a quarter of it. Must be less than RenewDeadline.
-	// Default: 1/3 of TTL (3.3 s), as for the elector (the locks and
+	// RenewInterval is how often a held lock is renewed; a failed renewal
+	// is retried a quarter of it after the failed attempt was sent (see
+	// sovereign.Options.RenewInterval). Must be less than RenewDeadline.
+	// Default: 1/2 of TTL (5 s), as for the elector (the locks and
 	// elections of a process with one backend and TTL then renew in the
-	// same batches). A longer interval costs fewer requests but leaves less
-	// time to retry (see sovereign.Options.RenewInterval).
+	// same batches).
 	RenewInterval time.Duration
 
 	// RequestTimeout bounds every backend call. Must be less than
@@ -57,8 +57,8 @@ type Options struct {
 	// RequestTimeout (one timer per slice instead of one per call), so
 	// such a call gets between 15/16 of RequestTimeout and all of it.
 	// Default: 1/5 of TTL (2 s), at most RenewInterval, as for the
-	// elector: a renewal that times out is still retried before
-	// RenewDeadline.
+	// elector. A periodic renewal waits less when that leaves time for its
+	// retry before RenewDeadline (see sovereign.Options.RenewInterval).
 	RequestTimeout time.Duration
 
 	// Logger receives failures at Warn, lost locks at Info, acquisitions
@@ -108,7 +108,7 @@ func (o *Options) withDefaults(minTTL time.Duration) (Options, error) {
 		r.RenewDeadline = r.TTL * 7 / 10
 	}
 	if r.RenewInterval == 0 {
-		r.RenewInterval = r.TTL / 3
+		r.RenewInterval = r.TTL / 2
 	}
 	if r.RequestTimeout == 0 {
 		r.RequestTimeout = min(r.TTL/5, r.RenewInterval)
@@ -368,10 +368,10 @@ func New(b backend.Backend, id string, opts *Options) (*Locker, error) {
 		queues: make(map[string]*keyQueue),
 		tries:  make(map[uint64]context.CancelFunc),
 	}
-	if keeper.NoRetryBudget(o.RenewInterval, o.RequestTimeout, o.RenewDeadline) {
+	if keeper.NoRetryBudget(o.RenewInterval, o.RenewDeadline) {
 		l.log.Warn("lock: a renewal that times out is not retried before the renew deadline: one slow reply loses the lock; "+
-			"lower RequestTimeout or RenewInterval so that RenewInterval*5/4 + RequestTimeout < RenewDeadline",
-			"renew_interval", o.RenewInterval, "request_timeout", o.RequestTimeout, "renew_deadline", o.RenewDeadline)
+			"lower RenewInterval so that RenewInterval*5/4 < RenewDeadline",
+			"renew_interval", o.RenewInterval, "renew_deadline", o.RenewDeadline)
 	}
 	_, nop := o.Metrics.(NopMetrics)
 	l.metrics = !nop

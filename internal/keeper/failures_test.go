@@ -90,8 +90,36 @@ func TestHungRenewalCutAtRequestTimeout(t *testing.T) {
 		}
 		if ts := b.times(); len(ts) < 2 {
 			t.Errorf("%d renewals, want the hung one and its retry", len(ts))
-		} else if d := ts[1].Sub(ts[0]); d != 150*time.Millisecond+50*time.Millisecond {
-			t.Errorf("the retry went %v after the hung renewal was sent, want RequestTimeout + RenewInterval/4 = 200ms", d)
+		} else if d := ts[1].Sub(ts[0]); d != 150*time.Millisecond {
+			t.Errorf("the retry went %v after the hung renewal was sent, want at once when it was cut at RequestTimeout = 150ms "+
+				"(it waited longer than RenewInterval/4)", d)
+		}
+		release(t, h)
+	})
+}
+
+// At RenewInterval TTL/2 (the default), a renewal that hangs is cut after
+// a quarter interval (AttemptBound), so that its retry is still sent
+// before the deadline, and the hold survives one hung call although
+// RequestTimeout alone would have let it wait until the deadline.
+func TestHungRenewalLeavesTimeForItsRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &flaky{Backend: c, hang: true, fail: func(n int64) bool { return n == 1 }}
+		cfg := config(b) // deadline 700ms
+		cfg.RenewInterval = 500 * time.Millisecond
+		cfg.RequestTimeout = 200 * time.Millisecond
+		h := start(t, c, cfg)
+		time.Sleep(2 * time.Second)
+		if !h.Held() {
+			r, cause := h.Reason()
+			t.Fatalf("stepped down (%v: %v) after one renewal hung; want it cut at RenewInterval/4 and retried", r, cause)
+		}
+		if ts := b.times(); len(ts) < 2 {
+			t.Errorf("%d renewals, want the hung one and its retry", len(ts))
+		} else if d := ts[1].Sub(ts[0]); d != 125*time.Millisecond {
+			t.Errorf("the retry went %v after the hung renewal was sent, want RenewInterval/4 = 125ms", d)
 		}
 		release(t, h)
 	})

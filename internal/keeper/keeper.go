@@ -446,7 +446,7 @@ func (h *Hold) Extend(ctx context.Context) error {
 		_, cause := h.Reason()
 		return cause
 	}
-	err := h.renew(ctx)
+	_, err := h.renew(ctx, false)
 	if !h.Held() { // cut at the deadline, or landed after it: too late
 		_, cause := h.Reason()
 		return cause
@@ -686,7 +686,7 @@ func (h *Hold) nextEventLocked() time.Time {
 func (h *Hold) renewLoop() {
 	for {
 		h.Held() // steps down first if the wall clock passed the deadline
-		err := h.renew(context.Background())
+		sent, err := h.renew(context.Background(), true)
 		h.mu.Lock()
 		if h.kicked && h.renewOn && !h.lost {
 			h.kicked = false
@@ -701,7 +701,10 @@ func (h *Hold) renewLoop() {
 		case errors.Is(err, backend.ErrLeaseLost):
 			// Nothing left to renew.
 		default:
-			h.nextRenew = now.Add(h.cfg.RenewInterval / 4)
+			// A quarter interval after the failed attempt was sent, or at
+			// once when it failed later than that (it timed out): see
+			// NoRetryBudget.
+			h.nextRenew = maxTime(now, sent.Add(h.cfg.RenewInterval/4))
 		}
 		h.renewing = false
 		if h.renewWait != nil {
@@ -714,13 +717,17 @@ func (h *Hold) renewLoop() {
 	}
 }
 
-// renew sends one owner-checked renewal of this lease alone and updates the
-// deadline.
-func (h *Hold) renew(ctx context.Context) error {
+// renew sends one owner-checked renewal of this lease alone, bounded by
+// RequestTimeout and the deadline (and, when periodic, by AttemptBound),
+// and updates the deadline. It returns when it was sent.
+func (h *Hold) renew(ctx context.Context, periodic bool) (time.Time, error) {
 	s := time.Now()
 	dl := s.Add(h.cfg.RequestTimeout)
 	h.mu.Lock()
 	if !h.stepped {
+		if periodic {
+			dl = s.Add(AttemptBound(h.cfg.RenewInterval, h.cfg.RequestTimeout, h.deadline.Sub(s)))
+		}
 		dl = minTime(dl, h.deadline)
 	}
 	h.mu.Unlock()
@@ -737,7 +744,7 @@ func (h *Hold) renew(ctx context.Context) error {
 	default:
 		h.failed(err)
 	}
-	return err
+	return s, err
 }
 
 // failed records a renewal that failed for a reason other than the lease
@@ -884,6 +891,13 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 func minTime(a, b time.Time) time.Time {
 	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
 		return b
 	}
 	return a

@@ -429,15 +429,15 @@ func (s *scheduler) send(chunk []*Hold, leases []backend.Lease, results []outcom
 	}
 	f := &flight{done: make(chan struct{})}
 	leases, results = leases[:0], results[:0]
+	sent := time.Now()
 	timeout := time.Duration(0)
 	for _, h := range chunk {
 		h.m.flight = f
 		leases = append(leases, h.lease)
-		timeout = max(timeout, h.cfg.RequestTimeout)
+		timeout = max(timeout, AttemptBound(s.interval, h.cfg.RequestTimeout, h.m.dl.Sub(sent)))
 	}
 	s.mu.Unlock()
 
-	sent := time.Now()
 	ctx, cancel := context.WithDeadline(context.Background(), sent.Add(timeout))
 	errs := s.br.RenewBatch(ctx, leases)
 	cancel()
@@ -465,7 +465,9 @@ func (s *scheduler) send(chunk []*Hold, leases []backend.Lease, results []outcom
 	s.mu.Lock()
 	now := time.Now()
 	next := now.Add(coalesce.Grid(now, s.interval))
-	retry := now.Add(s.interval / 4)
+	// A quarter interval after the failed call was sent, or at once when
+	// it failed later than that (it timed out): see NoRetryBudget.
+	retry := maxTime(now, sent.Add(s.interval/4))
 	var b *bucket // the bucket of the holds whose deadline moved to b.at
 	for i, h := range chunk {
 		o := results[i]

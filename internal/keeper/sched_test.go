@@ -23,7 +23,7 @@ type keyed struct {
 	mu      sync.Mutex
 	batches int
 	renews  map[string]int
-	back    time.Time // when the last batch returned
+	back    time.Time // when the first batch returned
 }
 
 func (b *keyed) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
@@ -41,7 +41,9 @@ func (b *keyed) RenewBatch(ctx context.Context, leases []backend.Lease) []error 
 		errs[i] = b.Backend.Renew(ctx, l)
 	}
 	b.mu.Lock()
-	b.back = time.Now()
+	if b.back.IsZero() {
+		b.back = time.Now()
+	}
 	b.mu.Unlock()
 	return errs
 }
@@ -1049,6 +1051,69 @@ func TestBatchAnswerMissingALease(t *testing.T) {
 		}
 		if s.Failures != 1 || s.LastError == nil {
 			t.Errorf("Failures %d, LastError %v; want 1 and an error naming the short answer", s.Failures, s.LastError)
+		}
+		release(t, h)
+	})
+}
+
+// firstBatchHangs renews in batches in the store, except that its first
+// batch call hangs until its context ends.
+type firstBatchHangs struct {
+	*memorybackend.Backend
+	mu    sync.Mutex
+	calls [][2]time.Time // sent, returned
+}
+
+func (b *firstBatchHangs) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
+	sent := time.Now()
+	b.mu.Lock()
+	first := len(b.calls) == 0
+	b.mu.Unlock()
+	errs := make([]error, len(leases))
+	if first {
+		<-ctx.Done()
+		for i := range errs {
+			errs[i] = ctx.Err()
+		}
+	} else {
+		for i, l := range leases {
+			errs[i] = b.Renew(ctx, l)
+		}
+	}
+	b.mu.Lock()
+	b.calls = append(b.calls, [2]time.Time{sent, time.Now()})
+	b.mu.Unlock()
+	return errs
+}
+
+// At RenewInterval TTL/2 (the default), a batch that hangs is cut after a
+// quarter interval (AttemptBound), not at RequestTimeout, and sent again
+// at once, before the deadline: its holds survive one hung call.
+func TestHungBatchLeavesTimeForItsRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := memorybackend.NewStore().Client()
+		defer c.Close()
+		b := &firstBatchHangs{Backend: c}
+		cfg := config(b) // RenewDeadline 700ms
+		cfg.RenewInterval = 500 * time.Millisecond
+		cfg.RequestTimeout = 200 * time.Millisecond
+		h := acquire(t, b, cfg, "k1")
+		time.Sleep(2 * time.Second)
+		if !h.Held() {
+			r, cause := h.Reason()
+			t.Fatalf("stepped down (%v: %v) after one batch hung; want it cut at RenewInterval/4 and sent again", r, cause)
+		}
+		b.mu.Lock()
+		calls := slices.Clone(b.calls)
+		b.mu.Unlock()
+		if len(calls) < 2 {
+			t.Fatalf("%d batch calls in 2s, want the hung one and its retry", len(calls))
+		}
+		if d := calls[0][1].Sub(calls[0][0]); d != 125*time.Millisecond {
+			t.Errorf("the hung batch was cut after %v, want RenewInterval/4 = 125ms", d)
+		}
+		if d := calls[1][0].Sub(calls[0][1]); d != 0 {
+			t.Errorf("the retry went %v after the hung batch was cut, want at once", d)
 		}
 		release(t, h)
 	})
