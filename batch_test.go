@@ -125,8 +125,8 @@ func TestQuietFollowerTakesOverAtExpiry(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		// The lease expires TTL after the last renewal, which came at most
-		// one RenewInterval (TTL/3) before the crash.
-		if d := time.Since(crashed); d < 10*time.Second-10*time.Second/3 || d > 10*time.Second+50*time.Millisecond {
+		// one RenewInterval (TTL/2) before the crash.
+		if d := time.Since(crashed); d < 10*time.Second-10*time.Second/2 || d > 10*time.Second+50*time.Millisecond {
 			t.Errorf("follower led %v after the crash, want within (TTL - RenewInterval, TTL]", d)
 		}
 		electortest.CheckNoOverlap(t, c.rec.Intervals())

@@ -127,10 +127,10 @@ func TestStartedDuringShortOutageLeadsOnceBack(t *testing.T) {
 		healed := time.Now()
 		for !e.IsLeader() {
 			// The next attempt comes within a backoff (at most the renew
-			// interval, 200 ms); a wait would last until a TTL after the
+			// interval, 500 ms); a wait would last until a TTL after the
 			// first failure (700 ms from now).
-			if d := time.Since(healed); d > 400*time.Millisecond {
-				t.Fatalf("not leading %v after the store came back, want within 400 ms (no wait: it never heard from the store)", d)
+			if d := time.Since(healed); d > 600*time.Millisecond {
+				t.Fatalf("not leading %v after the store came back, want within 600 ms (no wait: it never heard from the store)", d)
 			}
 			time.Sleep(time.Millisecond)
 		}

@@ -19,7 +19,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var quiet = slog.New(slog.DiscardHandler)
 
-// fastOpts are small, valid options: TTL 1s, deadline 700ms, renew 333ms,
+// fastOpts are small, valid options: TTL 1s, deadline 700ms, renew 500ms,
 // heartbeat 500ms (TTL 6s), no jitter.
 func fastOpts() *sovereign.Options {
 	return &sovereign.Options{TTL: time.Second, NoStartupJitter: true, Logger: quiet}

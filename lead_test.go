@@ -204,7 +204,7 @@ func TestLeaderRenewsOnAWatchEvent(t *testing.T) {
 				cl := memorybackend.NewStore().Client()
 				defer cl.Close()
 				w := &watchTap{Backend: cl}
-				e, err := sovereign.New(w, "election", "a", fastOpts()) // renewals every 333ms
+				e, err := sovereign.New(w, "election", "a", fastOpts()) // renewals every 500ms
 				if err != nil {
 					t.Fatal(err)
 				}

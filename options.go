@@ -55,7 +55,8 @@ type Options struct {
 	// interval). So a renewal that times out is retried before
 	// RenewDeadline whenever RenewInterval*5/4 < RenewDeadline; New logs a
 	// warning when it is not.
-	// Default: 1/2 of TTL (5 s), the cadence of Consul's session renewal
+	// Default: 1/2 of TTL (5 s; at most 5/7 of a RenewDeadline set
+	// shorter than 7/10 of TTL), the cadence of Consul's session renewal
 	// and what an etcd session's 500 ms tick makes of its TTL/3 at TTL 2 s:
 	// a renewal at TTL/2 waits up to 0.125 TTL (1.25 s) for its reply, and
 	// a retry then has until 0.7 TTL. A shorter interval costs more
@@ -149,7 +150,9 @@ func (o *Options) withDefaults() (Options, error) {
 		r.RenewDeadline = r.TTL * 7 / 10
 	}
 	if r.RenewInterval == 0 {
-		r.RenewInterval = r.TTL / 2
+		// TTL/2, or less when RenewDeadline was set short: a renewal that
+		// times out is still retried before it (NoRetryBudget).
+		r.RenewInterval = min(r.TTL/2, r.RenewDeadline*5/7)
 	}
 	if r.RequestTimeout == 0 {
 		r.RequestTimeout = min(r.TTL/5, r.RenewInterval)

@@ -114,8 +114,8 @@ func TestManyWindowDefault(t *testing.T) {
 		args []string
 		want time.Duration
 	}{
-		{nil, 2 * (sovereign.DefaultTTL / 3)},
-		{[]string{"-many-ttl", "3s"}, 2 * time.Second},
+		{nil, 2 * (sovereign.DefaultTTL / 2)},
+		{[]string{"-many-ttl", "3s"}, 3 * time.Second},
 		{[]string{"-many-window", "4s"}, 4 * time.Second},
 	} {
 		c, err := parseFlags(tc.args)

@@ -126,7 +126,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.ttl, "ttl", 2*time.Second, "lease/session TTL of the hand-over and crash scenarios (whole seconds, for etcd)")
 	fs.DurationVar(&c.idleSettle, "idle-settle", 12*time.Second, "wait before counting idle requests")
 	fs.DurationVar(&c.idleWindow, "idle-window", time.Minute, "window over which idle requests are counted (scaled to a minute)")
-	fs.StringVar(&c.idleCadence, "idle-cadence", "default", "Sovereign's renewal cadence in the idle scenario: default (RenewInterval TTL/3), "+
+	fs.StringVar(&c.idleCadence, "idle-cadence", "default", "Sovereign's renewal cadence in the idle scenario: default (RenewInterval TTL/2), "+
 		"or election (the cadence of an etcd session's keep-alives at the row's TTL: TTL/3 rounded up to its 500 ms tick)")
 	idleTTLs := fs.String("idle-ttl", "10s,2s", "comma-separated TTLs of the idle scenario, each used by every implementation "+
 		"(Sovereign Options.TTL, etcd session TTL; whole seconds); 10s is Sovereign's default")
@@ -146,7 +146,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.manyBound, "many-bound", time.Minute, "how long every election may take to get its leader before a many-elections run is reported failed")
 	fs.DurationVar(&c.manySettle, "many-settle", 6*time.Second, "wait after every election has its leader")
 	fs.DurationVar(&c.manyWindow, "many-window", 0, "length of one many-elections measurement window "+
-		"(0: two renewal intervals of the many runs' TTL, 2 × TTL/3, so that every window holds as many renewal instants)")
+		"(0: two renewal intervals of the many runs' TTL, 2 × TTL/2, so that every window holds as many renewal instants)")
 	fs.IntVar(&c.manyWindows, "many-windows", 3, "many-elections windows (CPU figures are the median over windows)")
 	fs.DurationVar(&c.lockDur, "lock-duration", 2*time.Second, "length of one lock run")
 	fs.IntVar(&c.handoffN, "handoff-samples", 30, "lock hand-offs per implementation per round")
@@ -206,7 +206,7 @@ func parseFlags(args []string) (config, error) {
 	}
 	if c.manyWindow == 0 {
 		// A window of a fixed length holds one or two renewal instants of
-		// the default RenewInterval (TTL/3) depending on where it starts:
+		// the default RenewInterval (TTL/2) depending on where it starts:
 		// with 5 s windows and TTL 10 s, 100,000 Redis locks measured 8 %
 		// of a core in one window and 16 % in the next. Two intervals hold
 		// two instants, wherever they start.
@@ -214,7 +214,7 @@ func parseFlags(args []string) (config, error) {
 		if ttl == 0 {
 			ttl = sovereign.DefaultTTL
 		}
-		c.manyWindow = 2 * (ttl / 3)
+		c.manyWindow = 2 * (ttl / 2)
 	}
 	return c, nil
 }

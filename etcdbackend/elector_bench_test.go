@@ -80,7 +80,7 @@ func BenchmarkElectorCrashFailover(b *testing.B) {
 
 // BenchmarkElectorIdleRequests counts the etcd requests of an idle leader
 // and an idle follower in the steady state, with the elector's default
-// options (TTL 10 s: renewal every 3.3 s, heartbeat every 5 s), over a
+// options (TTL 10 s: renewal every 5 s, heartbeat every 5 s), over a
 // 20-second window, reported per minute.
 func BenchmarkElectorIdleRequests(b *testing.B) {
 	const window = 20 * time.Second

@@ -161,10 +161,10 @@ func (s *hbSession) nextGap(now time.Time) time.Duration {
 // Once the keys are released (or the session is no longer renewed in
 // batches, or has gone), the next batch moves the records back to the
 // heartbeat session's own lease (a grant when it has expired meanwhile, and
-// one transaction): for the elector's defaults before the session ends
-// (it outlives the release by at least two thirds of its TTL, its last
-// renewal having been sent at most TTL/3 before; the next batch comes
-// within TTL/2), otherwise the records are missing until that batch.
+// one transaction): for the elector's defaults about when the session ends
+// (it outlives the release by at least half its TTL, its last renewal
+// having been sent at most TTL/2 before; the next batch comes within
+// TTL/2), otherwise the records are missing until that batch.
 // When the renewals stop while the keys are still held (their holder
 // stopped renewing them without a release, or this Backend cannot reach
 // the store, when no batch could write a record either), the records end

@@ -186,10 +186,10 @@ func TestElectorRestoreFromBackup(t *testing.T) {
 				t.Fatal(err)
 			}
 			up := time.Now()
-			// The defaults scaled from the TTL: RenewInterval TTL/3,
+			// The defaults scaled from the TTL: RenewInterval TTL/2,
 			// RequestTimeout TTL/5; 250 ms of slack, as the chaos
 			// checker allows.
-			window := up.Add(eopts.TTL/3 + eopts.TTL/5 + 250*time.Millisecond)
+			window := up.Add(eopts.TTL/2 + eopts.TTL/5 + 250*time.Millisecond)
 			if !ea.IsLeader() {
 				t.Fatalf("a stopped leading during the restore (%v), before the store was back: nothing tested", up.Sub(down))
 			}

@@ -45,7 +45,8 @@ type Options struct {
 	// RenewInterval is how often a held lock is renewed; a failed renewal
 	// is retried a quarter of it after the failed attempt was sent (see
 	// sovereign.Options.RenewInterval). Must be less than RenewDeadline.
-	// Default: 1/2 of TTL (5 s), as for the elector (the locks and
+	// Default: 1/2 of TTL (5 s; at most 5/7 of a RenewDeadline set
+	// shorter), as for the elector (the locks and
 	// elections of a process with one backend and TTL then renew in the
 	// same batches).
 	RenewInterval time.Duration
@@ -108,7 +109,9 @@ func (o *Options) withDefaults(minTTL time.Duration) (Options, error) {
 		r.RenewDeadline = r.TTL * 7 / 10
 	}
 	if r.RenewInterval == 0 {
-		r.RenewInterval = r.TTL / 2
+		// TTL/2, or less when RenewDeadline was set short: a renewal that
+		// times out is still retried before it (NoRetryBudget).
+		r.RenewInterval = min(r.TTL/2, r.RenewDeadline*5/7)
 	}
 	if r.RequestTimeout == 0 {
 		r.RequestTimeout = min(r.TTL/5, r.RenewInterval)

@@ -28,7 +28,7 @@ func (quietRedis) Printf(context.Context, string, ...any) {}
 var quiet = slog.New(slog.DiscardHandler)
 
 // fastOpts: TTL 1s, renew deadline 700ms, renew interval 200ms (set: the
-// default would be 333ms; these tests count on 200ms), request timeout
+// default would be 500ms; these tests count on 200ms), request timeout
 // 200ms.
 func fastOpts() *lock.Options {
 	return &lock.Options{TTL: time.Second, RenewInterval: 200 * time.Millisecond, Logger: quiet}

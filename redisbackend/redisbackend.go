@@ -184,14 +184,16 @@
 // # Cost
 //
 // Each operation is one EVALSHA. With the elector's defaults (TTL 10 s,
-// renewal every 3.3 s, heartbeat batches every 5 s, records of 15 s
-// rewritten every 10 s: see HeartbeatBatch) an idle leader sends about 18
-// scripts a minute, its renewals, 12 of which also refresh the leader's
-// own heartbeat record, so that no heartbeat is left to send (see
-// RenewBatch), and an idle follower about 6, its heartbeats: it hears of
+// renewal every 5 s, heartbeat batches every 5 s, records of 15 s
+// rewritten every 10 s: see HeartbeatBatch) an idle leader sends about 12
+// scripts a minute, its renewals, which also refresh the leader's own
+// heartbeat record, so that no heartbeat is left to send (see RenewBatch),
+// and an idle follower about 6, its heartbeats: it hears of
 // the renewals, so it makes no attempt while they come, and the renewals'
 // messages keep the watch connection from falling silent, so it is not
-// pinged (one PING per 27 s of silence otherwise).
+// pinged. A leader does not hear its own renewals (backend.RenewalMuter), so
+// its watch connection, when nothing else comes, is pinged once per 27 s
+// of silence: about 2 PINGs a minute on top of its renewals.
 //
 // # Fencing terms
 //

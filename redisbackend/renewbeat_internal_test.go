@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -83,86 +84,99 @@ func newTestBackend(t *testing.T, c Client) *Backend {
 	return b
 }
 
-// TestRenewalCoversHeartbeat: a leader renewing its lease every 3.3 s and
-// asking for its heartbeat every 5 s (records of 15 s: the elector's
-// defaults at TTL 10 s) sends no heartbeat command over six batches, some
-// of its renewals (not all) refreshing the record on the server; a follower's heartbeat on the same key
-// is written on its own schedule as before. Time is moved by ageing what the
-// Backend knows of its records, so the test does not depend on the clock.
+// TestRenewalCoversHeartbeat: a leader renewing its lease every 5 s (the
+// elector's default at TTL 10 s; also every 3.3 s) and asking for its
+// heartbeat every 5 s (records of 15 s: the elector's defaults at TTL 10 s)
+// sends no heartbeat command over six batches, its renewals refreshing the
+// record on the server (every 3.3 s, only some of them); a follower's
+// heartbeat on the
+// same key is written on its own schedule as before. Time is moved by
+// ageing what the Backend knows of its records, so the test does not
+// depend on the clock.
 func TestRenewalCoversHeartbeat(t *testing.T) {
 	for name, cl := range renewBeatClients(t) {
-		t.Run(name, func(t *testing.T) {
-			b := newTestBackend(t, cl.c)
-			ctx := context.Background()
-			const hbTTL = 15 * time.Second
-			key := "covered-" + name
-			l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "leader", TTL: 10 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			leader := []backend.HeartbeatRequest{{Key: key, ID: "leader", TTL: hbTTL}}
-			follower := []backend.HeartbeatRequest{{Key: key, ID: "follower", TTL: hbTTL}}
-			for _, reqs := range [][]backend.HeartbeatRequest{leader, follower} {
-				if errs := b.HeartbeatBatch(ctx, reqs); errs[0] != nil {
-					t.Fatal(errs[0])
+		for _, renewEvery := range []time.Duration{5 * time.Second, 10 * time.Second / 3} {
+			name := name + "/" + renewEvery.String()
+			t.Run(name, func(t *testing.T) {
+				b := newTestBackend(t, cl.c)
+				ctx := context.Background()
+				const hbTTL = 15 * time.Second
+				key := "covered-" + strings.ReplaceAll(name, "/", "-")
+				l, err := b.Acquire(ctx, backend.AcquireRequest{Key: key, HolderID: "leader", TTL: 10 * time.Second})
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-			hbKey := b.keyBase(key) + ":heartbeat:leader"
-			followerWrites, refreshes := 0, 0
-			// 30 s of the elector's defaults at TTL 10 s: a renewal every
-			// 3.3 s, a heartbeat batch every 5 s, in one timeline.
-			const renewEvery, batchEvery = 10 * time.Second / 3, 5 * time.Second
-			var at, nextRenew, nextBatch time.Duration = 0, renewEvery, batchEvery
-			renewals := 0
-			for i := 0; nextBatch <= 30*time.Second; i++ {
-				if nextRenew < nextBatch {
-					b.beats.age(nextRenew - at)
-					at, nextRenew = nextRenew, nextRenew+renewEvery
-					renewals++
-					// Shortened, the record shows whether the renewal refreshed it.
-					if err := cl.c.(redis.UniversalClient).PExpire(ctx, hbKey, 5*time.Second).Err(); err != nil {
-						t.Fatal(err)
+				leader := []backend.HeartbeatRequest{{Key: key, ID: "leader", TTL: hbTTL}}
+				follower := []backend.HeartbeatRequest{{Key: key, ID: "follower", TTL: hbTTL}}
+				for _, reqs := range [][]backend.HeartbeatRequest{leader, follower} {
+					if errs := b.HeartbeatBatch(ctx, reqs); errs[0] != nil {
+						t.Fatal(errs[0])
 					}
-					if errs := b.RenewBatch(ctx, []backend.Lease{l}); errs[0] != nil {
-						t.Fatalf("at %v: renew: %v", at, errs[0])
+				}
+				hbKey := b.keyBase(key) + ":heartbeat:leader"
+				followerWrites, refreshes := 0, 0
+				// 30 s of the elector at TTL 10 s: a renewal every renewEvery,
+				// a heartbeat batch every 5 s, in one timeline.
+				const batchEvery = 5 * time.Second
+				var at, nextRenew, nextBatch time.Duration = 0, renewEvery, batchEvery
+				renewals := 0
+				for i := 0; nextBatch <= 30*time.Second; i++ {
+					if nextRenew < nextBatch {
+						b.beats.age(nextRenew - at)
+						at, nextRenew = nextRenew, nextRenew+renewEvery
+						renewals++
+						// Shortened, the record shows whether the renewal refreshed it.
+						if err := cl.c.(redis.UniversalClient).PExpire(ctx, hbKey, 5*time.Second).Err(); err != nil {
+							t.Fatal(err)
+						}
+						if errs := b.RenewBatch(ctx, []backend.Lease{l}); errs[0] != nil {
+							t.Fatalf("at %v: renew: %v", at, errs[0])
+						}
+						pttl, err := pttlOf(ctx, cl.c, hbKey)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if pttl > 10*time.Second {
+							refreshes++
+						}
+						continue
 					}
-					pttl, err := pttlOf(ctx, cl.c, hbKey)
-					if err != nil {
-						t.Fatal(err)
+					b.beats.age(nextBatch - at)
+					at, nextBatch = nextBatch, nextBatch+batchEvery
+					before := cl.h.n()
+					if errs := b.HeartbeatBatch(ctx, leader); errs[0] != nil {
+						t.Fatalf("at %v: leader's heartbeat: %v", at, errs[0])
 					}
-					if pttl > 10*time.Second {
-						refreshes++
+					if sent := cl.h.n() - before; sent != 0 {
+						t.Fatalf("at %v: the leader's heartbeat batch sent %d commands, want none (its renewals cover it)", at, sent)
 					}
-					continue
+					before = cl.h.n()
+					if errs := b.HeartbeatBatch(ctx, follower); errs[0] != nil {
+						t.Fatalf("at %v: follower's heartbeat: %v", at, errs[0])
+					}
+					followerWrites += int(cl.h.n() - before)
 				}
-				b.beats.age(nextBatch - at)
-				at, nextBatch = nextBatch, nextBatch+batchEvery
-				before := cl.h.n()
-				if errs := b.HeartbeatBatch(ctx, leader); errs[0] != nil {
-					t.Fatalf("at %v: leader's heartbeat: %v", at, errs[0])
+				// Every 3.3 s, a renewal refreshes the record only when the
+				// next would come too late; every 5 s (the heartbeat's own
+				// pace), each renewal is the last before the record would
+				// be due.
+				switch {
+				case renewEvery == 5*time.Second && refreshes != renewals:
+					t.Errorf("%d of %d renewals refreshed the leader's record, want all", refreshes, renewals)
+				case renewEvery < 5*time.Second && (refreshes == 0 || refreshes >= renewals):
+					t.Errorf("%d of %d renewals refreshed the leader's record, want some but not all", refreshes, renewals)
 				}
-				if sent := cl.h.n() - before; sent != 0 {
-					t.Fatalf("at %v: the leader's heartbeat batch sent %d commands, want none (its renewals cover it)", at, sent)
+				// A follower's record of 15 s, asked for every 5 s, is written
+				// every other batch (see TestBeatsWriteOnlyWhatNeedsIt).
+				if followerWrites != 3 {
+					t.Errorf("the follower's heartbeat batches sent %d commands over 6 batches, want 3", followerWrites)
 				}
-				before = cl.h.n()
-				if errs := b.HeartbeatBatch(ctx, follower); errs[0] != nil {
-					t.Fatalf("at %v: follower's heartbeat: %v", at, errs[0])
+				ms, err := b.Members(ctx, key)
+				if err != nil || len(ms) != 2 {
+					t.Fatalf("Members = %+v, %v; want leader and follower", ms, err)
 				}
-				followerWrites += int(cl.h.n() - before)
-			}
-			if refreshes == 0 || refreshes >= renewals {
-				t.Errorf("%d of %d renewals refreshed the leader's record, want some but not all", refreshes, renewals)
-			}
-			// A follower's record of 15 s, asked for every 5 s, is written
-			// every other batch (see TestBeatsWriteOnlyWhatNeedsIt).
-			if followerWrites != 3 {
-				t.Errorf("the follower's heartbeat batches sent %d commands over 6 batches, want 3", followerWrites)
-			}
-			ms, err := b.Members(ctx, key)
-			if err != nil || len(ms) != 2 {
-				t.Fatalf("Members = %+v, %v; want leader and follower", ms, err)
-			}
-		})
+			})
+		}
 	}
 }
 

@@ -130,13 +130,13 @@ func TestFreeOneTTLAfterTheHolderStopsRenewing(t *testing.T) {
 		go func() { a.wg.Wait(); stopped <- time.Now() }()
 		ca.Partition() // svc-a renews nothing from now on, as if it had crashed
 		cut := time.Now()
-		// Its last renewal was sent at most RenewInterval (TTL/3) before
+		// Its last renewal was sent at most RenewInterval (TTL/2) before
 		// the cut, and the store keeps the lock one TTL after it.
-		time.Sleep(testTTL - testTTL/3 - time.Millisecond)
+		time.Sleep(testTTL - testTTL/2 - time.Millisecond)
 		if w := postTally(b, "bob"); w.Code != http.StatusConflict {
 			t.Fatalf("request %v after svc-a stopped renewing: got %d %s, want 409", time.Since(cut), w.Code, w.Body)
 		}
-		time.Sleep(testTTL/3 + 2*time.Millisecond) // one TTL after the cut
+		time.Sleep(testTTL/2 + 2*time.Millisecond) // one TTL after the cut
 		if w := postTally(b, "bob"); w.Code != http.StatusAccepted {
 			t.Fatalf("request one TTL after svc-a stopped renewing: got %d %s, want 202", w.Code, w.Body)
 		}
