@@ -6,10 +6,10 @@ import "time"
 // heartbeat sessions know of (hostLookedUp) look d older than it is.
 func AgeHostLookups(b *Backend, d time.Duration) {
 	for _, s := range b.hbSessionList() {
-		s.mu.Lock()
+		s.hostsMu.Lock()
 		for id, at := range s.hosts {
 			s.hosts[id] = at.Add(-d)
 		}
-		s.mu.Unlock()
+		s.hostsMu.Unlock()
 	}
 }

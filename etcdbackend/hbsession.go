@@ -22,18 +22,25 @@ var _ backend.BatchHeartbeater = (*Backend)(nil)
 // written by HeartbeatBatch, share, or the session of plain acquisitions
 // they ride on meanwhile (hostSession).
 type hbSession struct {
-	mu       sync.Mutex                     // serialises batches of this TTL; guards the fields below
-	secs     int64                          // requested TTL of the records, in seconds
-	id       clientv3.LeaseID               // 0: none yet, or lost
-	on       clientv3.LeaseID               // the lease the records are on: id, or a host session's (0: none)
-	ttl      int64                          // granted TTL of id, in seconds
-	lastSent time.Time                      // send time of the grant or last keep-alive of id that succeeded
-	lastLook time.Time                      // send time of the grant or last look-up of the keys on id that succeeded
-	prev     time.Time                      // start of the previous batch (zero: none yet)
-	gaps     [hbGapHistory]time.Duration    // the last gaps between the starts of two batches, newest at gapNext-1
-	gapNext  int                            // where the next gap goes in gaps
-	beats    map[string]*hbBeat             // etcd key of each record this Backend refreshes → its state (a pointer: a look-up marks it without a string of its key)
-	hosts    map[clientv3.LeaseID]time.Time // session leases → when RenewBatch last looked their keys up (hostLookedUp)
+	mu       sync.Mutex                  // serialises batches of this TTL; guards the fields below
+	secs     int64                       // requested TTL of the records, in seconds
+	id       clientv3.LeaseID            // 0: none yet, or lost
+	on       clientv3.LeaseID            // the lease the records are on: id, or a host session's (0: none)
+	ttl      int64                       // granted TTL of id, in seconds
+	lastSent time.Time                   // send time of the grant or last keep-alive of id that succeeded
+	lastLook time.Time                   // send time of the grant or last look-up of the keys on id that succeeded
+	prev     time.Time                   // start of the previous batch (zero: none yet)
+	gaps     [hbGapHistory]time.Duration // the last gaps between the starts of two batches, newest at gapNext-1
+	gapNext  int                         // where the next gap goes in gaps
+	beats    map[string]*hbBeat          // etcd key of each record this Backend refreshes → its state (a pointer: a look-up marks it without a string of its key)
+
+	// hostsMu guards hosts, and is never held across a request, so that a
+	// renewal records its look-up while a batch of this TTL is under way
+	// (one that holds mu): with renewals and batches on the same grid (the
+	// elector's defaults, both every TTL/2) it would otherwise be skipped
+	// every time, and the records would leave the session and come back.
+	hostsMu sync.Mutex
+	hosts   map[clientv3.LeaseID]time.Time // session leases → when RenewBatch last looked their keys up (hostLookedUp)
 }
 
 // hbBeat is what a heartbeat session knows of one record.
@@ -343,7 +350,9 @@ func (b *Backend) hostSession(s *hbSession, now time.Time) clientv3.LeaseID {
 		ps.mu.Lock()
 		id, ttl := ps.id, ps.ttl
 		ps.mu.Unlock()
+		s.hostsMu.Lock()
 		looked, ok := s.hosts[id]
+		s.hostsMu.Unlock()
 		if id == 0 || !ok || ttl > s.secs || ttl <= bestTTL || now.Sub(looked) >= time.Duration(ttl)*time.Second*6/10 {
 			continue
 		}
@@ -354,11 +363,13 @@ func (b *Backend) hostSession(s *hbSession, now time.Time) clientv3.LeaseID {
 			best, bestTTL = id, ttl
 		}
 	}
+	s.hostsMu.Lock()
 	for id, at := range s.hosts {
 		if now.Sub(at) >= time.Duration(s.secs)*time.Second {
 			delete(s.hosts, id)
 		}
 	}
+	s.hostsMu.Unlock()
 	return best
 }
 
@@ -366,9 +377,10 @@ func (b *Backend) hostSession(s *hbSession, now time.Time) clientv3.LeaseID {
 // that RenewBatch made as the look-up of the heartbeat records riding on it.
 // With covered, RenewBatch made none, the watch having delivered no change
 // of a heartbeat record since the last one (coveredRenewal): what the
-// records' session knows of them stands. It skips a heartbeat session
-// whose batch is under way (the next renewal will do), so a renewal never
-// waits for a heartbeat.
+// records' session knows of them stands. It records the look-up's time in
+// every heartbeat session (hostsMu, held for no request), but marks the
+// records looked up only in one whose batch is not under way (the next
+// renewal will do), so a renewal never waits for a heartbeat batch.
 func (b *Backend) hostLookedUp(id clientv3.LeaseID, keys [][]byte, covered bool) {
 	ss := b.hbSessionList()
 	if len(ss) == 0 {
@@ -382,10 +394,12 @@ func (b *Backend) hostLookedUp(id clientv3.LeaseID, keys [][]byte, covered bool)
 	}
 	now := time.Now()
 	for _, s := range ss {
+		s.hostsMu.Lock()
+		s.hosts[id] = now
+		s.hostsMu.Unlock()
 		if !s.mu.TryLock() {
 			continue
 		}
-		s.hosts[id] = now
 		if s.on == id && !covered {
 			// Keys not refreshed here may be another heartbeat session's
 			// (of another TTL) riding on the same session: not adopted.

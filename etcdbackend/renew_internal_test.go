@@ -224,3 +224,28 @@ func TestNoteEventsBeforeFirstMark(t *testing.T) {
 		t.Error("a deletion delivered during the first look-up left its mark current: the next renewal would skip the look-up")
 	}
 }
+
+// TestHostLookupRecordedDuringBatch: a renewal's look-up of a session's
+// keys is recorded for the heartbeat records while a heartbeat batch of
+// their TTL is under way (it holds the heartbeat session's mu), so that the
+// next batch still finds the session a host for them. With renewals and
+// batches on the same grid (the elector's defaults, both every TTL/2) the
+// look-up always came during a batch and was dropped, and 10,000
+// elections sent 10 requests a second moving records off the session and
+// back instead of 2 (bench, -only many -many etcd:10000).
+func TestHostLookupRecordedDuringBatch(t *testing.T) {
+	const id = clientv3.LeaseID(7)
+	b := checkBackend()
+	b.own(id, "election", "token")
+	beats := &hbSession{secs: 10, beats: make(map[string]*hbBeat), hosts: make(map[clientv3.LeaseID]time.Time), on: id}
+	b.hbSessions = map[int64]*hbSession{10: beats}
+	beats.mu.Lock() // a batch under way
+	b.hostLookedUp(id, nil, true)
+	beats.mu.Unlock()
+	beats.hostsMu.Lock()
+	_, ok := beats.hosts[id]
+	beats.hostsMu.Unlock()
+	if !ok {
+		t.Fatal("the look-up made during a heartbeat batch was not recorded")
+	}
+}
