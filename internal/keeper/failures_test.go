@@ -72,57 +72,44 @@ func TestFailedRenewalRetriedSoon(t *testing.T) {
 	})
 }
 
-// A renewal that hangs is cut at RequestTimeout and retried, so one hung
-// call (a dead connection) does not use up the whole renew budget: the hold
-// survives it when the retry succeeds.
-func TestHungRenewalCutAtRequestTimeout(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		c := memorybackend.NewStore().Client()
-		defer c.Close()
-		b := &flaky{Backend: c, hang: true, fail: func(n int64) bool { return n == 1 }}
-		cfg := config(b) // deadline 700ms, every 200ms, requests cut at 150ms
-		cfg.RequestTimeout = 150 * time.Millisecond
-		h := start(t, c, cfg)
-		time.Sleep(2 * time.Second)
-		if !h.Held() {
-			r, cause := h.Reason()
-			t.Fatalf("stepped down (%v: %v) after one renewal hung; want it cut at RequestTimeout and retried", r, cause)
-		}
-		if ts := b.times(); len(ts) < 2 {
-			t.Errorf("%d renewals, want the hung one and its retry", len(ts))
-		} else if d := ts[1].Sub(ts[0]); d != 150*time.Millisecond {
-			t.Errorf("the retry went %v after the hung renewal was sent, want at once when it was cut at RequestTimeout = 150ms "+
-				"(it waited longer than RenewInterval/4)", d)
-		}
-		release(t, h)
-	})
-}
-
-// At RenewInterval TTL/2 (the default), a renewal that hangs is cut after
-// a quarter interval (AttemptBound), so that its retry is still sent
-// before the deadline, and the hold survives one hung call although
+// A renewal that hangs is cut and retried at once, so one hung call (a
+// dead connection) does not use up the whole renew budget: the hold
+// survives it when the retry succeeds. It is cut at RequestTimeout, or
+// sooner when that would leave no quarter interval for the retry before
+// the deadline (AttemptBound): at RenewInterval TTL/2, the default,
 // RequestTimeout alone would have let it wait until the deadline.
-func TestHungRenewalLeavesTimeForItsRetry(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		c := memorybackend.NewStore().Client()
-		defer c.Close()
-		b := &flaky{Backend: c, hang: true, fail: func(n int64) bool { return n == 1 }}
-		cfg := config(b) // deadline 700ms
-		cfg.RenewInterval = 500 * time.Millisecond
-		cfg.RequestTimeout = 200 * time.Millisecond
-		h := start(t, c, cfg)
-		time.Sleep(2 * time.Second)
-		if !h.Held() {
-			r, cause := h.Reason()
-			t.Fatalf("stepped down (%v: %v) after one renewal hung; want it cut at RenewInterval/4 and retried", r, cause)
-		}
-		if ts := b.times(); len(ts) < 2 {
-			t.Errorf("%d renewals, want the hung one and its retry", len(ts))
-		} else if d := ts[1].Sub(ts[0]); d != 125*time.Millisecond {
-			t.Errorf("the retry went %v after the hung renewal was sent, want RenewInterval/4 = 125ms", d)
-		}
-		release(t, h)
-	})
+func TestHungRenewalRetriedInTime(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		interval         time.Duration // RenewInterval
+		timeout, wantCut time.Duration
+	}{
+		// Deadline 700ms (config), the first renewal at the interval.
+		{"cut at RequestTimeout", 200 * time.Millisecond, 150 * time.Millisecond, 150 * time.Millisecond},
+		{"cut at RenewInterval/4 (TTL/2)", 500 * time.Millisecond, 200 * time.Millisecond, 125 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := memorybackend.NewStore().Client()
+				defer c.Close()
+				b := &flaky{Backend: c, hang: true, fail: func(n int64) bool { return n == 1 }}
+				cfg := config(b)
+				cfg.RenewInterval, cfg.RequestTimeout = tc.interval, tc.timeout
+				h := start(t, c, cfg)
+				time.Sleep(2 * time.Second)
+				if !h.Held() {
+					r, cause := h.Reason()
+					t.Fatalf("stepped down (%v: %v) after one renewal hung; want it cut after %v and retried", r, cause, tc.wantCut)
+				}
+				if ts := b.times(); len(ts) < 2 {
+					t.Errorf("%d renewals, want the hung one and its retry", len(ts))
+				} else if d := ts[1].Sub(ts[0]); d != tc.wantCut {
+					t.Errorf("the retry went %v after the hung renewal was sent, want at once when it was cut, after %v", d, tc.wantCut)
+				}
+				release(t, h)
+			})
+		})
+	}
 }
 
 // Verify checks the whole identity of the lease: a record of the same key

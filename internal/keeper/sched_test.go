@@ -877,24 +877,35 @@ func TestBatchedHoldsStartedTogetherEachAtItsOwnDeadline(t *testing.T) {
 	})
 }
 
-// batchHangs renews in batches that hang until their context ends, while
-// single renewals (Extend) go through.
+// batchHangs renews in batches that hang until their context ends (with
+// firstOnly, only the first; the others renew in the store), while single
+// renewals (Extend) go through.
 type batchHangs struct {
 	*memorybackend.Backend
-	mu    sync.Mutex
-	calls [][2]time.Time // sent, returned
+	firstOnly bool // only the first call hangs; the others renew in the store
+	mu        sync.Mutex
+	calls     [][2]time.Time // sent, returned
 }
 
 func (b *batchHangs) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
 	sent := time.Now()
-	<-ctx.Done()
+	b.mu.Lock()
+	hang := !b.firstOnly || len(b.calls) == 0
+	b.mu.Unlock()
+	errs := make([]error, len(leases))
+	if hang {
+		<-ctx.Done()
+	}
+	for i, l := range leases {
+		if hang {
+			errs[i] = ctx.Err()
+		} else {
+			errs[i] = b.Renew(ctx, l)
+		}
+	}
 	b.mu.Lock()
 	b.calls = append(b.calls, [2]time.Time{sent, time.Now()})
 	b.mu.Unlock()
-	errs := make([]error, len(leases))
-	for i := range errs {
-		errs[i] = ctx.Err()
-	}
 	return errs
 }
 
@@ -1056,36 +1067,6 @@ func TestBatchAnswerMissingALease(t *testing.T) {
 	})
 }
 
-// firstBatchHangs renews in batches in the store, except that its first
-// batch call hangs until its context ends.
-type firstBatchHangs struct {
-	*memorybackend.Backend
-	mu    sync.Mutex
-	calls [][2]time.Time // sent, returned
-}
-
-func (b *firstBatchHangs) RenewBatch(ctx context.Context, leases []backend.Lease) []error {
-	sent := time.Now()
-	b.mu.Lock()
-	first := len(b.calls) == 0
-	b.mu.Unlock()
-	errs := make([]error, len(leases))
-	if first {
-		<-ctx.Done()
-		for i := range errs {
-			errs[i] = ctx.Err()
-		}
-	} else {
-		for i, l := range leases {
-			errs[i] = b.Renew(ctx, l)
-		}
-	}
-	b.mu.Lock()
-	b.calls = append(b.calls, [2]time.Time{sent, time.Now()})
-	b.mu.Unlock()
-	return errs
-}
-
 // At RenewInterval TTL/2 (the default), a batch that hangs is cut after a
 // quarter interval (AttemptBound), not at RequestTimeout, and sent again
 // at once, before the deadline: its holds survive one hung call.
@@ -1093,7 +1074,7 @@ func TestHungBatchLeavesTimeForItsRetry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := memorybackend.NewStore().Client()
 		defer c.Close()
-		b := &firstBatchHangs{Backend: c}
+		b := &batchHangs{Backend: c, firstOnly: true}
 		cfg := config(b) // RenewDeadline 700ms
 		cfg.RenewInterval = 500 * time.Millisecond
 		cfg.RequestTimeout = 200 * time.Millisecond
