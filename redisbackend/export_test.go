@@ -9,3 +9,7 @@ func RenewalsChannel(b *Backend, key string) string { return b.renewalsChannel(k
 
 // EventsChannel returns the events channel of key.
 func EventsChannel(b *Backend, key string) string { return b.channel(key) }
+
+// NoBeacon makes b's hubs keep no beacon (see hub.beacon), so that every
+// muted watch leaves its renewals channel. Call it before b watches.
+func NoBeacon(b *Backend) { b.noBeacon = true }

@@ -3,6 +3,8 @@ package redisbackend_test
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,6 +115,9 @@ func TestMutedWatchLeavesRenewalsChannel(t *testing.T) {
 			env := newEnv(t)
 			ctx := ctxBound(t)
 			wb := newBackend(t, env.client(t), nil) // the watches
+			// Without the hub's beacon, which would keep the first muted
+			// watch's channel (TestMutedLeaderKeepsItsConnectionAwake).
+			redisbackend.NoBeacon(wb)
 			rb := newBackend(t, env.client(t), nil) // the holder, which renews
 			pb := newBackend(t, env.client(t), nil) // the probe: tells when a renewal was published
 			const key = "muted"
@@ -265,6 +270,7 @@ func TestMutedLeaderLeavesRenewalsChannel(t *testing.T) {
 		return e
 	}
 	b := newBackend(t, srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true}), nil)
+	redisbackend.NoBeacon(b) // see TestMutedLeaderKeepsItsConnectionAwake
 	rch := redisbackend.RenewalsChannel(b, "daemon")
 	rec := &electortest.Recorder{}
 	a := newElector(b, "a")
@@ -302,4 +308,77 @@ func TestMutedLeaderLeavesRenewalsChannel(t *testing.T) {
 		t.Error("a leads again while f renews")
 	}
 	electortest.CheckNoOverlap(t, rec.Intervals())
+}
+
+// TestMutedLeaderKeepsItsConnectionAwake: a process leading elections
+// keeps one muted watch's renewals channel subscribed on its connection
+// (the hub's beacon), so that its own renewals keep the connection from
+// falling silent and it is not pinged: an idle leader at TTL 2 s sent 60
+// renewals and 2 PINGs a minute. The other leaders' channels are left, so
+// that the connection receives one election's renewals, not every one's;
+// the beacon's leaves with its watch.
+func TestMutedLeaderKeepsItsConnectionAwake(t *testing.T) {
+	srv := testredis.Start(t)
+	admin := srv.NewClient(t, nil)
+	numsub := func(channel string) int64 {
+		m, err := admin.PubSubNumSub(context.Background(), channel).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m[channel]
+	}
+	pings := func() int64 {
+		info, err := admin.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_ping:calls="); ok {
+				n, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				if err != nil {
+					t.Fatalf("INFO commandstats: %q: %v", line, err)
+				}
+				return n
+			}
+		}
+		return 0
+	}
+	// Silent for 300 ms, the connection is pinged; the leaders renew every
+	// 100 ms.
+	const renew = 100 * time.Millisecond
+	b := newBackend(t, srv.NewClient(t, &redis.Options{ContextTimeoutEnabled: true}), &redisbackend.Options{HealthCheckInterval: 300 * time.Millisecond})
+	var es []*sovereign.Elector
+	for _, name := range []string{"daemon", "cron"} {
+		e, err := sovereign.New(b, name, "a", &sovereign.Options{TTL: electorTTL, RenewInterval: renew, Logger: electortest.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		(&electortest.Recorder{}).Campaign(t, e)
+		es = append(es, e)
+	}
+	for _, e := range es {
+		electortest.Eventually(t, "both lead", e.IsLeader)
+	}
+	rchs := []string{redisbackend.RenewalsChannel(b, "daemon"), redisbackend.RenewalsChannel(b, "cron")}
+	eventually(t, "one renewals channel kept, the other left", func() bool { return numsub(rchs[0])+numsub(rchs[1]) == 1 })
+	kept := 0
+	if numsub(rchs[1]) == 1 {
+		kept = 1
+	}
+	p0, m0 := pings(), redisbackend.RenewalMessages(b)
+	time.Sleep(20 * renew) // the window observed, not synchronisation
+	if n := pings() - p0; n != 0 {
+		t.Errorf("the leaders' connection was pinged %d times in %v of renewals every %v, want 0 (its beacon keeps it awake)", n, 20*renew, renew)
+	}
+	if n := redisbackend.RenewalMessages(b) - m0; n < 10 || n > 30 {
+		t.Errorf("the connection received %d renewal messages over 20 renewals of each of 2 leaders, want about 20 (one election's)", n)
+	}
+
+	// The beacon's elector closes: its channel is left.
+	es[kept].Close()
+	eventually(t, "the beacon's channel left with its watch", func() bool { return numsub(rchs[kept]) == 0 })
+	if n := numsub(rchs[1-kept]); n != 0 {
+		t.Errorf("subscribers of the other leader's renewals channel: %d, want 0", n)
+	}
+	es[1-kept].Close()
 }

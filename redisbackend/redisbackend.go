@@ -191,9 +191,12 @@
 // and an idle follower about 6, its heartbeats: it hears of
 // the renewals, so it makes no attempt while they come, and the renewals'
 // messages keep the watch connection from falling silent, so it is not
-// pinged. A leader does not hear its own renewals (backend.RenewalMuter), so
-// its watch connection, when nothing else comes, is pinged once per 27 s
-// of silence: about 2 PINGs a minute on top of its renewals.
+// pinged. A leader does not hear its own renewals (backend.RenewalMuter),
+// but the connection stays subscribed to one muted leader's renewals
+// channel, its beacon, whose messages it reads and drops: they keep it
+// from falling silent too, at one message per renewal interval however
+// many elections the process leads (otherwise it is pinged once per 27 s
+// of silence).
 //
 // # Fencing terms
 //
@@ -419,6 +422,7 @@ type Backend struct {
 	pubsub      PubSubMode    // PubSubClassic, PubSubSharded or PubSubOff after New
 	publishCmd  string        // "PUBLISH", "SPUBLISH" or ""
 	healthCheck time.Duration // Options.HealthCheckInterval
+	noBeacon    bool          // tests only: no hub keeps a beacon (see hub.beacon)
 	pingAnswer  time.Duration // how long a ping of the watch connection may go unanswered (watch.go)
 	watchBuffer int
 	termKeep    time.Duration // Options.TermRetention

@@ -83,6 +83,22 @@ type hub struct {
 
 	remutes  []*watch // whose muted switch changed, for remuteLoop
 	remuting bool     // remuteLoop runs
+
+	// beacon is a muted watch whose renewals channel stays subscribed
+	// though no watch wants its messages (nil: none): the first muted
+	// watch to leave its channel, until it closes. Its holder's renewals
+	// (one message per renewal interval, whatever the number of leaders
+	// on h) keep the connection from falling silent, so an idle leader's
+	// connection is not pinged (see receive); they are read and dropped.
+	beacon *watch
+}
+
+// beaconChannel is the renewals channel kept for h.beacon, or "".
+func (h *hub) beaconChannel() string {
+	if h.beacon == nil {
+		return ""
+	}
+	return h.beacon.rchannel
 }
 
 // sub is one channel subscription and the watches it feeds.
@@ -333,9 +349,18 @@ func (b *Backend) remuteLoop(h *hub) {
 				continue
 			}
 			delete(s.watches, w)
+			if len(s.watches) > 0 {
+				continue
+			}
+			if h.beacon == nil && !b.noBeacon {
+				h.beacon = w
+			}
+			if h.beaconChannel() == w.rchannel {
+				continue // kept (see hub.beacon)
+			}
 			// A pending one is unsubscribed when its confirmation
 			// arrives (confirm).
-			if len(s.watches) == 0 && s.confirmed {
+			if s.confirmed {
 				delete(h.subs, w.rchannel)
 				unsubscribe = append(unsubscribe, w.rchannel)
 			}
@@ -564,6 +589,10 @@ func (b *Backend) removeWatch(w *watch) {
 	closeWatch(w)
 	var idle []string
 	var subs []*sub
+	beacon := h.beacon == w
+	if beacon {
+		h.beacon = nil
+	}
 	for _, c := range []string{w.channel, w.rchannel} {
 		s := h.subs[c]
 		if c == "" || s == nil {
@@ -575,6 +604,11 @@ func (b *Backend) removeWatch(w *watch) {
 		delete(s.watches, w)
 		if len(s.watches) == 0 && s.confirmed && !h.dead {
 			idle, subs = append(idle, c), append(subs, s)
+		}
+	}
+	if beacon && !w.inR { // its renewals channel, kept for it alone
+		if s := h.subs[w.rchannel]; s != nil && len(s.watches) == 0 && s.confirmed && !h.dead {
+			idle, subs = append(idle, w.rchannel), append(subs, s)
 		}
 	}
 	w.inR = false
@@ -590,7 +624,7 @@ func (b *Backend) unsubscribeIfIdle(h *hub, channel string, s *sub) {
 	h.wsem <- struct{}{}
 	defer func() { <-h.wsem }()
 	b.hubs.mu.Lock()
-	idle := h.subs[channel] == s && len(s.watches) == 0 && s.confirmed && !h.dead
+	idle := h.subs[channel] == s && len(s.watches) == 0 && s.confirmed && !h.dead && channel != h.beaconChannel()
 	if idle {
 		delete(h.subs, channel)
 	}
@@ -734,7 +768,7 @@ func (b *Backend) confirm(h *hub, channel string) {
 	}
 	s.confirmed = true
 	close(s.ready)
-	empty := len(s.watches) == 0
+	empty := len(s.watches) == 0 && channel != h.beaconChannel()
 	b.hubs.mu.Unlock()
 	if empty { // every watch gave up while the subscription was pending
 		b.unsubscribeIfIdle(h, channel, s)
@@ -763,6 +797,9 @@ func (b *Backend) serverUnsubscribed(h *hub, channel string) {
 			continue
 		}
 		delete(h.subs, c)
+		if c == h.beaconChannel() {
+			h.beacon = nil
+		}
 		if !s.confirmed {
 			s.err = fmt.Errorf("%w: slot %d left %s", errSlotMoving, keySlot(c), h.shard)
 			s.confirmed = true
