@@ -53,7 +53,10 @@ func TestReclaimDecidedAfterThePlaceInFlight(t *testing.T) {
 		case <-time.After(time.Minute):
 			t.Fatal("no leadership within a minute")
 		}
-		time.Sleep(ttl / 2)
+		// Between two renewals (every 500 ms): at a renewal instant, the
+		// renewal may go before the restart, and the next one comes only
+		// half a TTL after it.
+		time.Sleep(ttl/2 - 100*time.Millisecond)
 
 		// The first restart loses the lease; every place for calls in
 		// flight is taken before the old leader's renewal finds it gone.
