@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/sovereign-go/sovereign/internal/keeper"
 )
 
 // ErrInvalidOptions is wrapped by every error New returns for a bad argument
@@ -150,9 +152,7 @@ func (o *Options) withDefaults() (Options, error) {
 		r.RenewDeadline = r.TTL * 7 / 10
 	}
 	if r.RenewInterval == 0 {
-		// TTL/2, or less when RenewDeadline was set short: a renewal that
-		// times out is still retried before it (NoRetryBudget).
-		r.RenewInterval = min(r.TTL/2, r.RenewDeadline*5/7)
+		r.RenewInterval = keeper.DefaultRenewInterval(r.TTL, r.RenewDeadline)
 	}
 	if r.RequestTimeout == 0 {
 		r.RequestTimeout = min(r.TTL/5, r.RenewInterval)

@@ -109,9 +109,7 @@ func (o *Options) withDefaults(minTTL time.Duration) (Options, error) {
 		r.RenewDeadline = r.TTL * 7 / 10
 	}
 	if r.RenewInterval == 0 {
-		// TTL/2, or less when RenewDeadline was set short: a renewal that
-		// times out is still retried before it (NoRetryBudget).
-		r.RenewInterval = min(r.TTL/2, r.RenewDeadline*5/7)
+		r.RenewInterval = keeper.DefaultRenewInterval(r.TTL, r.RenewDeadline)
 	}
 	if r.RequestTimeout == 0 {
 		r.RequestTimeout = min(r.TTL/5, r.RenewInterval)

@@ -254,13 +254,7 @@ func nextEventType(t *testing.T, ch <-chan backend.Event, typ backend.EventType)
 func TestMutedLeaderLeavesRenewalsChannel(t *testing.T) {
 	srv := testredis.Start(t)
 	admin := srv.NewClient(t, nil)
-	numsub := func(channel string) int64 {
-		m, err := admin.PubSubNumSub(context.Background(), channel).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m[channel]
-	}
+	numsub := func(channel string) int64 { return numSub(t, admin, channel) }
 	const renew = 100 * time.Millisecond
 	newElector := func(b backend.Backend, id string) *sovereign.Elector {
 		e, err := sovereign.New(b, "daemon", id, &sovereign.Options{TTL: electorTTL, RenewInterval: renew, Logger: electortest.Logger()})
@@ -320,13 +314,7 @@ func TestMutedLeaderLeavesRenewalsChannel(t *testing.T) {
 func TestMutedLeaderKeepsItsConnectionAwake(t *testing.T) {
 	srv := testredis.Start(t)
 	admin := srv.NewClient(t, nil)
-	numsub := func(channel string) int64 {
-		m, err := admin.PubSubNumSub(context.Background(), channel).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m[channel]
-	}
+	numsub := func(channel string) int64 { return numSub(t, admin, channel) }
 	pings := func() int64 {
 		info, err := admin.Info(context.Background(), "commandstats").Result()
 		if err != nil {
@@ -381,4 +369,15 @@ func TestMutedLeaderKeepsItsConnectionAwake(t *testing.T) {
 		t.Errorf("subscribers of the other leader's renewals channel: %d, want 0", n)
 	}
 	es[1-kept].Close()
+}
+
+// numSub returns the subscribers of channel as the server counts them
+// (PUBSUB NUMSUB).
+func numSub(t *testing.T, admin *redis.Client, channel string) int64 {
+	t.Helper()
+	m, err := admin.PubSubNumSub(context.Background(), channel).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m[channel]
 }

@@ -37,6 +37,8 @@ var (
 		"how long to inject random faults, per backend, in the lock mode, after its planned faults (0: only those)")
 	flagTryGuard = flag.Bool("chaos.trylock-guard", true,
 		"TestChaosRedisTryLockGuard: run the candidates with RestartGuard (false shows the overlaps inside data-loss windows that the guard prevents; they are then reported, not failed)")
+	flagRenewInterval = flag.Duration("chaos.renew-interval", 400*time.Millisecond,
+		"the candidates' RenewInterval (at TTL 2s and RenewDeadline 1.4s; 1s is the elector's default cadence, TTL/2)")
 	flagSlack = flag.Duration("chaos.slack", 1500*time.Millisecond,
 		"scheduling slack added to TTL + (TTL - RenewDeadline) for the longest time without a leader after a fault")
 )
@@ -45,15 +47,7 @@ var (
 const (
 	ttl            = 2 * time.Second
 	renewDeadline  = 1400 * time.Millisecond
-	renewInterval  = 400 * time.Millisecond
 	requestTimeout = 400 * time.Millisecond
-	// dataLossWindow is how long after a store that lost its data answers
-	// again a leader of a lease acquired before may still believe it leads:
-	// its first renewal after that is sent within a renew interval (sooner
-	// after a failed one) and fails (lease lost) within the request
-	// timeout; 250 ms of scheduling slack on a loaded machine. See
-	// README.md, "The data-loss window".
-	dataLossWindow = renewInterval + requestTimeout + 250*time.Millisecond
 	// serverBound bounds the time from a restarted store answering again
 	// to a leader holding a lease in it.
 	serverBound = ttl + time.Second
@@ -441,7 +435,7 @@ func runSpec(t *testing.T, s spec) *chaos.Report {
 		name += "-nowait"
 	}
 	t.Logf("chaos %s: seed %d (-chaos.seed=%d), %d candidates, faults for %v, TTL %v, renew deadline %v, renew interval %v, request timeout %v, data-loss window %v",
-		name, seed, seed, *flagCandidates, dur, ttl, renewDeadline, renewInterval, requestTimeout, dataLossWindow)
+		name, seed, seed, *flagCandidates, dur, ttl, renewDeadline, renewInterval(), requestTimeout, dataLossWindow())
 
 	if mode == "semaphore" {
 		t.Logf("chaos %s: candidates with %d permits, checked against %d", name, s.limit, check)
@@ -531,7 +525,7 @@ func runSpec(t *testing.T, s spec) *chaos.Report {
 			// data-loss window after the store came back: a leader seen
 			// writing then may be that one, which leads no longer (and
 			// the run could end before the real next leader began).
-			since += int64(dataLossWindow)
+			since += int64(dataLossWindow())
 		}
 		if _, ok := h.waitLeader(since, above); !ok {
 			t.Errorf("chaos %s: no leader within %v after %s of %s healed; logs in %s", name, leaderWait, f.Kind, f.Target, h.logs)
@@ -551,7 +545,7 @@ func runSpec(t *testing.T, s spec) *chaos.Report {
 	run := chaos.Run{
 		Faults: faults, Writes: store.Writes(), End: runEnd,
 		Bound:          ttl + (ttl - renewDeadline) + *flagSlack,
-		DataLossWindow: dataLossWindow,
+		DataLossWindow: dataLossWindow(),
 		ServerBound:    sb,
 		Handover:       mode != "elect",
 		Limit:          check,
@@ -677,7 +671,7 @@ func (h *harness) start(slot int, instance string) *proc {
 		"-log", p.logPath,
 		"-ttl", ttl.String(),
 		"-renew-deadline", renewDeadline.String(),
-		"-renew-interval", renewInterval.String(),
+		"-renew-interval", renewInterval().String(),
 		"-request-timeout", requestTimeout.String(),
 	)
 	if h.mode == "semaphore" {
@@ -931,7 +925,7 @@ func (h *harness) inject(k faultKind, leader string, d time.Duration, short bool
 		if k.proxy == chaos.Latency {
 			// Above the request timeout (the renew interval), so every
 			// call through the proxy times out.
-			delay = renewInterval + 100*time.Millisecond + time.Duration(h.rng.Int64N(int64(500*time.Millisecond)))
+			delay = renewInterval() + 100*time.Millisecond + time.Duration(h.rng.Int64N(int64(500*time.Millisecond)))
 		}
 		slot := -1
 		if p != nil {
@@ -1056,3 +1050,14 @@ func tail(b []byte, n int) string {
 	}
 	return string(b)
 }
+
+// renewInterval is the candidates' RenewInterval (-chaos.renew-interval).
+func renewInterval() time.Duration { return *flagRenewInterval }
+
+// dataLossWindow is how long after a store that lost its data answers
+// again a leader of a lease acquired before may still believe it leads:
+// its first renewal after that is sent within a renew interval (sooner
+// after a failed one) and fails (lease lost) within the request timeout;
+// 250 ms of scheduling slack on a loaded machine. See README.md, "The
+// data-loss window".
+func dataLossWindow() time.Duration { return renewInterval() + requestTimeout + 250*time.Millisecond }

@@ -17,6 +17,14 @@ func NoRetryBudget(interval, deadline time.Duration) bool {
 	return interval+interval/4 >= deadline
 }
 
+// DefaultRenewInterval is the RenewInterval that the elector's and a
+// Locker's options default to: TTL/2, or less when renewDeadline was set
+// short (5/7 of it, the ratio of the defaults), so that a renewal that
+// times out is still retried before it (NoRetryBudget).
+func DefaultRenewInterval(ttl, renewDeadline time.Duration) time.Duration {
+	return min(ttl/2, renewDeadline*5/7)
+}
+
 // AttemptBound is how long a periodic renewal attempt sent left before the
 // hold's deadline may wait for its reply: timeout, but no longer than
 // leaves a quarter of interval for one more attempt before the deadline,
