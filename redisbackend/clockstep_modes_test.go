@@ -82,6 +82,18 @@ func runClockSteps(t *testing.T, actors []stepActor, steps int) []stepHold {
 				if err != nil && ctx.Err() == nil && !errors.Is(err, lock.ErrLockLost) {
 					t.Errorf("%s: Do: %v", a.id, err)
 				}
+				// A pause of up to a tenth of the TTL between two holds
+				// (the actor's other work, not synchronisation). Without
+				// it, an actor that has just released tries again before
+				// a waiter elsewhere has heard of the release, and takes
+				// the key back nearly every time (Exclusive locks are not
+				// fair unless AcquireOptions.Fair): on a loaded machine
+				// the waiter then held too few times for the test to
+				// mean much.
+				select {
+				case <-ctx.Done():
+				case <-time.After(rand.N(electorTTL / 10)):
+				}
 			}
 		})
 	}
