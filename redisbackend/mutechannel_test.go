@@ -3,8 +3,6 @@ package redisbackend_test
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -31,15 +29,12 @@ func muteEnvs(t *testing.T) map[string]func(t *testing.T) muteEnv {
 	numsub := func(admin *redis.Client, sharded bool) func(t *testing.T, channel string) int64 {
 		return func(t *testing.T, channel string) int64 {
 			t.Helper()
-			var m map[string]int64
-			var err error
-			if sharded {
-				m, err = admin.PubSubShardNumSub(context.Background(), channel).Result()
-			} else {
-				m, err = admin.PubSubNumSub(context.Background(), channel).Result()
+			if !sharded {
+				return numSub(t, admin, channel)
 			}
+			m, err := admin.PubSubShardNumSub(context.Background(), channel).Result()
 			if err != nil {
-				t.Fatalf("PUBSUB NUMSUB %s: %v", channel, err)
+				t.Fatalf("PUBSUB SHARDNUMSUB %s: %v", channel, err)
 			}
 			return m[channel]
 		}
@@ -315,22 +310,7 @@ func TestMutedLeaderKeepsItsConnectionAwake(t *testing.T) {
 	srv := testredis.Start(t)
 	admin := srv.NewClient(t, nil)
 	numsub := func(channel string) int64 { return numSub(t, admin, channel) }
-	pings := func() int64 {
-		info, err := admin.Info(context.Background(), "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(info, "\n") {
-			if rest, ok := strings.CutPrefix(line, "cmdstat_ping:calls="); ok {
-				n, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-				if err != nil {
-					t.Fatalf("INFO commandstats: %q: %v", line, err)
-				}
-				return n
-			}
-		}
-		return 0
-	}
+	pings := func() int { return redisbackend.CommandCalls(context.Background(), admin, "ping") }
 	// Silent for 300 ms, the connection is pinged; the leaders renew every
 	// 100 ms.
 	const renew = 100 * time.Millisecond
@@ -377,7 +357,7 @@ func numSub(t *testing.T, admin *redis.Client, channel string) int64 {
 	t.Helper()
 	m, err := admin.PubSubNumSub(context.Background(), channel).Result()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("PUBSUB NUMSUB %s: %v", channel, err)
 	}
 	return m[channel]
 }

@@ -678,13 +678,7 @@ func TestWatchEndsWithContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	numsub := func() int64 {
-		m, err := admin.PubSubNumSub(ctx, "sovereign:{k}:events").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m["sovereign:{k}:events"]
-	}
+	numsub := func() int64 { return numSub(t, admin, "sovereign:{k}:events") }
 	if n := numsub(); n != 1 {
 		t.Fatalf("subscribers of the channel with two watches: got %d, want 1 (shared)", n)
 	}

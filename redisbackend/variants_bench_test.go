@@ -384,15 +384,28 @@ var pairFloorAcquire = redis.NewScript(`redis.call('HSET', KEYS[1], 'holder', AR
 
 // BenchmarkPairFloor measures the wall time of an acquisition and a
 // release of one free key from one goroutine (the bench's "1 goroutine"
-// lock row) on one real redis-server, in interleaved rounds, for three
-// pairs: "setnx", bsm/redislock's (SET NX PX; a script of GET and DEL);
-// "script", the least a script can do (pairFloorAcquire, then our
-// releaseScript); "backend", this package's Acquire and Release. It
-// reports the median over rounds of each pair's µs, and their ratios:
-// "script" against "setnx" is what running a script for the acquisition
-// costs at all, whatever the script does.
+// lock row) on one real redis-server, in interleaved rounds, for these
+// pairs:
 //
-//	go test -run '^$' -bench BenchmarkPairFloor -benchtime 5x ./redisbackend
+//	setnx      bsm/redislock's: SET NX PX, then a script of GET and DEL
+//	script     the least a script writing a lease hash can do
+//	           (pairFloorAcquire), then our releaseScript
+//	backend    this package's Acquire and Release
+//	scripts    acquireScript and releaseScript run with Script.Run and
+//	           the Backend's arguments, without the Backend's code
+//	lean       scripts with three calls fewer: no PUBLISH in either, and
+//	           the term counter read and written by one SET ... GET
+//	           (acquireVariants' "setget")
+//	conn       scripts sent on a connection held for them (go-redis
+//	           Client.Conn) instead of through the pool, which checks a
+//	           connection's health (a syscall) each time it hands it out
+//
+// It reports the median over rounds of each pair's µs, and each one's
+// pairs/s against setnx's: "script" is what running a script for the
+// acquisition costs at all, whatever the script does; "lean" and "conn"
+// against "scripts" what fewer calls, or no pool, would save.
+//
+//	go test -run '^$' -bench BenchmarkPairFloor -benchtime 9x ./redisbackend
 func BenchmarkPairFloor(b *testing.B) {
 	const pairs = 4000 // per pair kind and round
 	ctx := context.Background()
@@ -404,6 +417,20 @@ func BenchmarkPairFloor(b *testing.B) {
 	}
 	b.Cleanup(func() { _ = be.Close() })
 	const holder = "bench"
+	conn := c.Conn()
+	b.Cleanup(func() { _ = conn.Close() })
+	// scripts is a pair of acquireScript (or a variant of it) and
+	// releaseScript, on key, sent through c.
+	scripts := func(c redis.Scripter, acquire *redis.Script, publish any, key string) func() error {
+		lease := be.keyBase(backend.LockKeyPrefix + key)
+		return func() error {
+			tok := backend.NewToken()
+			if err := acquire.Run(ctx, c, []string{lease, lease + ":term"}, holder, tok, int64(10000), be.termKeepArg, publish, be.guardArg).Err(); err != nil {
+				return err
+			}
+			return releaseScript.Run(ctx, c, []string{lease}, holder, tok, publish).Err()
+		}
+	}
 	kinds := []struct {
 		name string
 		pair func() error
@@ -430,6 +457,9 @@ func BenchmarkPairFloor(b *testing.B) {
 			}
 			return be.Release(ctx, l)
 		}},
+		{"scripts", scripts(c, acquireScript, be.publishArg, "scripts")},
+		{"lean", scripts(c, acquireVariants(b)["setget"], "", "lean")},
+		{"conn", scripts(conn, acquireScript, be.publishArg, "conn")},
 	}
 	us := make([][]float64, len(kinds))
 	for _, k := range kinds { // load the scripts, warm the connection
@@ -459,6 +489,7 @@ func BenchmarkPairFloor(b *testing.B) {
 		med[i] = us[i][len(us[i])/2]
 		b.ReportMetric(med[i], k.name+"-µs/pair")
 	}
-	b.ReportMetric(med[0]/med[1], "script÷setnx-pairs/s")
-	b.ReportMetric(med[0]/med[2], "backend÷setnx-pairs/s")
+	for i, k := range kinds[1:] {
+		b.ReportMetric(med[0]/med[i+1], k.name+"÷setnx-pairs/s")
+	}
 }

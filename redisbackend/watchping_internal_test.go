@@ -2,8 +2,6 @@ package redisbackend
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -29,17 +27,6 @@ func TestPingAnswerTime(t *testing.T) {
 	}
 }
 
-// pings returns how many PINGs the server has run (INFO commandstats).
-func pings(ctx context.Context, admin *redis.Client) int {
-	info := admin.Info(ctx, "commandstats").Val()
-	i := strings.Index(info, "cmdstat_ping:calls=")
-	if i < 0 {
-		return 0
-	}
-	n, _ := strconv.Atoi(strings.SplitN(info[i+len("cmdstat_ping:calls="):], ",", 2)[0])
-	return n
-}
-
 // TestWatchPingsOncePerSilence: a quiet watch connection is pinged once per
 // two intervals less the answer time, not once per interval, and a server
 // that stops answering is still noticed within two intervals. The interval
@@ -57,14 +44,14 @@ func TestWatchPingsOncePerSilence(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Close() })
-	b.pingAnswer = answer   // before the first Watch starts the receive loop
-	p0 := pings(ctx, admin) // testredis pings the server when it starts
+	b.pingAnswer = answer                  // before the first Watch starts the receive loop
+	p0 := CommandCalls(ctx, admin, "ping") // testredis pings the server when it starts
 	start := time.Now()
 	ch, err := b.Watch(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for pings(ctx, admin) < p0+3 {
+	for CommandCalls(ctx, admin, "ping") < p0+3 {
 		select {
 		case _, ok := <-ch:
 			t.Fatalf("idle watch: got an event or a close (open %v), want nothing", ok)
